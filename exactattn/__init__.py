@@ -1,0 +1,35 @@
+"""exactattn: exact tiled softmax attention, written once, run over many number systems.
+
+The tiled algorithm (:mod:`exactattn.algorithm`) is written against a small number-system
+protocol (:mod:`exactattn.backends`), so one code runs over IEEE floats (NumPy, torch),
+arbitrary precision (mpmath), certified balls (python-flint) and exact symbols (sympy).
+"""
+
+from . import masks
+from .api import (
+    Stats,
+    attention,
+    attention_backward,
+    flash_attention,
+    naive_attention,
+    naive_attention_backward,
+    self_attention,
+    self_attention_backward,
+)
+from .backends import MpmathContext, NumpyContext, SympyContext, backend_of
+
+__all__ = [
+    "MpmathContext",
+    "NumpyContext",
+    "Stats",
+    "SympyContext",
+    "attention",
+    "attention_backward",
+    "backend_of",
+    "flash_attention",
+    "masks",
+    "naive_attention",
+    "naive_attention_backward",
+    "self_attention",
+    "self_attention_backward",
+]

@@ -1,0 +1,259 @@
+"""The tiled forward and the block-recomputed reverse, written once against a ``ctx``.
+
+Notation (``shared/ALGORITHM.md``; Dao et al. 2022 §3.1 and App. B.2–B.4; Milakov &
+Gimelshein 2018): scores ``s_ij = c·q_i·k_j`` over the allowed keys ``A_i``, key blocks
+``J_t`` of size ``b``; for a row ``i`` and key set ``I`` the summary is
+
+    Σ_i(I) = (m, ℓ, z),  m = max_{j∈I} s_ij,  ℓ = Σ_{j∈I} e^{s_ij − m},  z = Σ_{j∈I} e^{s_ij − m} V_j
+
+and the merge ``⋆`` rescales both sides to ``M = max(m1, m2)``:
+
+    (m1, ℓ1, z1) ⋆ (m2, ℓ2, z2) = (M, ℓ1·e^{m1−M} + ℓ2·e^{m2−M}, z1·e^{m1−M} + z2·e^{m2−M}).
+
+``⊥ = (−∞, 0, 0)`` is the identity. The forward folds ``⋆`` over the blocks,
+``Y = z / ℓ``, and keeps ``m`` and ``ℓ`` (``lse = m + log ℓ``). The reverse recomputes one
+block's ``p_ij = e^{s_ij − m_i} / ℓ_i`` from the frozen ``m, ℓ``, with ``δ_i = G_i·Y_i``,
+``γ_ij = p_ij (G_i·V_j − δ_i)``, ``dQ += c γ K``, ``dK += c γᵀ Q``, ``dV += pᵀ G``.
+
+Every step works on a ``(*batch, r, b)`` tile for all query rows at once (``r ≤ n_q``,
+narrowed by the mask's ``row_span``); no ``(n_q, n_k)`` array exists in either pass.
+Each step is a module-level function, so the proofs can substitute a deliberately broken
+step (``proofs/`` mutants) and watch the same code path fail.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .backends.base import Array, ArrayContext
+from .masks import Geometry, Mask, TileKind
+
+
+@dataclass
+class Summary:
+    """Per-row running summary ``(m, ℓ, z)``: shapes (*batch, r), (*batch, r), (*batch, r, v)."""
+
+    m: Array
+    l: Array  # noqa: E741 -- ℓ, the paper's name
+    z: Array
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One (query rows × key block) tile: positions, and the allowed tile when PARTIAL."""
+
+    rows: slice
+    cols: slice
+    i: Any  # query positions, shape (r, 1)
+    j: Any  # key positions, shape (1, b)
+    allowed: Any  # boolean (*batch, r, b) or None when every pair is allowed
+
+
+# --- the pieces of one step ---------------------------------------------------------------
+def tiles(
+    ctx: ArrayContext, mask: Mask | None, geometry: Geometry, block_size: int
+) -> Iterator[Tile]:
+    """Key blocks ``J_t`` in order, each with the query rows it can reach.
+
+    EMPTY tiles are skipped before any score is computed; FULL tiles skip the predicate;
+    a PARTIAL tile whose predicate allows nothing is skipped as well.
+    """
+    for start in range(0, geometry.n_k, block_size):
+        cols = range(start, min(start + block_size, geometry.n_k))
+        rows = range(geometry.n_q) if mask is None else mask.row_span(cols, geometry)
+        if len(rows) == 0:
+            continue
+        kind = TileKind.FULL if mask is None else mask.classify(rows, cols, geometry)
+        if kind is TileKind.EMPTY:
+            continue
+        i = ctx.index(rows.start, rows.stop)[:, None]
+        j = ctx.index(cols.start, cols.stop)[None, :]
+        allowed = None
+        if kind is TileKind.PARTIAL:
+            allowed = mask.tile(i, j, geometry)
+            if not ctx.any(allowed):
+                continue
+        yield Tile(slice(rows.start, rows.stop), slice(cols.start, cols.stop), i, j, allowed)
+
+
+def tile_scores(ctx: ArrayContext, q: Array, k: Array, scale: Any, allowed: Any) -> Array:
+    """``s_ij = c·q_i·k_j`` on the tile, −∞ where ``j ∉ A_i`` (so ``e^{s−m}`` is exactly 0)."""
+    s = ctx.matmul(q, ctx.transpose(k))
+    s *= scale  # in place: s is a fresh tile
+    if allowed is not None:
+        s = ctx.where(allowed, s, ctx.neg_inf)
+    return s
+
+
+def safe_shift(ctx: ArrayContext, m: Array) -> Array:
+    """The shift used for ``e^{x − m}``: ``m``, or 0 where ``m = −∞`` (the summary is ⊥).
+
+    Shifting ⊥ by 0 keeps ``e^{−∞ − 0} = 0`` and never evaluates ``−∞ − (−∞)`` (NaN).
+    """
+    return ctx.where(ctx.is_neg_inf(m), ctx.scalar(0), m)
+
+
+def block_summary(ctx: ArrayContext, s: Array, v: Array, rho: Any = None) -> Summary:
+    """``Σ_i(J_t ∩ A_i)`` for every row of the tile; ⊥ for rows with no allowed key.
+
+    ``ℓ`` sums ``p`` before dropout; ``z`` sums ``p·ρ·V`` (the dropped-out weights).
+    """
+    m = ctx.rowmax(s)
+    p = ctx.exp_shifted(s, safe_shift(ctx, m))
+    l = ctx.rowsum(p)  # noqa: E741
+    weights = p if rho is None else p * rho
+    z = ctx.matmul(ctx.round_p(weights), v)
+    return Summary(m, l, z)
+
+
+def merge(ctx: ArrayContext, a: Summary, b: Summary) -> Summary:
+    """``a ⋆ b``: rescale both to ``M = max(m_a, m_b)`` and add (⊥ ⋆ ⊥ stays ⊥)."""
+    m = ctx.maximum(a.m, b.m)
+    shift = safe_shift(ctx, m)
+    alpha = ctx.exp(a.m - shift)  # e^{m_old − m_new}, the rescale of what came before
+    beta = ctx.exp(b.m - shift)
+    return Summary(m, a.l * alpha + b.l * beta, a.z * alpha[..., None] + b.z * beta[..., None])
+
+
+def _nonzero_l(ctx: ArrayContext, m: Array, l: Array) -> Array:  # noqa: E741
+    """ℓ, with 1 in place of the 0 of rows still at ⊥ (their z is 0, so Y = 0)."""
+    return ctx.where(ctx.is_neg_inf(m), ctx.scalar(1), l)
+
+
+def finalize(ctx: ArrayContext, state: Summary) -> Array:
+    """``Y = z / ℓ``; rows still at ⊥ (no allowed key) give ``Y = 0``."""
+    return state.z / _nonzero_l(ctx, state.m, state.l)[..., None]
+
+
+def log_sum_exp(ctx: ArrayContext, m: Array, l: Array) -> Array:  # noqa: E741
+    """``lse = m + log ℓ = log Σ_{j∈A_i} e^{s_ij}``; −∞ for rows at ⊥."""
+    return ctx.where(ctx.is_neg_inf(m), ctx.neg_inf, m + ctx.log(_nonzero_l(ctx, m, l)))
+
+
+def softmax_delta(ctx: ArrayContext, g: Array, y: Array) -> Array:
+    """``δ_i = Σ_a G_ia Y_ia`` (equals ``Σ_j p_ij dP_ij``, with no pass over ``p``)."""
+    return ctx.rowsum(g * y)
+
+
+def tile_probabilities(ctx: ArrayContext, s: Array, m: Array, l: Array) -> Array:  # noqa: E741
+    """``p_ij = e^{s_ij − m_i} / ℓ_i`` from the frozen forward statistics (0 off ``A_i``)."""
+    return ctx.exp_shifted(s, safe_shift(ctx, m)) / _nonzero_l(ctx, m, l)[..., None]
+
+
+def tile_gamma(ctx: ArrayContext, p: Array, dp: Array, delta: Array) -> Array:
+    """``γ_ij = p_ij (dP_ij − δ_i)`` with ``dP_ij = G_i·V_j`` (times ``ρ_ij`` with dropout)."""
+    return p * (dp - delta[..., None])
+
+
+def key_gradient(ctx: ArrayContext, gamma: Array, q: Array, scale: Any) -> Array:
+    """This tile's ``dK_j = c Σ_i γ_ij q_i``."""
+    return ctx.matmul(ctx.transpose(gamma), q) * scale
+
+
+def query_gradient(ctx: ArrayContext, gamma: Array, k: Array, scale: Any) -> Array:
+    """This tile's ``dQ_i = c Σ_j γ_ij k_j``."""
+    return ctx.matmul(gamma, k) * scale
+
+
+def value_gradient(ctx: ArrayContext, weights: Array, g: Array) -> Array:
+    """This tile's ``dV_j = Σ_i p_ij ρ_ij G_i``."""
+    return ctx.matmul(ctx.transpose(weights), g)
+
+
+# --- the two passes -----------------------------------------------------------------------
+def batch_index_of(ctx: ArrayContext, batch: tuple[int, ...]) -> Any:
+    """Flat batch·head index of every leading position, shaped (*batch, 1, 1)."""
+    return ctx.index(0, math.prod(batch)).reshape((*batch, 1, 1))
+
+
+def geometry_of(q: Array, k: Array, v: Array) -> Geometry:
+    batch = tuple(np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])))
+    return Geometry(n_q=q.shape[-2], n_k=k.shape[-2], batch=batch)
+
+
+def forward(
+    ctx: ArrayContext,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    scale: Any,
+    block_size: int,
+    mask: Mask | None = None,
+    dropout: Any = None,
+) -> tuple[Array, Summary]:
+    """Fold ``⋆`` over the key blocks: returns ``Y`` (compute type) and the final summary.
+
+    ``q, k, v`` are in the context's storage type with shapes (..., n_q, d), (..., n_k, d),
+    (..., n_k, v); leading dims broadcast. ``dropout`` is ``None`` or an object with
+    ``factors(ctx, batch_index, i, j) -> ρ`` tile.
+    """
+    geometry = geometry_of(q, k, v)
+    q = ctx.compute(q)
+    batch, n_q = geometry.batch, geometry.n_q
+    state = Summary(  # ⊥ for every row
+        ctx.full((*batch, n_q), ctx.neg_inf),
+        ctx.zeros((*batch, n_q)),
+        ctx.zeros((*batch, n_q, v.shape[-1])),
+    )
+    batch_index = batch_index_of(ctx, batch) if dropout is not None else None
+    for tile in tiles(ctx, mask, geometry, block_size):
+        rows = tile.rows
+        s = tile_scores(ctx, q[..., rows, :], ctx.compute(k[..., tile.cols, :]), scale, tile.allowed)
+        rho = None if dropout is None else dropout.factors(ctx, batch_index, tile.i, tile.j)
+        block = block_summary(ctx, s, ctx.compute(v[..., tile.cols, :]), rho)
+        old = Summary(state.m[..., rows], state.l[..., rows], state.z[..., rows, :])
+        new = merge(ctx, old, block)
+        state.m[..., rows], state.l[..., rows], state.z[..., rows, :] = new.m, new.l, new.z
+    return finalize(ctx, state), state
+
+
+def backward(
+    ctx: ArrayContext,
+    q: Array,
+    k: Array,
+    v: Array,
+    y: Array,
+    m: Array,
+    l: Array,  # noqa: E741
+    g: Array,
+    *,
+    scale: Any,
+    block_size: int,
+    mask: Mask | None = None,
+    dropout: Any = None,
+) -> tuple[Array, Array, Array]:
+    """The block-recomputed VJP: ``(dQ, dK, dV)`` in the compute type, shaped like q, k, v.
+
+    ``m`` and ``ℓ`` are the forward's frozen statistics (the max is never differentiated);
+    ``y`` is the forward's output and ``g`` the upstream gradient ``G``.
+    """
+    geometry = geometry_of(q, k, v)
+    q, g = ctx.compute(q), ctx.compute(g)
+    delta = softmax_delta(ctx, g, ctx.compute(y))
+    batch, n_q = geometry.batch, geometry.n_q
+    dq = ctx.zeros((*batch, n_q, q.shape[-1]))
+    dk = ctx.zeros(tuple(k.shape))
+    dv = ctx.zeros(tuple(v.shape))
+    batch_index = batch_index_of(ctx, batch) if dropout is not None else None
+    for tile in tiles(ctx, mask, geometry, block_size):
+        rows, cols = tile.rows, tile.cols
+        q_t, g_t = q[..., rows, :], g[..., rows, :]
+        k_b, v_b = ctx.compute(k[..., cols, :]), ctx.compute(v[..., cols, :])
+        s = tile_scores(ctx, q_t, k_b, scale, tile.allowed)
+        p = tile_probabilities(ctx, s, m[..., rows], l[..., rows])
+        dp = ctx.matmul(g_t, ctx.transpose(v_b))
+        weights = p
+        if dropout is not None:
+            rho = dropout.factors(ctx, batch_index, tile.i, tile.j)
+            dp, weights = dp * rho, p * rho
+        gamma = tile_gamma(ctx, p, dp, delta[..., rows])
+        dq[..., rows, :] += query_gradient(ctx, gamma, k_b, scale)
+        dk[..., cols, :] += ctx.sum_to(key_gradient(ctx, gamma, q_t, scale), dk[..., cols, :].shape)
+        dv[..., cols, :] += ctx.sum_to(value_gradient(ctx, weights, g_t), dv[..., cols, :].shape)
+    return ctx.sum_to(dq, tuple(q.shape)), dk, dv

@@ -1,0 +1,238 @@
+"""The public functions: tiled attention, its reverse, the naive reference, self-attention.
+
+Each call picks the number system from its arguments (or ``backend=``), checks its inputs,
+runs :mod:`exactattn.algorithm` (or :mod:`exactattn.reference`) inside the backend's
+precision scope and returns arrays of the backend's storage type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import algorithm, reference, validation
+from .backends import resolve_backend
+from .backends.base import Array, ArrayContext
+from .dropout import make_dropout
+from .masks import Geometry, Mask, as_mask
+
+DEFAULT_BLOCK_SIZE = 256  # fastest on the NumPy benchmark (README); any b >= 1 is exact
+
+
+@dataclass(frozen=True)
+class Stats:
+    """The forward's retained row statistics, shape (*batch, n_q), in the compute type.
+
+    ``m`` is the final running max, ``l`` the final denominator ℓ, ``lse = m + log ℓ``
+    (−∞ for a row with no allowed key).
+    """
+
+    m: Array
+    l: Array  # noqa: E741 -- ℓ
+    lse: Array
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A validated call: the context, its converted inputs and the resolved keywords."""
+
+    ctx: ArrayContext
+    arrays: dict[str, Array]
+    geometry: Geometry
+    scale: Any
+    block_size: int
+    mask: Mask | None
+    dropout: Any
+    empty_rows: str
+
+
+def _prepare(
+    inputs: dict[str, Any],
+    *,
+    block_size: Any,
+    scale: Any,
+    mask: Any,
+    dropout_p: Any,
+    seed: Any,
+    backend: Any,
+    empty_rows: str,
+    check_finite: bool,
+) -> _Call:
+    ctx = resolve_backend(backend, *inputs.items())
+    validation.check_policy(empty_rows)
+    for name, x in inputs.items():
+        if x is None:
+            raise TypeError(f"{name} must be an array; got None")
+    arrays = {name: ctx.asarray(x) for name, x in inputs.items()}
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    geometry = validation.check_qkv(q, k, v)
+    mask = as_mask(mask)
+    if mask is not None:
+        mask.validate(geometry)
+    if check_finite:
+        for name, x in arrays.items():
+            validation.check_finite(ctx, name, x)
+    return _Call(
+        ctx=ctx,
+        arrays=arrays,
+        geometry=geometry,
+        scale=validation.check_scale(ctx, scale, q.shape[-1]),
+        block_size=validation.check_block_size(block_size, DEFAULT_BLOCK_SIZE),
+        mask=mask,
+        dropout=make_dropout(dropout_p, seed),
+        empty_rows=empty_rows,
+    )
+
+
+def _forward(call: _Call, run: Any) -> tuple[Array, Stats]:
+    ctx = call.ctx
+    y, m, l = run(call)  # noqa: E741
+    validation.check_empty_rows(ctx, m, call.empty_rows)
+    validation.check_output(ctx, "y", y)
+    return ctx.output(y), Stats(m, l, algorithm.log_sum_exp(ctx, m, l))
+
+
+def _tiled_forward(call: _Call) -> tuple[Array, Array, Array]:
+    a = call.arrays
+    y, state = algorithm.forward(
+        call.ctx, a["q"], a["k"], a["v"], scale=call.scale, block_size=call.block_size,
+        mask=call.mask, dropout=call.dropout,
+    )
+    return y, state.m, state.l
+
+
+def _naive_forward(call: _Call) -> tuple[Array, Array, Array]:
+    a = call.arrays
+    return reference.naive_forward(
+        call.ctx, a["q"], a["k"], a["v"], scale=call.scale, mask=call.mask, dropout=call.dropout
+    )
+
+
+def _check_backward_inputs(call: _Call, stats: Stats) -> tuple[Array, Array]:
+    ctx, a, geo = call.ctx, call.arrays, call.geometry
+    y_shape = (*geo.batch, geo.n_q, a["v"].shape[-1])
+    validation.check_same_shape("y", a["y"], y_shape)
+    validation.check_same_shape("grad_y", a["grad_y"], y_shape)
+    if not isinstance(stats, Stats):
+        raise TypeError(f"stats must be the Stats returned by the forward; got {type(stats)}")
+    m, l = ctx.as_compute(stats.m), ctx.as_compute(stats.l)  # noqa: E741
+    validation.check_same_shape("stats.m", m, y_shape[:-1])
+    validation.check_same_shape("stats.l", l, y_shape[:-1])
+    validation.check_empty_rows(ctx, m, call.empty_rows)
+    return m, l
+
+
+def _finish_backward(call: _Call, grads: tuple[Array, Array, Array]) -> tuple[Array, ...]:
+    for name, grad in zip(("dq", "dk", "dv"), grads):
+        validation.check_output(call.ctx, name, grad)
+    return tuple(call.ctx.output(grad) for grad in grads)
+
+
+_DEFAULTS = dict(
+    block_size=None,
+    scale=None,
+    mask=None,
+    dropout_p=0.0,
+    seed=None,
+    backend=None,
+    empty_rows="error",
+    check_finite=True,
+)
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    block_size: int | None = None,
+    scale: Any = None,
+    mask: Any = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+    return_stats: bool = False,
+    backend: Any = None,
+    empty_rows: str = "error",
+    check_finite: bool = True,
+) -> Any:
+    """Exact tiled softmax attention ``Y_i = Σ_{j∈A_i} softmax_j(c·q_i·k_j) V_j``.
+
+    Shapes ``q (..., n_q, d)``, ``k (..., n_k, d)``, ``v (..., n_k, v)``; leading dims
+    broadcast. ``scale`` is ``c`` (default ``1/sqrt(d)``), ``block_size`` is ``b`` (any
+    ``b >= 1`` gives the same exact result), ``mask`` a :class:`~exactattn.masks.Mask`, a
+    boolean array or a predicate ``(i, j) -> bool``. Returns ``y`` or ``(y, stats)`` with
+    ``stats.m``, ``stats.l``, ``stats.lse``. ``empty_rows='zero'`` gives ``y = 0`` and
+    ``lse = −∞`` for rows with no allowed key (default: ``ValueError``).
+    """
+    call = _prepare(
+        {"q": q, "k": k, "v": v},
+        block_size=block_size, scale=scale, mask=mask, dropout_p=dropout_p, seed=seed,
+        backend=backend, empty_rows=empty_rows, check_finite=check_finite,
+    )
+    with call.ctx.scope():
+        y, stats = _forward(call, _tiled_forward)
+    return (y, stats) if return_stats else y
+
+
+def attention_backward(
+    q: Any, k: Any, v: Any, y: Any, stats: Stats, grad_y: Any, **keywords: Any
+) -> tuple[Array, Array, Array]:
+    """The block-recomputed VJP ``(dq, dk, dv)`` of :func:`attention` at ``grad_y``.
+
+    Takes the forward's ``y`` and ``stats`` and the same keywords as :func:`attention`.
+    """
+    call = _prepare({"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}, **_keywords(keywords))
+    with call.ctx.scope():
+        m, l = _check_backward_inputs(call, stats)  # noqa: E741
+        a = call.arrays
+        grads = algorithm.backward(
+            call.ctx, a["q"], a["k"], a["v"], a["y"], m, l, a["grad_y"], scale=call.scale,
+            block_size=call.block_size, mask=call.mask, dropout=call.dropout,
+        )
+        return _finish_backward(call, grads)
+
+
+def naive_attention(q: Any, k: Any, v: Any, *, return_stats: bool = False, **keywords: Any):
+    """The materialising reference: same arguments and result as :func:`attention`."""
+    call = _prepare({"q": q, "k": k, "v": v}, **_keywords(keywords))
+    with call.ctx.scope():
+        y, stats = _forward(call, _naive_forward)
+    return (y, stats) if return_stats else y
+
+
+def naive_attention_backward(
+    q: Any, k: Any, v: Any, y: Any, stats: Stats, grad_y: Any, **keywords: Any
+) -> tuple[Array, Array, Array]:
+    """The exact VJP of naive attention (softmax Jacobian on the whole ``P``)."""
+    call = _prepare({"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}, **_keywords(keywords))
+    with call.ctx.scope():
+        _check_backward_inputs(call, stats)
+        a = call.arrays
+        grads = reference.naive_backward(
+            call.ctx, a["q"], a["k"], a["v"], a["grad_y"], scale=call.scale, mask=call.mask,
+            dropout=call.dropout,
+        )
+        return _finish_backward(call, grads)
+
+
+def self_attention(x: Any, **keywords: Any) -> Any:
+    """Self-attention with ``Q = K = V = x`` (seed 000's setting)."""
+    return attention(x, x, x, **keywords)
+
+
+def self_attention_backward(x: Any, y: Any, stats: Stats, grad_y: Any, **keywords: Any) -> Array:
+    """``dX = dQ + dK + dV``: the three uses of the shared input add (chain rule)."""
+    dq, dk, dv = attention_backward(x, x, x, y, stats, grad_y, **keywords)
+    return dq + dk + dv
+
+
+def flash_attention(query: Any, key: Any, value: Any, block_size: int, mask: Any = None) -> Any:
+    """Seed 002's signature: :func:`attention` with an explicit block size."""
+    return attention(query, key, value, block_size=block_size, mask=mask)
+
+
+def _keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(keywords) - set(_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+    return {**_DEFAULTS, **keywords}

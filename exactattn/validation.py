@@ -1,0 +1,107 @@
+"""Input checks for the public API: every message names the argument and quotes what it got."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from .backends.base import Array, ArrayContext
+from .masks import Geometry
+
+EMPTY_ROW_POLICIES = ("error", "zero")
+
+
+def check_ndim(name: str, x: Array) -> None:
+    if x.ndim < 2:
+        raise ValueError(f"{name} must have shape (..., n, features) with ndim >= 2; got {x.shape}")
+
+
+def check_qkv(q: Array, k: Array, v: Array) -> Geometry:
+    """Shapes (..., n_q, d), (..., n_k, d), (..., n_k, v) with broadcastable leading dims."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_ndim(name, x)
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share the head dim d (last axis); got {shapes}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"the head dim d must be >= 1; got {shapes}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of keys n_k (axis -2); got {shapes}")
+    try:
+        batch = np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+    except ValueError:
+        raise ValueError(f"the leading (batch/head) dims do not broadcast: {shapes}") from None
+    return Geometry(n_q=q.shape[-2], n_k=k.shape[-2], batch=tuple(batch))
+
+
+def check_block_size(block_size: Any, default: int) -> int:
+    if block_size is None:
+        return default
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral):
+        raise TypeError(f"block_size must be a positive integer; got {block_size!r}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be a positive integer; got {block_size}")
+    return int(block_size)
+
+
+def check_scale(ctx: ArrayContext, scale: Any, d: int) -> Any:
+    if scale is None:
+        return ctx.default_scale(d)
+    if isinstance(scale, bool):
+        raise TypeError(f"scale must be a real number; got {scale!r}")
+    if not ctx.exact:
+        if not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a real number; got {type(scale).__name__}")
+        if not np.isfinite(float(scale)):
+            raise ValueError(f"scale must be finite; got {scale}")
+    return ctx.scalar(scale)
+
+
+def check_finite(ctx: ArrayContext, name: str, x: Array) -> None:
+    bad = ctx.nonfinite(x)
+    if ctx.any(bad):
+        where = np.argwhere(np.asarray(_to_numpy(bad)))[:3].tolist()
+        raise ValueError(
+            f"{name} contains NaN or inf (first at indices {where}); "
+            "pass check_finite=False to compute anyway"
+        )
+
+
+def check_policy(empty_rows: str) -> None:
+    if empty_rows not in EMPTY_ROW_POLICIES:
+        raise ValueError(f"empty_rows must be one of {EMPTY_ROW_POLICIES}; got {empty_rows!r}")
+
+
+def check_empty_rows(ctx: ArrayContext, m: Array, empty_rows: str) -> None:
+    """Rows still at ⊥ (``m = −∞``) have an empty allowed set ``A_i``."""
+    empty = ctx.is_neg_inf(m)
+    if empty_rows == "error" and ctx.any(empty):
+        rows = np.argwhere(np.asarray(_to_numpy(empty)))[:5].tolist()
+        raise ValueError(
+            f"query rows with no allowed key (index as (*batch, i)): {rows}"
+            f"{' ...' if len(rows) == 5 else ''}; the softmax over an empty set is undefined. "
+            "Fix the mask, or pass empty_rows='zero' for y = 0, lse = -inf and zero gradients "
+            "(the FlexAttention convention)"
+        )
+
+
+def check_output(ctx: ArrayContext, name: str, x: Array) -> None:
+    """A finite input whose result is not finite overflowed the working precision."""
+    if ctx.exact:
+        return
+    if ctx.any(ctx.nonfinite(x)):
+        raise FloatingPointError(
+            f"{name} is not finite although the inputs are: the arithmetic of {ctx.name} "
+            "overflowed (scores beyond its range); use a wider compute dtype"
+        )
+
+
+def check_same_shape(name: str, x: Array, expected: tuple[int, ...]) -> None:
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)}; got {tuple(x.shape)}")
+
+
+def _to_numpy(x: Any) -> Any:
+    return x.cpu().numpy() if hasattr(x, "cpu") else x
