@@ -4,7 +4,8 @@ Notation (``shared/ALGORITHM.md``; Dao et al. 2022 §3.1 and App. B.2–B.4; Mil
 Gimelshein 2018): scores ``s_ij = c·q_i·k_j`` over the allowed keys ``A_i``, key blocks
 ``J_t`` of size ``b``; for a row ``i`` and key set ``I`` the summary is
 
-    Σ_i(I) = (m, ℓ, z),  m = max_{j∈I} s_ij,  ℓ = Σ_{j∈I} e^{s_ij − m},  z = Σ_{j∈I} e^{s_ij − m} V_j
+    Σ_i(I) = (m, ℓ, z),  m = max_{j∈I} s_ij,
+                         ℓ = Σ_{j∈I} e^{s_ij − m},  z = Σ_{j∈I} e^{s_ij − m} V_j
 
 and the merge ``⋆`` rescales both sides to ``M = max(m1, m2)``:
 
@@ -39,7 +40,7 @@ class Summary:
     """Per-row running summary ``(m, ℓ, z)``: shapes (*batch, r), (*batch, r), (*batch, r, v)."""
 
     m: Array
-    l: Array  # noqa: E741 -- ℓ, the paper's name
+    l: Array
     z: Array
 
 
@@ -105,7 +106,7 @@ def block_summary(ctx: ArrayContext, s: Array, v: Array, rho: Any = None) -> Sum
     """
     m = ctx.rowmax(s)
     p = ctx.exp_shifted(s, safe_shift(ctx, m))
-    l = ctx.rowsum(p)  # noqa: E741
+    l = ctx.rowsum(p)
     weights = p if rho is None else p * rho
     z = ctx.matmul(ctx.round_p(weights), v)
     return Summary(m, l, z)
@@ -120,7 +121,7 @@ def merge(ctx: ArrayContext, a: Summary, b: Summary) -> Summary:
     return Summary(m, a.l * alpha + b.l * beta, a.z * alpha[..., None] + b.z * beta[..., None])
 
 
-def _nonzero_l(ctx: ArrayContext, m: Array, l: Array) -> Array:  # noqa: E741
+def _nonzero_l(ctx: ArrayContext, m: Array, l: Array) -> Array:
     """ℓ, with 1 in place of the 0 of rows still at ⊥ (their z is 0, so Y = 0)."""
     return ctx.where(ctx.is_neg_inf(m), ctx.scalar(1), l)
 
@@ -130,7 +131,7 @@ def finalize(ctx: ArrayContext, state: Summary) -> Array:
     return state.z / _nonzero_l(ctx, state.m, state.l)[..., None]
 
 
-def log_sum_exp(ctx: ArrayContext, m: Array, l: Array) -> Array:  # noqa: E741
+def log_sum_exp(ctx: ArrayContext, m: Array, l: Array) -> Array:
     """``lse = m + log ℓ = log Σ_{j∈A_i} e^{s_ij}``; −∞ for rows at ⊥."""
     return ctx.where(ctx.is_neg_inf(m), ctx.neg_inf, m + ctx.log(_nonzero_l(ctx, m, l)))
 
@@ -140,7 +141,7 @@ def softmax_delta(ctx: ArrayContext, g: Array, y: Array) -> Array:
     return ctx.rowsum(g * y)
 
 
-def tile_probabilities(ctx: ArrayContext, s: Array, m: Array, l: Array) -> Array:  # noqa: E741
+def tile_probabilities(ctx: ArrayContext, s: Array, m: Array, l: Array) -> Array:
     """``p_ij = e^{s_ij − m_i} / ℓ_i`` from the frozen forward statistics (0 off ``A_i``)."""
     return ctx.exp_shifted(s, safe_shift(ctx, m)) / _nonzero_l(ctx, m, l)[..., None]
 
@@ -172,7 +173,9 @@ def batch_index_of(ctx: ArrayContext, batch: tuple[int, ...]) -> Any:
 
 
 def geometry_of(q: Array, k: Array, v: Array) -> Geometry:
-    batch = tuple(np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])))
+    batch = tuple(
+        np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+    )
     return Geometry(n_q=q.shape[-2], n_k=k.shape[-2], batch=batch)
 
 
@@ -204,7 +207,9 @@ def forward(
     batch_index = batch_index_of(ctx, batch) if dropout is not None else None
     for tile in tiles(ctx, mask, geometry, block_size):
         rows = tile.rows
-        s = tile_scores(ctx, q[..., rows, :], ctx.compute(k[..., tile.cols, :]), scale, tile.allowed)
+        s = tile_scores(
+            ctx, q[..., rows, :], ctx.compute(k[..., tile.cols, :]), scale, tile.allowed
+        )
         rho = None if dropout is None else dropout.factors(ctx, batch_index, tile.i, tile.j)
         block = block_summary(ctx, s, ctx.compute(v[..., tile.cols, :]), rho)
         old = Summary(state.m[..., rows], state.l[..., rows], state.z[..., rows, :])
@@ -220,7 +225,7 @@ def backward(
     v: Array,
     y: Array,
     m: Array,
-    l: Array,  # noqa: E741
+    l: Array,
     g: Array,
     *,
     scale: Any,

@@ -28,7 +28,7 @@ class Stats:
     """
 
     m: Array
-    l: Array  # noqa: E741 -- ℓ
+    l: Array
     lse: Array
 
 
@@ -44,9 +44,11 @@ class _Call:
     mask: Mask | None
     dropout: Any
     empty_rows: str
+    check_finite: bool
 
 
 def _prepare(
+    ctx: ArrayContext,
     inputs: dict[str, Any],
     *,
     block_size: Any,
@@ -54,11 +56,10 @@ def _prepare(
     mask: Any,
     dropout_p: Any,
     seed: Any,
-    backend: Any,
     empty_rows: str,
     check_finite: bool,
 ) -> _Call:
-    ctx = resolve_backend(backend, *inputs.items())
+    """Convert and check the inputs; call inside ``ctx.scope()`` (conversion rounds)."""
     validation.check_policy(empty_rows)
     for name, x in inputs.items():
         if x is None:
@@ -81,22 +82,30 @@ def _prepare(
         mask=mask,
         dropout=make_dropout(dropout_p, seed),
         empty_rows=empty_rows,
+        check_finite=check_finite,
     )
 
 
 def _forward(call: _Call, run: Any) -> tuple[Array, Stats]:
     ctx = call.ctx
-    y, m, l = run(call)  # noqa: E741
+    y, m, l = run(call)
     validation.check_empty_rows(ctx, m, call.empty_rows)
-    validation.check_output(ctx, "y", y)
+    if call.check_finite:
+        validation.check_output(ctx, "y", y)
     return ctx.output(y), Stats(m, l, algorithm.log_sum_exp(ctx, m, l))
 
 
 def _tiled_forward(call: _Call) -> tuple[Array, Array, Array]:
     a = call.arrays
     y, state = algorithm.forward(
-        call.ctx, a["q"], a["k"], a["v"], scale=call.scale, block_size=call.block_size,
-        mask=call.mask, dropout=call.dropout,
+        call.ctx,
+        a["q"],
+        a["k"],
+        a["v"],
+        scale=call.scale,
+        block_size=call.block_size,
+        mask=call.mask,
+        dropout=call.dropout,
     )
     return y, state.m, state.l
 
@@ -115,7 +124,7 @@ def _check_backward_inputs(call: _Call, stats: Stats) -> tuple[Array, Array]:
     validation.check_same_shape("grad_y", a["grad_y"], y_shape)
     if not isinstance(stats, Stats):
         raise TypeError(f"stats must be the Stats returned by the forward; got {type(stats)}")
-    m, l = ctx.as_compute(stats.m), ctx.as_compute(stats.l)  # noqa: E741
+    m, l = ctx.as_compute(stats.m), ctx.as_compute(stats.l)
     validation.check_same_shape("stats.m", m, y_shape[:-1])
     validation.check_same_shape("stats.l", l, y_shape[:-1])
     validation.check_empty_rows(ctx, m, call.empty_rows)
@@ -123,8 +132,9 @@ def _check_backward_inputs(call: _Call, stats: Stats) -> tuple[Array, Array]:
 
 
 def _finish_backward(call: _Call, grads: tuple[Array, Array, Array]) -> tuple[Array, ...]:
-    for name, grad in zip(("dq", "dk", "dv"), grads):
-        validation.check_output(call.ctx, name, grad)
+    if call.check_finite:
+        for name, grad in zip(("dq", "dk", "dv"), grads):
+            validation.check_output(call.ctx, name, grad)
     return tuple(call.ctx.output(grad) for grad in grads)
 
 
@@ -164,12 +174,20 @@ def attention(
     ``stats.m``, ``stats.l``, ``stats.lse``. ``empty_rows='zero'`` gives ``y = 0`` and
     ``lse = −∞`` for rows with no allowed key (default: ``ValueError``).
     """
-    call = _prepare(
-        {"q": q, "k": k, "v": v},
-        block_size=block_size, scale=scale, mask=mask, dropout_p=dropout_p, seed=seed,
-        backend=backend, empty_rows=empty_rows, check_finite=check_finite,
-    )
-    with call.ctx.scope():
+    inputs = {"q": q, "k": k, "v": v}
+    ctx = resolve_backend(backend, *inputs.items())
+    with ctx.scope():
+        call = _prepare(
+            ctx,
+            inputs,
+            block_size=block_size,
+            scale=scale,
+            mask=mask,
+            dropout_p=dropout_p,
+            seed=seed,
+            empty_rows=empty_rows,
+            check_finite=check_finite,
+        )
         y, stats = _forward(call, _tiled_forward)
     return (y, stats) if return_stats else y
 
@@ -181,21 +199,35 @@ def attention_backward(
 
     Takes the forward's ``y`` and ``stats`` and the same keywords as :func:`attention`.
     """
-    call = _prepare({"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}, **_keywords(keywords))
-    with call.ctx.scope():
-        m, l = _check_backward_inputs(call, stats)  # noqa: E741
+    inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
+    ctx, keywords = _context(inputs, keywords)
+    with ctx.scope():
+        call = _prepare(ctx, inputs, **keywords)
+        m, l = _check_backward_inputs(call, stats)
         a = call.arrays
         grads = algorithm.backward(
-            call.ctx, a["q"], a["k"], a["v"], a["y"], m, l, a["grad_y"], scale=call.scale,
-            block_size=call.block_size, mask=call.mask, dropout=call.dropout,
+            call.ctx,
+            a["q"],
+            a["k"],
+            a["v"],
+            a["y"],
+            m,
+            l,
+            a["grad_y"],
+            scale=call.scale,
+            block_size=call.block_size,
+            mask=call.mask,
+            dropout=call.dropout,
         )
         return _finish_backward(call, grads)
 
 
 def naive_attention(q: Any, k: Any, v: Any, *, return_stats: bool = False, **keywords: Any):
     """The materialising reference: same arguments and result as :func:`attention`."""
-    call = _prepare({"q": q, "k": k, "v": v}, **_keywords(keywords))
-    with call.ctx.scope():
+    inputs = {"q": q, "k": k, "v": v}
+    ctx, keywords = _context(inputs, keywords)
+    with ctx.scope():
+        call = _prepare(ctx, inputs, **keywords)
         y, stats = _forward(call, _naive_forward)
     return (y, stats) if return_stats else y
 
@@ -204,12 +236,20 @@ def naive_attention_backward(
     q: Any, k: Any, v: Any, y: Any, stats: Stats, grad_y: Any, **keywords: Any
 ) -> tuple[Array, Array, Array]:
     """The exact VJP of naive attention (softmax Jacobian on the whole ``P``)."""
-    call = _prepare({"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}, **_keywords(keywords))
-    with call.ctx.scope():
+    inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
+    ctx, keywords = _context(inputs, keywords)
+    with ctx.scope():
+        call = _prepare(ctx, inputs, **keywords)
         _check_backward_inputs(call, stats)
         a = call.arrays
         grads = reference.naive_backward(
-            call.ctx, a["q"], a["k"], a["v"], a["grad_y"], scale=call.scale, mask=call.mask,
+            call.ctx,
+            a["q"],
+            a["k"],
+            a["v"],
+            a["grad_y"],
+            scale=call.scale,
+            mask=call.mask,
             dropout=call.dropout,
         )
         return _finish_backward(call, grads)
@@ -231,8 +271,12 @@ def flash_attention(query: Any, key: Any, value: Any, block_size: int, mask: Any
     return attention(query, key, value, block_size=block_size, mask=mask)
 
 
-def _keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+def _context(
+    inputs: dict[str, Any], keywords: dict[str, Any]
+) -> tuple[ArrayContext, dict[str, Any]]:
+    """The call's context and the remaining keywords with their defaults filled in."""
     unknown = set(keywords) - set(_DEFAULTS)
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    return {**_DEFAULTS, **keywords}
+    keywords = {**_DEFAULTS, **keywords}
+    return resolve_backend(keywords.pop("backend"), *inputs.items()), keywords

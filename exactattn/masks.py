@@ -211,8 +211,7 @@ class Dense(Mask):
             ok = False
         if not ok:
             raise ValueError(
-                f"mask has shape {shape}, which does not broadcast to (*batch, n_q, n_k) "
-                f"= {target}"
+                f"mask has shape {shape}, which does not broadcast to (*batch, n_q, n_k) = {target}"
             )
 
     def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:

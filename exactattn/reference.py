@@ -36,7 +36,7 @@ def _probabilities(ctx, q, k, v, scale, mask, dropout) -> tuple[Array, Array, Ar
     if s.shape[:-1] != (*geometry.batch, geometry.n_q):
         m = ctx.broadcast_to(m, (*geometry.batch, geometry.n_q))
     e = ctx.exp(s - safe_shift(ctx, m)[..., None])
-    l = ctx.rowsum(e)  # noqa: E741
+    l = ctx.rowsum(e)
     empty = ctx.is_neg_inf(m)
     p = e / ctx.where(empty, ctx.scalar(1), l)[..., None]
     rho = None
@@ -51,13 +51,20 @@ def naive_forward(
     ctx: ArrayContext, q: Array, k: Array, v: Array, *, scale: Any, mask=None, dropout=None
 ) -> tuple[Array, Array, Array]:
     """``Y = (P∘ρ) V`` with the whole ``P``; returns ``(Y, m, ℓ)`` in the compute type."""
-    p, m, l, rho = _probabilities(ctx, q, k, v, scale, mask, dropout)  # noqa: E741
+    p, m, l, rho = _probabilities(ctx, q, k, v, scale, mask, dropout)
     weights = p if rho is None else p * rho
     return ctx.matmul(ctx.round_p(weights), ctx.compute(v)), m, l
 
 
 def naive_backward(
-    ctx: ArrayContext, q: Array, k: Array, v: Array, g: Array, *, scale: Any, mask=None,
+    ctx: ArrayContext,
+    q: Array,
+    k: Array,
+    v: Array,
+    g: Array,
+    *,
+    scale: Any,
+    mask=None,
     dropout=None,
 ) -> tuple[Array, Array, Array]:
     """The exact VJP of naive attention: ``(dQ, dK, dV)`` shaped like ``q, k, v``."""

@@ -50,6 +50,14 @@ def _object_kind(arr: np.ndarray) -> str:
     return kinds.pop() if kinds else "empty"
 
 
+def _mpf_precision(arrays: Any) -> int:
+    """Enough bits for every mpf given (their significands' bit counts), at least mp.prec."""
+    import mpmath
+
+    bits = [e._mpf_[3] for arr in arrays for e in np.asarray(arr, dtype=object).flat]
+    return max([mpmath.mp.prec, *bits])
+
+
 def _describe(name: str, x: Any) -> tuple[str, Any]:
     """(system, detail) of one argument; raises TypeError for unsupported element types."""
     torch = sys.modules.get("torch")
@@ -93,9 +101,7 @@ def backend_of(*named: tuple[str, Any]) -> ArrayContext:
         dtype = next(iter(seen.values()))[1] if seen else np.float64
         return NumpyContext(dtype)
     if system == "mpmath":
-        import mpmath
-
-        return MpmathContext(mpmath.mp.prec)
+        return MpmathContext(_mpf_precision(x for _, x in named if x is not None))
     if system == "sympy":
         return SympyContext()
     if system == "flint":
