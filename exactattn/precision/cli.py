@@ -1,0 +1,100 @@
+"""``exactattn sweep --preset NAME --out DIR [--resume] [--workers N] [--scheduler ADDRESS]``.
+
+Runs the preset's grid (:mod:`.presets`), writes ``DIR/results.csv`` (one row per run),
+PNG plots and ``DIR/report.md``. ``--list`` prints the presets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .presets import PRESETS
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="exactattn sweep", description=__doc__.split("\n")[2])
+    parser.add_argument("--preset", default="quick", help=f"one of {sorted(PRESETS)}")
+    parser.add_argument("--out", default="sweep-out", help="output directory")
+    parser.add_argument("--resume", action="store_true", help="keep the rows already in the CSV")
+    parser.add_argument("--workers", type=int, default=2, help="local worker processes")
+    parser.add_argument("--scheduler", default=None, help="Dask scheduler address (tcp://...)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--list", action="store_true", help="list the presets and exit")
+    parser.add_argument(
+        "--time-reference",
+        nargs=2,
+        type=int,
+        metavar=("N", "D"),
+        help="time the certified reference (forward + backward, 200 bits) at n=N, d=D",
+    )
+    return parser
+
+
+def _time_reference(n: int, d: int) -> int:
+    import math
+    import time
+
+    from .inputs import make_inputs
+    from .reference import certified_reference
+
+    inputs = make_inputs("normal", n, d, seed=0)
+    cpu = time.process_time()
+    ref = certified_reference(inputs, scale=1 / math.sqrt(d), prec=200)
+    cpu = time.process_time() - cpu
+    print(
+        f"certified reference n={n} d={d} prec=200: forward + backward {ref.seconds:.2f} s "
+        f"wall, {cpu:.2f} s CPU; largest radius {ref.radius:.3g}"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.time_reference:
+        return _time_reference(*args.time_reference)
+    if args.list:
+        for name, preset in PRESETS.items():
+            print(f"{name:<8} {preset['description']}")
+        return 0
+    if args.preset not in PRESETS:
+        print(
+            f"exactattn sweep: unknown preset {args.preset!r}; choose one of {sorted(PRESETS)}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.workers < 1:
+        print(f"exactattn sweep: --workers must be >= 1; got {args.workers}", file=sys.stderr)
+        return 2
+    import pandas as pd
+
+    from .plots import all_plots
+    from .report import write_report
+    from .runner import run_sweep
+
+    result = run_sweep(
+        args.preset,
+        args.out,
+        resume=args.resume,
+        workers=args.workers,
+        scheduler=args.scheduler,
+        progress=not args.no_progress,
+    )
+    df = pd.read_csv(result.csv_path)
+    plots = all_plots(df, args.out)
+    report = write_report(
+        df,
+        args.out,
+        preset=args.preset,
+        description=PRESETS[args.preset]["description"],
+        seconds=result.seconds,
+        plots=plots,
+        skipped=result.skipped,
+    )
+    print(
+        f"{result.rows_written} rows written ({result.rows_kept} kept) in "
+        f"{result.seconds:.1f} s -> {result.csv_path}, {report}, {len(plots)} plots"
+    )
+    for config, why in result.skipped.items():
+        print(f"skipped {config}: {why}")
+    return 0

@@ -1,0 +1,65 @@
+"""Binary floating-point formats: precision ``p`` (significand bits), exponent range, ulp.
+
+``u = 2^{-p}`` is the unit roundoff of round-to-nearest; ``ulp(x) = 2^{max(e, e_min) − p + 1}``
+for ``2^e ≤ |x| < 2^{e+1}``; ``μ = 2^{e_min − p}`` is half the subnormal spacing, the
+absolute rounding error of gradual underflow. An ``e_min`` of ``None`` is an unbounded
+exponent (mpmath's emulated formats).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Format:
+    """A binary format with ``p`` significand bits (implicit bit included)."""
+
+    name: str
+    p: int
+    e_min: int | None  # exponent of the smallest normal number; None: unbounded
+
+    @property
+    def u(self) -> float:
+        """Unit roundoff ``2^{-p}``."""
+        return 2.0**-self.p
+
+    @property
+    def mu(self) -> float:
+        """Half the subnormal spacing, ``2^{e_min − p}`` (0 for an unbounded exponent)."""
+        return 0.0 if self.e_min is None else 2.0 ** (self.e_min - self.p)
+
+    def ulp(self, x: np.ndarray) -> np.ndarray:
+        """Spacing of the format at ``|x|`` (NaN at 0 for an unbounded exponent)."""
+        x = np.abs(np.asarray(x, dtype=np.float64))
+        _, e = np.frexp(x)  # x = f·2^e with f ∈ [0.5, 1): floor(log2 x) = e − 1
+        e = e.astype(np.float64) - 1
+        if self.e_min is None:
+            return np.where(x > 0, np.exp2(e - self.p + 1), np.nan)
+        return np.exp2(np.maximum(np.where(x > 0, e, self.e_min), self.e_min) - self.p + 1)
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("float64", 53, -1022),
+        Format("float32", 24, -126),
+        Format("bfloat16", 8, -126),
+        Format("float16", 11, -14),
+        Format("e4m3", 4, -6),
+        Format("e5m2", 3, -14),
+    )
+}
+
+
+def get_format(name: str) -> Format:
+    """A format by name: an IEEE/FP8 name above, or ``pN`` for N bits, unbounded exponent."""
+    if name in FORMATS:
+        return FORMATS[name]
+    match = re.fullmatch(r"p(\d+)", name)
+    if match and int(match.group(1)) >= 2:
+        return Format(name, int(match.group(1)), None)
+    raise ValueError(f"unknown number format {name!r}; use one of {sorted(FORMATS)} or pN")

@@ -1,0 +1,50 @@
+"""Error metrics of an approximation ``x̂`` against a reference ``x`` (float64 arrays).
+
+* ``max_abs = max |x̂ − x|``;
+* ``max_rel = max |x̂ − x| / |x|`` over the entries with ``x ≠ 0``;
+* ``rmse = sqrt(mean (x̂ − x)²)`` (FlashAttention-3 §4.3 reports this);
+* ``mean_ulp``, ``max_ulp``: ``|x̂ − x| / ulp_F(x)``, the error in units of the last place
+  of the format ``F`` the configuration stores its results in (entries where ``ulp`` is
+  undefined, ``x = 0`` in an unbounded format, are left out).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import Format
+
+METRICS = ("max_abs", "max_rel", "rmse", "mean_ulp", "max_ulp")
+
+
+def error_metrics(
+    approx: np.ndarray, exact: np.ndarray, fmt: Format, exact_lo: np.ndarray | None = None
+) -> dict[str, float]:
+    """The five metrics of ``approx`` against ``exact`` (+ ``exact_lo``, a double-double tail)."""
+    approx = np.asarray(approx, dtype=np.float64)
+    exact = np.asarray(exact, dtype=np.float64)
+    if approx.shape != exact.shape:
+        raise ValueError(f"approx has shape {approx.shape} but exact has {exact.shape}")
+    if approx.size == 0:
+        return dict.fromkeys(METRICS, float("nan"))
+    err = approx - exact  # exact when approx is close to exact (Sterbenz), then the tail
+    err = np.abs(err if exact_lo is None else err - exact_lo)
+    nonzero = exact != 0
+    rel = err[nonzero] / np.abs(exact[nonzero])
+    ulps = err / fmt.ulp(exact)
+    ulps = ulps[np.isfinite(ulps)]
+    return {
+        "max_abs": float(err.max()),
+        "max_rel": float(rel.max()) if rel.size else float("nan"),
+        "rmse": float(np.sqrt(np.mean(err**2))),
+        "mean_ulp": float(ulps.mean()) if ulps.size else float("nan"),
+        "max_ulp": float(ulps.max()) if ulps.size else float("nan"),
+    }
+
+
+def deviation(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """``max |a − b|`` and ``rmse(a − b)``: tiled versus naive in the same arithmetic."""
+    diff = np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))
+    if diff.size == 0:
+        return {"max_abs": float("nan"), "rmse": float("nan")}
+    return {"max_abs": float(diff.max()), "rmse": float(np.sqrt(np.mean(diff**2)))}

@@ -1,0 +1,183 @@
+"""Drive a sweep: expand the preset, run references and points as tasks, write the CSV.
+
+Every grid point is an independent task (:func:`.tasks.run_task`); the certified
+reference of each problem is one task too (:func:`.tasks.reference_task`), computed once
+and handed to that problem's points. Rows are appended to ``results.csv`` as tasks finish
+(one row per run: a point × ``impl``), so a killed sweep resumes from what it wrote: with
+``resume`` the rows already in the CSV are kept and only the missing points run.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata
+import platform
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .configs import available
+from .executors import make_executor
+from .grid import KNOBS, Point, expand, key_of
+from .metrics import METRICS
+from .presets import get_preset
+from .reference import OUTPUTS
+from .tasks import reference_task, run_task
+
+PACKAGES = ("exactattn", "numpy", "mpmath", "python-flint", "torch")
+COLUMNS = (
+    *KNOBS,
+    "impl",
+    "backend",
+    "bits",
+    "u_input",
+    "u_compute",
+    "u_p",
+    "input_seed",
+    "status",
+    "seconds",
+    *(f"{out}_{metric}" for out in OUTPUTS for metric in METRICS),
+    *(f"dev_{out}_{metric}" for out in OUTPUTS for metric in ("max_abs", "rmse")),
+    "bound_ratio",
+    "bound_max",
+    "ref_radius",
+    "ref_prec",
+    "ref_seconds",
+    "python",
+    *(f"v_{name.replace('-', '_')}" for name in PACKAGES),
+)
+
+
+def versions() -> dict[str, str]:
+    """Interpreter and package versions (``-`` for a package that is not installed)."""
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[f"v_{name.replace('-', '_')}"] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[f"v_{name.replace('-', '_')}"] = "-"
+    return out
+
+
+@dataclass
+class SweepResult:
+    csv_path: Path
+    rows_written: int
+    rows_kept: int
+    skipped: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """Complete rows of a (possibly partial) results CSV; a torn last line is dropped."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if tuple(reader.fieldnames or ()) != COLUMNS:
+            raise ValueError(
+                f"{path} has different columns than this version writes; "
+                "use a new --out directory or drop --resume"
+            )
+        return [row for row in reader if None not in row.values() and row.get(COLUMNS[-1])]
+
+
+def run_sweep(
+    preset_name: str,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    workers: int = 1,
+    scheduler: Any = None,
+    progress: bool = True,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> SweepResult:
+    """Run the preset's grid into ``out_dir/results.csv``; returns what was done."""
+    start = time.perf_counter()
+    preset = get_preset(preset_name)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.csv"
+    kept = read_rows(path) if resume else []
+    done = {key_of(row) for row in kept}
+    with path.open("w", newline="") as handle:  # rewrite: drops a torn last line
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(kept)
+    skipped: dict[str, str] = {}
+    points = []
+    for point in expand(preset):
+        ok, why = available(point.config)
+        if not ok:
+            skipped[point.config] = why
+        elif point.key not in done:
+            points.append(point)
+    by_problem: dict[Any, list[Point]] = defaultdict(list)
+    for point in points:
+        by_problem[point.problem].append(point)
+    prec = int(preset.get("reference_prec", 200))
+    stamp = versions()
+    written = 0
+    executor = make_executor(workers, scheduler)
+    bar = _Progress(progress, len(by_problem), len(points))
+    try:
+        with path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+            pending = {executor.submit(reference_task, p, prec): ("ref", p) for p in by_problem}
+            while pending:
+                finished, _ = executor.wait_first(pending)
+                for future in finished:
+                    kind, item = pending.pop(future)
+                    result = future.result()
+                    if kind == "ref":
+                        bar.reference_done()
+                        for point in by_problem[item]:
+                            pending[executor.submit(run_task, point, result)] = ("run", point)
+                        continue
+                    for row in result:
+                        row.update(stamp)
+                        writer.writerow(row)
+                        written += 1
+                        if on_row is not None:
+                            on_row(row)
+                    handle.flush()
+                    bar.run_done()
+    finally:
+        executor.close()
+        bar.close()
+    return SweepResult(path, written, len(kept), skipped, time.perf_counter() - start)
+
+
+class _Progress:
+    """A rich progress bar for references and runs (silent when disabled)."""
+
+    def __init__(self, enabled: bool, references: int, runs: int):
+        self._bar = None
+        if not enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self._bar = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        self._refs = self._bar.add_task("certified references", total=references)
+        self._runs = self._bar.add_task("runs", total=runs)
+        self._bar.start()
+
+    def reference_done(self) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._refs)
+
+    def run_done(self) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._runs)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

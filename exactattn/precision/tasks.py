@@ -1,0 +1,133 @@
+"""The sweep's two kinds of independent task, as plain picklable functions.
+
+* :func:`reference_task`: the certified reference (arb balls) of one problem;
+* :func:`run_task`: one grid point, the tiled and the naive computation in the
+  configuration's arithmetic, measured against the reference; returns two CSV rows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import api, masks
+from .bound import allowed_matrix, bound_ratio, forward_bound
+from .configs import get_config, to_float64
+from .grid import Point, Problem
+from .inputs import input_seed, make_inputs
+from .metrics import METRICS, deviation, error_metrics
+from .reference import OUTPUTS, Reference, certified_reference
+
+MASKS = ("none", "causal", "window")
+
+
+def build_mask(name: str, n: int) -> Any:
+    """``none``, ``causal`` or ``window`` (each query sees the ``max(1, n//8)`` keys before it)."""
+    if name == "none":
+        return None
+    if name == "causal":
+        return masks.causal()
+    if name == "window":
+        return masks.sliding_window(left=max(1, n // 8), right=0)
+    raise ValueError(f"mask must be one of {MASKS}; got {name!r}")
+
+
+def scale_of(problem: Problem | Point) -> float:
+    """The score scale ``c = scale / sqrt(d)`` as a float64 (exact input of every run)."""
+    return float(problem.scale) / math.sqrt(problem.d)
+
+
+def reference_task(problem: Problem, prec: int) -> Reference:
+    inputs = make_inputs(problem.dist, problem.n, problem.d, problem.seed)
+    return certified_reference(
+        inputs,
+        scale=scale_of(problem),
+        mask=build_mask(problem.mask, problem.n),
+        prec=prec,
+        grads=problem.grads,
+    )
+
+
+def _run(impl: str, point: Point, ctx: Any, inputs: dict[str, np.ndarray], mask: Any):
+    q, k, v, g = inputs["q"], inputs["k"], inputs["v"], inputs["g"]
+    keywords = dict(scale=scale_of(point), mask=mask, backend=ctx)
+    if impl == "tiled":
+        keywords["block_size"] = point.block
+        forward, backward = api.attention, api.attention_backward
+    else:
+        forward, backward = api.naive_attention, api.naive_attention_backward
+    y, stats = forward(q, k, v, return_stats=True, **keywords)
+    out = {"y": y}
+    if point.grads:
+        out["dq"], out["dk"], out["dv"] = backward(q, k, v, y, stats, g, **keywords)
+    return {name: to_float64(x) for name, x in out.items()}
+
+
+def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
+    """Two rows (``impl`` = tiled, naive) of knobs, metrics, deviation and bound ratio."""
+    config = get_config(point.config)
+    original = make_inputs(point.dist, point.n, point.d, point.seed)
+    inputs = {name: config.prepare(x) if name != "g" else x for name, x in original.items()}
+    mask = build_mask(point.mask, point.n)
+    ctx = config.make_ctx()
+    results, status, seconds = {}, {}, {}
+    for impl in ("tiled", "naive"):
+        start = time.perf_counter()
+        try:
+            results[impl] = _run(impl, point, ctx, inputs, mask)
+            status[impl] = "ok"
+        except (FloatingPointError, ValueError, OverflowError) as error:
+            results[impl] = None
+            status[impl] = f"error: {type(error).__name__}: {error}"[:200]
+        seconds[impl] = time.perf_counter() - start
+    allowed = allowed_matrix(mask, point.n, point.n)
+    rows = []
+    for impl in ("tiled", "naive"):
+        row: dict[str, Any] = {
+            **{name: getattr(point, name) for name in Point.__dataclass_fields__},
+            "impl": impl,
+            "backend": getattr(ctx, "name", str(ctx)),
+            "bits": config.bits,
+            "u_input": config.input_format.u,
+            "u_compute": config.compute_format.u,
+            "u_p": config.p_format.u,
+            "input_seed": input_seed(point.seed, point.dist, point.n, point.d),
+            "status": status[impl],
+            "seconds": seconds[impl],
+            "ref_radius": reference.radius,
+            "ref_prec": reference.prec,
+            "ref_seconds": reference.seconds,
+        }
+        mine, other = results[impl], results["naive" if impl == "tiled" else "tiled"]
+        for name in OUTPUTS:
+            present = mine is not None and name in mine
+            metrics = (
+                error_metrics(mine[name], reference.hi[name], config.ulp_format, reference.lo[name])
+                if present
+                else dict.fromkeys(METRICS, math.nan)
+            )
+            row.update({f"{name}_{metric}": value for metric, value in metrics.items()})
+            dev = (
+                deviation(mine[name], other[name])
+                if present and other is not None
+                else {"max_abs": math.nan, "rmse": math.nan}
+            )
+            row[f"dev_{name}_max_abs"], row[f"dev_{name}_rmse"] = dev["max_abs"], dev["rmse"]
+        if mine is not None:
+            bound = forward_bound(
+                config,
+                original,
+                scale=scale_of(point),
+                block_size=point.block if impl == "tiled" else None,
+                allowed=allowed,
+            )
+            error = (mine["y"] - reference.hi["y"]) - reference.lo["y"]
+            row["bound_ratio"] = bound_ratio(error, bound)
+            row["bound_max"] = float(bound.max())
+        else:
+            row["bound_ratio"] = row["bound_max"] = math.nan
+        rows.append(row)
+    return rows

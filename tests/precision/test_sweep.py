@@ -1,0 +1,95 @@
+"""A tiny sweep end to end: well-formed outputs, resume, determinism, Dask equivalence."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from exactattn.precision import cli
+from exactattn.precision.grid import KNOBS, expand, key_of
+from exactattn.precision.presets import PRESETS
+from exactattn.precision.runner import COLUMNS, run_sweep
+
+TIMING = ["seconds", "ref_seconds"]
+
+
+def _frame(path) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    df["key"] = [key_of(row) for row in df.to_dict("records")]
+    return df.drop(columns=TIMING).sort_values(["key", "impl"]).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    assert cli.main(["--preset", "tiny", "--out", str(out), "--workers", "1", "--no-progress"]) == 0
+    return out
+
+
+def test_tiny_sweep_writes_csv_plots_and_report(tiny_run):
+    points = expand(PRESETS["tiny"])
+    with (tiny_run / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert tuple(rows[0].keys()) == COLUMNS
+    assert len(rows) == 2 * len(points)
+    assert {row["status"] for row in rows} == {"ok"}
+    assert sorted({key_of(r) for r in rows}) == sorted(p.key for p in points)
+    for row in rows:
+        assert float(row["y_rmse"]) > 0 and float(row["ref_radius"]) < 1e-50
+        assert row["v_numpy"] == np.__version__ and row["input_seed"].isdigit()
+        assert 0 < float(row["bound_ratio"]) <= 1
+    report = (tiny_run / "report.md").read_text()
+    assert "What the numbers show" in report and "mp11" in report
+    pngs = sorted(p.name for p in tiny_run.glob("*.png"))
+    assert "tiled_vs_naive.png" in pngs and "bound_ratio.png" in pngs
+    assert all((tiny_run / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_resume_completes_a_partial_csv(tiny_run, tmp_path):
+    full = (tiny_run / "results.csv").read_text().splitlines()
+    partial = [*full[: 1 + 6], full[7][:40]]  # header, 3 points, a torn line
+    (tmp_path / "results.csv").write_text("\n".join(partial) + "\n")
+    seen = []
+    result = run_sweep("tiny", tmp_path, resume=True, progress=False, on_row=seen.append)
+    assert result.rows_kept == 6
+    assert result.rows_written == len(full) - 1 - 6 == len(seen)
+    pd.testing.assert_frame_equal(
+        _frame(tmp_path / "results.csv"), _frame(tiny_run / "results.csv")
+    )
+
+
+def test_reruns_are_deterministic_with_two_workers(tiny_run, tmp_path):
+    run_sweep("tiny", tmp_path, workers=2, progress=False)
+    pd.testing.assert_frame_equal(
+        _frame(tmp_path / "results.csv"), _frame(tiny_run / "results.csv")
+    )
+
+
+def test_dask_cluster_gives_the_local_results(tiny_run, tmp_path):
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as cluster:
+        run_sweep("tiny", tmp_path, scheduler=cluster.scheduler_address, progress=False)
+    pd.testing.assert_frame_equal(
+        _frame(tmp_path / "results.csv"), _frame(tiny_run / "results.csv")
+    )
+
+
+def test_cli_rejects_bad_arguments(capsys):
+    assert cli.main(["--preset", "nope"]) == 2
+    assert "unknown preset" in capsys.readouterr().err
+    assert cli.main(["--workers", "0"]) == 2
+    assert cli.main(["--list"]) == 0
+    assert "quick" in capsys.readouterr().out
+
+
+def test_every_preset_expands_to_known_knobs():
+    for name, preset in PRESETS.items():
+        points = expand(preset)
+        assert points, name
+        assert len({p.key for p in points}) == len(points)
+        assert all(set(KNOBS) <= set(p.__dataclass_fields__) for p in points[:1])
