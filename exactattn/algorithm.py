@@ -57,29 +57,36 @@ class Tile:
 
 # --- the pieces of one step ---------------------------------------------------------------
 def tiles(
-    ctx: ArrayContext, mask: Mask | None, geometry: Geometry, block_size: int
+    ctx: ArrayContext,
+    mask: Mask | None,
+    geometry: Geometry,
+    block_size: int,
+    row_block: int | None = None,
 ) -> Iterator[Tile]:
     """Key blocks ``J_t`` in order, each with the query rows it can reach.
 
-    EMPTY tiles are skipped before any score is computed; FULL tiles skip the predicate;
-    a PARTIAL tile whose predicate allows nothing is skipped as well.
+    ``row_block`` splits those rows into runs of at most that many, one tile each (keeps a
+    tile cache-sized; rows are independent, so no row's arithmetic changes); ``None``
+    keeps them whole. EMPTY tiles are skipped before any score is computed; FULL tiles
+    skip the predicate; a PARTIAL tile whose predicate allows nothing is skipped as well.
     """
     for start in range(0, geometry.n_k, block_size):
         cols = range(start, min(start + block_size, geometry.n_k))
-        rows = range(geometry.n_q) if mask is None else mask.row_span(cols, geometry)
-        if len(rows) == 0:
-            continue
-        kind = TileKind.FULL if mask is None else mask.classify(rows, cols, geometry)
-        if kind is TileKind.EMPTY:
-            continue
-        i = ctx.index(rows.start, rows.stop)[:, None]
-        j = ctx.index(cols.start, cols.stop)[None, :]
-        allowed = None
-        if kind is TileKind.PARTIAL:
-            allowed = mask.tile(i, j, geometry)
-            if not ctx.any(allowed):
+        span = range(geometry.n_q) if mask is None else mask.row_span(cols, geometry)
+        step = max(1, len(span) if row_block is None else row_block)
+        for first in range(span.start, span.stop, step):
+            rows = range(first, min(first + step, span.stop))
+            kind = TileKind.FULL if mask is None else mask.classify(rows, cols, geometry)
+            if kind is TileKind.EMPTY:
                 continue
-        yield Tile(slice(rows.start, rows.stop), slice(cols.start, cols.stop), i, j, allowed)
+            i = ctx.index(rows.start, rows.stop)[:, None]
+            j = ctx.index(cols.start, cols.stop)[None, :]
+            allowed = None
+            if kind is TileKind.PARTIAL:
+                allowed = mask.tile(i, j, geometry)
+                if not ctx.any(allowed):
+                    continue
+            yield Tile(slice(rows.start, rows.stop), slice(cols.start, cols.stop), i, j, allowed)
 
 
 def tile_scores(ctx: ArrayContext, q: Array, k: Array, scale: Any, allowed: Any) -> Array:
@@ -189,12 +196,13 @@ def forward(
     block_size: int,
     mask: Mask | None = None,
     dropout: Any = None,
+    row_block: int | None = None,
 ) -> tuple[Array, Summary]:
     """Fold ``⋆`` over the key blocks: returns ``Y`` (compute type) and the final summary.
 
     ``q, k, v`` are in the context's storage type with shapes (..., n_q, d), (..., n_k, d),
     (..., n_k, v); leading dims broadcast. ``dropout`` is ``None`` or an object with
-    ``factors(ctx, batch_index, i, j) -> ρ`` tile.
+    ``factors(ctx, batch_index, i, j) -> ρ`` tile. ``row_block``: see :func:`tiles`.
     """
     geometry = geometry_of(q, k, v)
     q = ctx.compute(q)
@@ -205,7 +213,7 @@ def forward(
         ctx.zeros((*batch, n_q, v.shape[-1])),
     )
     batch_index = batch_index_of(ctx, batch) if dropout is not None else None
-    for tile in tiles(ctx, mask, geometry, block_size):
+    for tile in tiles(ctx, mask, geometry, block_size, row_block):
         rows = tile.rows
         s = tile_scores(
             ctx, q[..., rows, :], ctx.compute(k[..., tile.cols, :]), scale, tile.allowed
@@ -232,6 +240,7 @@ def backward(
     block_size: int,
     mask: Mask | None = None,
     dropout: Any = None,
+    row_block: int | None = None,
 ) -> tuple[Array, Array, Array]:
     """The block-recomputed VJP: ``(dQ, dK, dV)`` in the compute type, shaped like q, k, v.
 
@@ -246,7 +255,7 @@ def backward(
     dk = ctx.zeros(tuple(k.shape))
     dv = ctx.zeros(tuple(v.shape))
     batch_index = batch_index_of(ctx, batch) if dropout is not None else None
-    for tile in tiles(ctx, mask, geometry, block_size):
+    for tile in tiles(ctx, mask, geometry, block_size, row_block):
         rows, cols = tile.rows, tile.cols
         q_t, g_t = q[..., rows, :], g[..., rows, :]
         k_b, v_b = ctx.compute(k[..., cols, :]), ctx.compute(v[..., cols, :])

@@ -1,0 +1,58 @@
+"""The CPU benchmark and the device check run end to end (tiny sizes, CPU)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from exactattn import bench_torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_torch_reports_both_implementations(tmp_path, capsys):
+    md, table = tmp_path / "bench.md", tmp_path / "bench.csv"
+    argv = ["--shape", "1", "2", "64", "8", "--repeats", "1", "--threads", "1", "--no-memory"]
+    assert bench_torch.main([*argv, "--md", str(md), "--csv", str(table)]) == 0
+    rows = list(csv.DictReader(table.open()))
+    assert [r["pass_"] for r in rows] == ["fwd", "fwd+bwd"]
+    for r in rows:
+        ratio = float(r["exactattn_wall_s"]) / float(r["sdpa_wall_s"])
+        assert abs(ratio - float(r["ratio_wall"])) < 1e-9
+    assert "| fwd+bwd |" in md.read_text() and "| fwd+bwd |" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_peak_memory_sees_the_output():
+    """The forward's peak is at least its (N, D) output and below half an n×n matrix."""
+    n, d = 2048, 64
+    for impl in ("sdpa", "exactattn"):
+        peak = bench_torch.peak_memory(impl, "fwd", (1, 1, n, d), "float32", 1, None)
+        assert n * d * 4 <= peak < n * n * 4 / 2, impl
+
+
+def test_gpu_check_dry_run(tmp_path):
+    env = dict(os.environ, EXACTATTN_GPU_RESULTS=str(tmp_path), PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "gpu" / "check.py"), "--dry-run"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    correct = list(csv.DictReader((tmp_path / "correctness.csv").open()))
+    impls = {r["impl"] for r in correct}
+    assert {"triton", "generic", "numpy-float64"} <= impls
+    assert all(r["ok"] == "True" for r in correct)
+    assert any(r["reference"] == "flint" for r in correct)
+    bench = list(csv.DictReader((tmp_path / "bench.csv").open()))
+    assert {r["impl"] for r in bench} == {"sdpa", "triton", "generic"}
+    assert {r["causal"] for r in bench} == {"True", "False"}
+    report = (tmp_path / "check.md").read_text()
+    assert "## Benchmarks" in report and "## Correctness" in report
