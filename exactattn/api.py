@@ -69,6 +69,7 @@ def _prepare(
     geometry = validation.check_qkv(q, k, v)
     mask = as_mask(mask)
     if mask is not None:
+        mask = mask.adopt(ctx)
         mask.validate(geometry)
     if check_finite:
         for name, x in arrays.items():

@@ -61,6 +61,10 @@ class Mask:
     def validate(self, geometry: Geometry) -> None:
         """Raise ValueError if the mask cannot apply to these sizes."""
 
+    def adopt(self, ctx: Any) -> Mask:
+        """This mask with its caller-owned arrays in ``ctx``'s array system (and device)."""
+        return self
+
     def __and__(self, other: Mask) -> Mask:
         return and_masks(self, other)
 
@@ -168,6 +172,9 @@ class KeyPadding(Mask):
     def validate(self, geometry: Geometry) -> None:
         self._lengths(geometry)
 
+    def adopt(self, ctx: Any) -> KeyPadding:
+        return KeyPadding(ctx.adopt(self.lengths))
+
     def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:
         return j < self._lengths(geometry)
 
@@ -200,6 +207,9 @@ class Dense(Mask):
     """A caller-owned boolean array broadcastable to ``(*batch, n_q, n_k)``; only sliced."""
 
     allowed: Any
+
+    def adopt(self, ctx: Any) -> Dense:
+        return Dense(ctx.adopt(self.allowed))
 
     def validate(self, geometry: Geometry) -> None:
         shape = tuple(self.allowed.shape)
@@ -271,6 +281,9 @@ def predicate(fn: Callable[[Any, Any], Any]) -> Predicate:
 class And(Mask):
     parts: tuple[Mask, ...]
 
+    def adopt(self, ctx: Any) -> Mask:
+        return type(self)(tuple(part.adopt(ctx) for part in self.parts))
+
     def validate(self, geometry: Geometry) -> None:
         for part in self.parts:
             part.validate(geometry)
@@ -296,6 +309,9 @@ class And(Mask):
 @dataclass(frozen=True)
 class Or(Mask):
     parts: tuple[Mask, ...]
+
+    def adopt(self, ctx: Any) -> Mask:
+        return type(self)(tuple(part.adopt(ctx) for part in self.parts))
 
     def validate(self, geometry: Geometry) -> None:
         for part in self.parts:

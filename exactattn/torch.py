@@ -202,7 +202,8 @@ def attention(
         raise TypeError(f"is_causal must be a bool; got {is_causal!r}")
     validation.check_policy(empty_rows)
     ctx = TorchContext(q.dtype, device=q.device)
-    mask = _on_device(as_mask(mask), q.device)
+    mask = as_mask(mask)
+    mask = None if mask is None else mask.adopt(ctx)
     if is_causal:
         mask = causal() if mask is None else mask & causal()
     heads = _check_gqa(q, k, v) if enable_gqa else None
@@ -257,17 +258,6 @@ def _check_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, 
 
 
 # --- masks on the tensors' device ---------------------------------------------------------
-def _on_device(mask: Mask | None, device: torch.device) -> Mask | None:
-    """Caller-owned mask arrays (dense masks, key lengths) as tensors on ``device``."""
-    if isinstance(mask, Dense):
-        return Dense(torch.as_tensor(mask.allowed, device=device))
-    if isinstance(mask, KeyPadding):
-        return KeyPadding(torch.as_tensor(mask.lengths, device=device))
-    if isinstance(mask, (And, Or)):
-        return type(mask)(tuple(_on_device(part, device) for part in mask.parts))
-    return mask
-
-
 def _split_axis(x: torch.Tensor, axis: int, h_kv: int, group: int) -> torch.Tensor:
     """Axis of size H becomes (H_kv, g); a broadcast axis of size 1 becomes (1, 1)."""
     if x.shape[axis] == 1:

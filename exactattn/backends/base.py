@@ -77,6 +77,12 @@ class ArrayContext:
     def zeros(self, shape: tuple[int, ...]) -> Array:
         return self.full(shape, self.scalar(0))
 
+    def adopt(self, x: Any) -> np.ndarray:
+        """A caller-owned array (a dense mask, key lengths) as this system's array, dtype kept."""
+        if hasattr(x, "detach"):  # a torch tensor, possibly on a GPU
+            x = x.detach().cpu().numpy()
+        return np.asarray(x)
+
     def index(self, start: int, stop: int) -> np.ndarray:
         """Integer positions ``start..stop-1`` for evaluating mask predicates."""
         return np.arange(start, stop)

@@ -128,6 +128,9 @@ class TorchContext(ArrayContext):
     def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, dtype=self.compute_dtype, device=self.device)
 
+    def adopt(self, x: Any) -> torch.Tensor:
+        return torch.as_tensor(x, device=self.device)
+
     def index(self, start: int, stop: int) -> torch.Tensor:
         return torch.arange(start, stop, dtype=torch.int64, device=self.device)
 
