@@ -64,7 +64,12 @@ def _prepare(
     for name, x in inputs.items():
         if x is None:
             raise TypeError(f"{name} must be an array; got None")
-    arrays = {name: ctx.asarray(x) for name, x in inputs.items()}
+    arrays = {}
+    for name, x in inputs.items():
+        try:
+            arrays[name] = ctx.asarray(x)
+        except TypeError as error:
+            raise TypeError(f"{name}: {error}") from None
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     geometry = validation.check_qkv(q, k, v)
     mask = as_mask(mask)
@@ -90,7 +95,7 @@ def _prepare(
 def _forward(call: _Call, run: Any) -> tuple[Array, Stats]:
     ctx = call.ctx
     y, m, l = run(call)
-    validation.check_empty_rows(ctx, m, call.empty_rows)
+    validation.check_empty_rows(ctx, m, call.empty_rows, call.mask, call.geometry)
     if call.check_finite:
         validation.check_output(ctx, "y", y)
     return ctx.output(y), Stats(m, l, algorithm.log_sum_exp(ctx, m, l))
@@ -128,7 +133,9 @@ def _check_backward_inputs(call: _Call, stats: Stats) -> tuple[Array, Array]:
     m, l = ctx.as_compute(stats.m), ctx.as_compute(stats.l)
     validation.check_same_shape("stats.m", m, y_shape[:-1])
     validation.check_same_shape("stats.l", l, y_shape[:-1])
-    validation.check_empty_rows(ctx, m, call.empty_rows)
+    if call.check_finite and not ctx.exact:
+        validation.check_stats(ctx, m, l)
+    validation.check_empty_rows(ctx, m, call.empty_rows, call.mask, call.geometry)
     return m, l
 
 

@@ -11,6 +11,7 @@ bit-identical keep-bits.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +43,17 @@ class Dropout:
 
     def __post_init__(self) -> None:
         p = self.p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
             raise ValueError(f"dropout_p must be a number in [0, 1); got {p!r}")
         seed = self.seed
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        if (
+            isinstance(seed, bool)
+            or not isinstance(seed, numbers.Integral)
+            or not 0 <= seed < 2**64
+        ):
             raise ValueError(f"seed must be an integer in [0, 2**64); got {seed!r}")
+        object.__setattr__(self, "p", float(p))
+        object.__setattr__(self, "seed", int(seed))
 
     @property
     def threshold(self) -> int:
@@ -67,7 +74,7 @@ class Dropout:
 
 def make_dropout(dropout_p: float, seed: int | None) -> Dropout | None:
     """``None`` for ``p = 0``; otherwise a :class:`Dropout`, which needs an explicit seed."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise ValueError(f"dropout_p must be a number in [0, 1); got {dropout_p!r}")
     if dropout_p == 0:
         return None
@@ -75,4 +82,4 @@ def make_dropout(dropout_p: float, seed: int | None) -> Dropout | None:
         raise ValueError(
             "dropout_p > 0 needs seed=<int>: the reverse pass replays the same keep-bits"
         )
-    return Dropout(float(dropout_p), seed)
+    return Dropout(dropout_p, seed)

@@ -267,7 +267,16 @@ class Predicate(Mask):
                 f"mask predicate returned shape {shape} for i of shape {tuple(i.shape)} and "
                 f"j of shape {tuple(j.shape)}; it must broadcast to {target}"
             )
+        if _library(out) != _library(i):
+            raise TypeError(
+                f"mask predicate returned a {type(out).__name__} for index arrays of type "
+                f"{type(i).__name__}; return an array of the same library"
+            )
         return out
+
+
+def _library(x: Any) -> str:
+    return type(x).__module__.split(".")[0]
 
 
 def predicate(fn: Callable[[Any, Any], Any]) -> Predicate:

@@ -101,7 +101,8 @@ class _TiledAttention(torch.autograd.Function):
                 )
             else:
                 y, lse = _generic_forward(plan, q, k, v)
-        validation.check_empty_rows(plan.ctx, lse, plan.empty_rows)
+        geometry = Geometry(q.shape[-2], k.shape[-2], tuple(lse.shape[:-1]))
+        validation.check_empty_rows(plan.ctx, lse, plan.empty_rows, plan.mask, geometry)
         if plan.check_finite:  # finite inputs, so a non-finite y overflowed
             validation.check_output(plan.ctx, "y", y)
         fctx.save_for_backward(q, k, v, y, lse)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .backends.base import Array, ArrayContext
-from .masks import Geometry
+from .masks import Geometry, Mask
 
 EMPTY_ROW_POLICIES = ("error", "zero")
 
@@ -51,12 +51,16 @@ def check_scale(ctx: ArrayContext, scale: Any, d: int) -> Any:
         return ctx.default_scale(d)
     if isinstance(scale, bool):
         raise TypeError(f"scale must be a real number; got {scale!r}")
-    if not ctx.exact:
-        if not isinstance(scale, numbers.Real):
-            raise TypeError(f"scale must be a real number; got {type(scale).__name__}")
-        if not np.isfinite(float(scale)):
-            raise ValueError(f"scale must be finite; got {scale}")
-    return ctx.scalar(scale)
+    if ctx.exact:
+        return ctx.scalar(scale)
+    if not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number; got {type(scale).__name__}")
+    if not np.isfinite(float(scale)):
+        raise ValueError(f"scale must be finite; got {scale}")
+    converted = ctx.scalar(scale)
+    if not np.isfinite(float(converted)):
+        raise FloatingPointError(f"scale {scale} overflows {ctx.name}; use a wider compute dtype")
+    return converted
 
 
 def check_finite(ctx: ArrayContext, name: str, x: Array) -> None:
@@ -74,16 +78,63 @@ def check_policy(empty_rows: str) -> None:
         raise ValueError(f"empty_rows must be one of {EMPTY_ROW_POLICIES}; got {empty_rows!r}")
 
 
-def check_empty_rows(ctx: ArrayContext, m: Array, empty_rows: str) -> None:
-    """Rows still at ⊥ (``m = −∞``) have an empty allowed set ``A_i``."""
+def check_empty_rows(
+    ctx: ArrayContext, m: Array, empty_rows: str, mask: Mask | None, geometry: Geometry
+) -> None:
+    """Rows still at ⊥ (``m = −∞``) have an empty allowed set ``A_i`` — or overflowed.
+
+    In rounded arithmetic a score ``c·q·k`` can overflow to −∞, the value reserved for
+    ``j ∉ A_i``; a row whose every score did so would pass for an empty row. So each such
+    row is checked against the mask (one row of the predicate, only for these rows).
+    """
     empty = ctx.is_neg_inf(m)
-    if empty_rows == "error" and ctx.any(empty):
+    if not ctx.any(empty):
+        return
+    if not ctx.exact:
+        _check_not_overflowed(ctx, empty, mask, geometry)
+    if empty_rows == "error":
         rows = np.argwhere(np.asarray(_to_numpy(empty)))[:5].tolist()
         raise ValueError(
             f"query rows with no allowed key (index as (*batch, i)): {rows}"
             f"{' ...' if len(rows) == 5 else ''}; the softmax over an empty set is undefined. "
             "Fix the mask, or pass empty_rows='zero' for y = 0, lse = -inf and zero gradients "
             "(the FlexAttention convention)"
+        )
+
+
+def _check_not_overflowed(
+    ctx: ArrayContext, empty: Array, mask: Mask | None, geometry: Geometry
+) -> None:
+    empty = np.asarray(_to_numpy(empty))
+    positions = np.argwhere(empty)
+    overflowed = []
+    for i in np.unique(positions[:, -1]):
+        if mask is None:
+            has_keys = np.full(empty.shape[:-1], geometry.n_k > 0)
+        else:
+            row = ctx.index(int(i), int(i) + 1)[:, None]
+            keys = ctx.index(0, geometry.n_k)[None, :]
+            tile = _to_numpy(mask.tile(row, keys, geometry))
+            has_keys = np.broadcast_to(np.asarray(tile).any(axis=-1), (*empty.shape[:-1], 1))
+            has_keys = has_keys[..., 0]
+        overflowed += [tuple(p) for p in np.argwhere(empty[..., i] & has_keys)]
+    if overflowed:
+        raise FloatingPointError(
+            f"every score of query rows {overflowed[:5]} (index as (*batch, i)) is -inf "
+            f"although they have allowed keys: c·q·k overflowed in {ctx.name}; use a wider "
+            "compute dtype or a smaller scale"
+        )
+
+
+def check_stats(ctx: ArrayContext, m: Array, l: Array) -> None:
+    """Retained statistics: ``m`` finite or −∞ (⊥); ``ℓ`` finite and > 0 where ``m`` is finite."""
+    bottom = ctx.is_neg_inf(m)
+    if ctx.any(ctx.nonfinite(m) & ~bottom):
+        raise ValueError("stats.m contains NaN or +inf; pass the Stats the forward returned")
+    if ctx.any(~bottom & (ctx.nonfinite(l) | (l <= 0))):
+        raise ValueError(
+            "stats.l must be finite and > 0 on rows with an allowed key; "
+            "pass the Stats the forward returned"
         )
 
 

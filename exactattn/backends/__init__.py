@@ -98,7 +98,8 @@ def backend_of(*named: tuple[str, Any]) -> ArrayContext:
             listing = ", ".join(f"{n}: {d}" for n, (_, d) in seen.items())
             raise TypeError(f"inputs mix dtypes ({listing}); cast them to one dtype first")
     if system == "numpy":
-        dtype = next(iter(seen.values()))[1] if seen else np.float64
+        # Empty object arrays carry no element to tell their system: float64 holds nothing.
+        dtype = next((d for kind, d in seen.values() if kind == "numpy"), np.float64)
         return NumpyContext(dtype)
     if system == "mpmath":
         return MpmathContext(_mpf_precision(x for _, x in named if x is not None))

@@ -35,7 +35,10 @@ class SympyContext(ObjectContext):
     def _convert(self, x: Any) -> sympy.Expr:
         if isinstance(x, (np.floating, np.integer)):
             x = x.item()
-        return sympy.sympify(x)
+        expr = sympy.sympify(x)
+        if expr.is_real is False:  # an unconstrained symbol (is_real None) is allowed
+            raise TypeError(f"entries must be real; got {expr}")
+        return expr
 
     def scalar(self, x: Any) -> sympy.Expr:
         return self._convert(x)

@@ -1,0 +1,83 @@
+"""``exactattn difftest``: every available backend against the certified reference.
+
+    exactattn difftest [--examples N] [--backends NAME ...] [--seed S] [--jobs J]
+                       [--save-failures DIR] [--list]
+
+Prints one line per target (cases judged; ok, refused with the API's overflow error where
+the case's magnitudes reach the type's range, known (a reported bug, listed), failed; the
+worst ``|error| / allowed``), the failures with their replay files, and exits 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .check import KNOWN_BUGS
+from .runner import run, save_failures
+from .targets import discover
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="exactattn difftest", description=__doc__.split("\n")[0])
+    parser.add_argument("--examples", type=int, default=300, help="cases to draw (default 300)")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=None,
+        help="families (numpy mpmath sympy flint torch triton) or target names; default all",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes (default: min(2, CPUs))",
+    )
+    parser.add_argument("--max-n", type=int, default=12, help="largest n_q, n_k (default 12)")
+    parser.add_argument("--save-failures", metavar="DIR", default=None)
+    parser.add_argument("--list", action="store_true", help="list the available targets")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.examples < 1:
+        print("exactattn difftest: --examples must be >= 1")
+        return 2
+    if args.list:
+        targets, missing = discover(args.backends)
+        for t in targets:
+            print(t.name)
+        for family, why in missing.items():
+            print(f"(absent) {family}: {why}")
+        return 0
+    report, names, missing = run(
+        args.examples, args.backends, seed=args.seed, jobs=args.jobs, max_n=args.max_n
+    )
+    print(
+        f"difftest: {report.examples} examples, {len(names)} targets, "
+        f"{report.seconds:.1f} s, seed {args.seed}, jobs {args.jobs}"
+    )
+    for family, why in missing.items():
+        print(f"  absent: {family} ({why})")
+    print(
+        f"  {'target':<48} {'judged':>7} {'ok':>7} {'refused':>8} {'known':>6} {'failed':>7}"
+        f" {'worst':>8}"
+    )
+    for name in names:
+        c = report.counts.get(name)
+        if c is None:
+            print(f"  {name:<48} {0:>7}")
+            continue
+        counts = f"{c['ok']:>7} {c['refused']:>8} {c['known']:>6} {c['fail']:>7}"
+        print(f"  {name:<48} {c.total():>7} {counts} {report.worst.get(name, 0.0):>8.3g}")
+    if any(c["known"] for c in report.counts.values()):
+        for bug, text in KNOWN_BUGS.items():
+            print(f"  known bug {bug}: {text}")
+    for finding, _ in report.failures:
+        print(f"FAIL {finding.target}: {finding.detail}")
+    if report.failures and args.save_failures:
+        for path in save_failures(report, args.save_failures):
+            print(f"  replay file: {path}")
+    return 1 if report.failures else 0
