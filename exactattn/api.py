@@ -16,7 +16,8 @@ from .backends.base import Array, ArrayContext
 from .dropout import make_dropout
 from .masks import Geometry, Mask, as_mask
 
-DEFAULT_BLOCK_SIZE = 256  # fastest on the NumPy benchmark (README); any b >= 1 is exact
+DEFAULT_BLOCK_SIZE = 256  # within ~10% of the fastest b on the NumPy benchmark, half the tile
+# memory of b = 512; any b >= 1 gives the same exact result
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,38 @@ def _naive_forward(call: _Call) -> tuple[Array, Array, Array]:
     )
 
 
+def _tiled_backward(call: _Call, m: Array, l: Array) -> tuple[Array, Array, Array]:
+    a = call.arrays
+    return algorithm.backward(
+        call.ctx,
+        a["q"],
+        a["k"],
+        a["v"],
+        a["y"],
+        m,
+        l,
+        a["grad_y"],
+        scale=call.scale,
+        block_size=call.block_size,
+        mask=call.mask,
+        dropout=call.dropout,
+    )
+
+
+def _naive_backward(call: _Call, m: Array, l: Array) -> tuple[Array, Array, Array]:
+    a = call.arrays
+    return reference.naive_backward(
+        call.ctx,
+        a["q"],
+        a["k"],
+        a["v"],
+        a["grad_y"],
+        scale=call.scale,
+        mask=call.mask,
+        dropout=call.dropout,
+    )
+
+
 def _check_backward_inputs(call: _Call, stats: Stats) -> tuple[Array, Array]:
     ctx, a, geo = call.ctx, call.arrays, call.geometry
     y_shape = (*geo.batch, geo.n_q, a["v"].shape[-1])
@@ -182,21 +215,17 @@ def attention(
     ``stats.m``, ``stats.l``, ``stats.lse``. ``empty_rows='zero'`` gives ``y = 0`` and
     ``lse = −∞`` for rows with no allowed key (default: ``ValueError``).
     """
-    inputs = {"q": q, "k": k, "v": v}
-    ctx = resolve_backend(backend, *inputs.items())
-    with ctx.scope():
-        call = _prepare(
-            ctx,
-            inputs,
-            block_size=block_size,
-            scale=scale,
-            mask=mask,
-            dropout_p=dropout_p,
-            seed=seed,
-            empty_rows=empty_rows,
-            check_finite=check_finite,
-        )
-        y, stats = _forward(call, _tiled_forward)
+    keywords = dict(
+        block_size=block_size,
+        scale=scale,
+        mask=mask,
+        dropout_p=dropout_p,
+        seed=seed,
+        backend=backend,
+        empty_rows=empty_rows,
+        check_finite=check_finite,
+    )
+    y, stats = _call_forward({"q": q, "k": k, "v": v}, keywords, _tiled_forward)
     return (y, stats) if return_stats else y
 
 
@@ -208,35 +237,12 @@ def attention_backward(
     Takes the forward's ``y`` and ``stats`` and the same keywords as :func:`attention`.
     """
     inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
-    ctx, keywords = _context(inputs, keywords)
-    with ctx.scope():
-        call = _prepare(ctx, inputs, **keywords)
-        m, l = _check_backward_inputs(call, stats)
-        a = call.arrays
-        grads = algorithm.backward(
-            call.ctx,
-            a["q"],
-            a["k"],
-            a["v"],
-            a["y"],
-            m,
-            l,
-            a["grad_y"],
-            scale=call.scale,
-            block_size=call.block_size,
-            mask=call.mask,
-            dropout=call.dropout,
-        )
-        return _finish_backward(call, grads)
+    return _call_backward(inputs, stats, keywords, _tiled_backward)
 
 
 def naive_attention(q: Any, k: Any, v: Any, *, return_stats: bool = False, **keywords: Any):
     """The materialising reference: same arguments and result as :func:`attention`."""
-    inputs = {"q": q, "k": k, "v": v}
-    ctx, keywords = _context(inputs, keywords)
-    with ctx.scope():
-        call = _prepare(ctx, inputs, **keywords)
-        y, stats = _forward(call, _naive_forward)
+    y, stats = _call_forward({"q": q, "k": k, "v": v}, keywords, _naive_forward)
     return (y, stats) if return_stats else y
 
 
@@ -245,22 +251,7 @@ def naive_attention_backward(
 ) -> tuple[Array, Array, Array]:
     """The exact VJP of naive attention (softmax Jacobian on the whole ``P``)."""
     inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
-    ctx, keywords = _context(inputs, keywords)
-    with ctx.scope():
-        call = _prepare(ctx, inputs, **keywords)
-        _check_backward_inputs(call, stats)
-        a = call.arrays
-        grads = reference.naive_backward(
-            call.ctx,
-            a["q"],
-            a["k"],
-            a["v"],
-            a["grad_y"],
-            scale=call.scale,
-            mask=call.mask,
-            dropout=call.dropout,
-        )
-        return _finish_backward(call, grads)
+    return _call_backward(inputs, stats, keywords, _naive_backward)
 
 
 def self_attention(x: Any, **keywords: Any) -> Any:
@@ -277,6 +268,25 @@ def self_attention_backward(x: Any, y: Any, stats: Stats, grad_y: Any, **keyword
 def flash_attention(query: Any, key: Any, value: Any, block_size: int, mask: Any = None) -> Any:
     """Seed 002's signature: :func:`attention` with an explicit block size."""
     return attention(query, key, value, block_size=block_size, mask=mask)
+
+
+def _call_forward(
+    inputs: dict[str, Any], keywords: dict[str, Any], run: Any
+) -> tuple[Array, Stats]:
+    """Resolve the context, then check, convert and run inside its precision scope."""
+    ctx, keywords = _context(inputs, keywords)
+    with ctx.scope():
+        return _forward(_prepare(ctx, inputs, **keywords), run)
+
+
+def _call_backward(
+    inputs: dict[str, Any], stats: Stats, keywords: dict[str, Any], run: Any
+) -> tuple[Array, ...]:
+    ctx, keywords = _context(inputs, keywords)
+    with ctx.scope():
+        call = _prepare(ctx, inputs, **keywords)
+        m, l = _check_backward_inputs(call, stats)
+        return _finish_backward(call, run(call, m, l))
 
 
 def _context(
