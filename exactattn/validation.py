@@ -63,9 +63,17 @@ def check_scale(ctx: ArrayContext, scale: Any, d: int) -> Any:
     return converted
 
 
+def _has_nonfinite(ctx: ArrayContext, x: Array) -> bool:
+    # One reduction first: a NaN or ±inf entry makes the sum NaN or ±inf, so a finite sum
+    # clears the whole array; only a non-finite sum (or a sum that overflowed) is searched.
+    if not ctx.exact and not ctx.any(ctx.nonfinite(ctx.rowsum(x.reshape(-1)))):
+        return False
+    return ctx.any(ctx.nonfinite(x))
+
+
 def check_finite(ctx: ArrayContext, name: str, x: Array) -> None:
-    bad = ctx.nonfinite(x)
-    if ctx.any(bad):
+    if _has_nonfinite(ctx, x):
+        bad = ctx.nonfinite(x)
         where = np.argwhere(np.asarray(_to_numpy(bad)))[:3].tolist()
         raise ValueError(
             f"{name} contains NaN or inf (first at indices {where}); "
@@ -142,7 +150,7 @@ def check_output(ctx: ArrayContext, name: str, x: Array) -> None:
     """A finite input whose result is not finite overflowed the working precision."""
     if ctx.exact:
         return
-    if ctx.any(ctx.nonfinite(x)):
+    if _has_nonfinite(ctx, x):
         raise FloatingPointError(
             f"{name} is not finite although the inputs are: the arithmetic of {ctx.name} "
             "overflowed (scores beyond its range); use a wider compute dtype"
