@@ -36,7 +36,7 @@ class SympyContext(ObjectContext):
         if isinstance(x, (np.floating, np.integer)):
             x = x.item()
         expr = sympy.sympify(x)
-        if expr.is_real is False:  # an unconstrained symbol (is_real None) is allowed
+        if expr.is_extended_real is False:  # ±oo (⊥ in stats) and free symbols are allowed
             raise TypeError(f"entries must be real; got {expr}")
         return expr
 
