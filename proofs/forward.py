@@ -22,7 +22,6 @@ Grid (default ``--max-n 4``; ``--max-n N`` raises the first and last rows to N):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,16 @@ import exactattn
 from exactattn import masks
 
 from .engine import Obligation, check_equal
-from .inputs import C, matrix, naive_exp_lse, naive_output, nonempty_row_masks, score_inputs
+from .inputs import (
+    C,
+    dense_of,
+    every_block_size,
+    every_mask_check,
+    matrix,
+    naive_exp_lse,
+    naive_output,
+    score_inputs,
+)
 
 FAMILY = "forward"
 
@@ -47,22 +55,13 @@ def check_forward(q: Any, k: Any, v: Any, c: Any, b: int, mask: Any = None, allo
     check_equal(where + "e^lse vs Σ e^s", lse(stats.lse), naive_exp_lse(q, k, c, allowed))
 
 
-def _all_blocks(run: Callable[[int], None], n_k: int) -> Callable[[], str]:
-    def check() -> str:
-        for b in range(1, n_k + 2):
-            run(b)
-        return f"{n_k + 1} block sizes"
-
-    return check
-
-
 def self_attention(n: int) -> Obligation:
     x = matrix("x", n, 2)
     return Obligation(
         FAMILY,
         "self-attention Y = naive, lse = log Σ e^s (symbolic c)",
         f"n={n} d=v=2 b=1..{n + 1}",
-        _all_blocks(lambda b: check_forward(x, x, x, C, b), n),
+        every_block_size(n, lambda b: check_forward(x, x, x, C, b)),
     )
 
 
@@ -72,45 +71,34 @@ def cross_attention(n: int) -> Obligation:
         FAMILY,
         "cross-attention Y = naive, lse = log Σ e^s (symbolic c)",
         f"n_q={n + 1} n_k={n} d=2 v=3 b=1..{n + 1}",
-        _all_blocks(lambda b: check_forward(q, k, v, C, b), n),
+        every_block_size(n, lambda b: check_forward(q, k, v, C, b)),
     )
 
 
 def every_mask(n: int) -> Obligation:
     q, k, v = score_inputs(n, n, 2)
 
-    def check() -> str:
-        count = 0
-        for allowed in nonempty_row_masks(n, n):
-            for b in range(1, n + 2):
-                check_forward(q, k, v, 1, b, mask=allowed, allowed=allowed)
-                count += 1
-        return f"{count} runs"
+    def run(allowed: np.ndarray, b: int) -> None:
+        check_forward(q, k, v, 1, b, mask=allowed, allowed=allowed)
 
     count = (2**n - 1) ** n
     return Obligation(
         FAMILY,
         f"every nonempty-row mask ({count} masks), scores free",
         f"n={n} b=1..{n + 1}",
-        check,
+        every_mask_check(n, run),
     )
-
-
-def _dense_of(mask: masks.Mask, n_q: int, n_k: int, batch: tuple[int, ...] = ()) -> np.ndarray:
-    geometry = masks.Geometry(n_q=n_q, n_k=n_k, batch=batch)
-    i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
-    return np.broadcast_to(mask.tile(i, j, geometry), (*batch, n_q, n_k))
 
 
 def structured(name: str, mask: masks.Mask, n: int, n_q: int | None = None) -> Obligation:
     n_q = n if n_q is None else n_q
     q, k, v = score_inputs(n_q, n, 2)
-    allowed = _dense_of(mask, n_q, n)
+    allowed = dense_of(mask, n_q, n)
     return Obligation(
         FAMILY,
         f"{name} mask, scores free",
         f"n_q={n_q} n_k={n} b=1..{n + 1}",
-        _all_blocks(lambda b: check_forward(q, k, v, 1, b, mask=mask, allowed=allowed), n),
+        every_block_size(n, lambda b: check_forward(q, k, v, 1, b, mask=mask, allowed=allowed)),
     )
 
 
@@ -132,7 +120,7 @@ def key_padding(n: int) -> Obligation:
         FAMILY,
         "key padding over a batch of 2, scores free",
         f"n={n} lengths={tuple(lengths.tolist())} b=1..{n + 1}",
-        _all_blocks(run, n),
+        every_block_size(n, run),
     )
 
 

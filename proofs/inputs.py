@@ -18,12 +18,14 @@ Two kinds of input:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import sympy
+
+from exactattn import masks
 
 C = sympy.Symbol("c", positive=True)
 
@@ -111,3 +113,35 @@ class SymbolicDropout:
 
     def factors(self, ctx: Any, batch_index: Any, i: Any, j: Any) -> np.ndarray:
         return self.rho[np.asarray(i), np.asarray(j)]
+
+
+def every_block_size(n_k: int, run: Callable[[int], None]) -> Callable[[], str]:
+    """A check that runs ``run(b)`` for every block size ``b = 1..n_k+1``."""
+
+    def check() -> str:
+        for b in range(1, n_k + 2):
+            run(b)
+        return f"{n_k + 1} block sizes"
+
+    return check
+
+
+def every_mask_check(n: int, run: Callable[[np.ndarray, int], None]) -> Callable[[], str]:
+    """A check that runs ``run(allowed, b)`` for every nonempty-row n×n mask and every b."""
+
+    def check() -> str:
+        count = 0
+        for allowed in nonempty_row_masks(n, n):
+            for b in range(1, n + 2):
+                run(allowed, b)
+                count += 1
+        return f"{count} runs"
+
+    return check
+
+
+def dense_of(mask: masks.Mask, n_q: int, n_k: int, batch: tuple[int, ...] = ()) -> np.ndarray:
+    """The mask on the whole (n_q, n_k) grid (the proofs' naive side needs it)."""
+    geometry = masks.Geometry(n_q=n_q, n_k=n_k, batch=batch)
+    i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
+    return np.broadcast_to(mask.tile(i, j, geometry), (*batch, n_q, n_k))

@@ -30,14 +30,15 @@ import exactattn
 from exactattn import algorithm, masks
 
 from .engine import Obligation, check_equal
-from .forward import _dense_of
 from .inputs import (
     C,
     SymbolicDropout,
+    dense_of,
+    every_block_size,
+    every_mask_check,
     gradient,
     matrix,
     naive_output,
-    nonempty_row_masks,
     row_upstream,
     score_inputs,
 )
@@ -71,22 +72,13 @@ def _all_symbols(x: np.ndarray) -> bool:
     return all(isinstance(e, sympy.Symbol) for e in x.flat)
 
 
-def _blocks(n_k: int, run) -> Any:
-    def check() -> str:
-        for b in range(1, n_k + 2):
-            run(b)
-        return f"{n_k + 1} block sizes"
-
-    return check
-
-
 def cross_attention(n: int) -> Obligation:
     q, k, v = matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 3)
     return Obligation(
         FAMILY,
         "dQ, dK, dV = ∂(Σ G∘Y)/∂(Q, K, V), symbolic c",
         f"n={n} d=2 v=3 b=1..{n + 1}",
-        _blocks(n, lambda b: check_reverse(q, k, v, C, b)),
+        every_block_size(n, lambda b: check_reverse(q, k, v, C, b)),
     )
 
 
@@ -109,37 +101,32 @@ def self_attention(n: int) -> Obligation:
         FAMILY,
         "self-attention dX = dQ + dK + dV = ∂(Σ G∘Y)/∂X",
         f"n={n} d=2 b=1..{n + 1}",
-        _blocks(n, lambda b: check_self(x, C, b)),
+        every_block_size(n, lambda b: check_self(x, C, b)),
     )
 
 
 def every_mask(n: int) -> Obligation:
     q, k, v = score_inputs(n, n, 2)
 
-    def check() -> str:
-        count = 0
-        for allowed in nonempty_row_masks(n, n):
-            for b in range(1, n + 2):
-                check_reverse(q, k, v, 1, b, mask=allowed, allowed=allowed)
-                count += 1
-        return f"{count} runs"
+    def run(allowed: np.ndarray, b: int) -> None:
+        check_reverse(q, k, v, 1, b, mask=allowed, allowed=allowed)
 
     return Obligation(
         FAMILY,
         f"every nonempty-row mask ({(2**n - 1) ** n} masks), scores free",
         f"n={n} b=1..{n + 1}",
-        check,
+        every_mask_check(n, run),
     )
 
 
 def structured(name: str, mask: masks.Mask, n: int) -> Obligation:
     q, k, v = score_inputs(n, n, 2)
-    allowed = _dense_of(mask, n, n)
+    allowed = dense_of(mask, n, n)
     return Obligation(
         FAMILY,
         f"{name} mask, scores free",
         f"n={n} b=1..{n + 1}",
-        _blocks(n, lambda b: check_reverse(q, k, v, 1, b, mask=mask, allowed=allowed)),
+        every_block_size(n, lambda b: check_reverse(q, k, v, 1, b, mask=mask, allowed=allowed)),
     )
 
 
@@ -164,7 +151,7 @@ def dropout(n: int) -> Obligation:
         FAMILY,
         "dropout, symbolic replayed ρ_ij: Y and its exact gradient",
         f"n={n} d=v=2 b=1..{n + 1}",
-        _blocks(n, lambda b: check_dropout(q, k, v, C, b, drop)),
+        every_block_size(n, lambda b: check_dropout(q, k, v, C, b, drop)),
     )
 
 
