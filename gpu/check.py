@@ -28,7 +28,7 @@ Four parts, each written to ``$EXACTATTN_GPU_RESULTS`` (default ``./gpu-results`
 
 ``--dry-run`` sets ``TRITON_INTERPRET=1`` before triton is imported and runs every part
 on the CPU at tiny sizes (float32: the interpreter mishandles bf16 dots), timing with
-``time.perf_counter`` and no peak memory; CI runs it (tests/torch/test_gpu_check.py).
+``time.perf_counter`` and no peak memory; CI runs it (tests/torch_path/test_torch_tools.py).
 The exit status is 1 when a correctness row fails, else 0.
 """
 

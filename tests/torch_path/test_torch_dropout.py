@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_helpers import assert_close, qkv, randn  # noqa: E402
+from .helpers import assert_close, qkv, randn  # noqa: E402
 
 import exactattn  # noqa: E402
 import exactattn.torch as et  # noqa: E402

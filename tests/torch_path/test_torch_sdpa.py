@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
-from torch_helpers import assert_close, qkv, randn, value_and_grads  # noqa: E402
+from .helpers import assert_close, qkv, randn, value_and_grads  # noqa: E402
 
 import exactattn.torch as et  # noqa: E402
 

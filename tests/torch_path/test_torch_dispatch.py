@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_helpers import qkv  # noqa: E402
+from .helpers import qkv  # noqa: E402
 
 import exactattn.torch as et  # noqa: E402
 from exactattn import masks  # noqa: E402
