@@ -8,11 +8,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from .helpers import assert_close, qkv, randn  # noqa: E402
 
 import exactattn  # noqa: E402
 import exactattn.torch as et  # noqa: E402
 from exactattn import masks  # noqa: E402
+
+from .helpers import assert_close, qkv, randn  # noqa: E402
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from .helpers import assert_close, qkv  # noqa: E402
-
 from exactattn import algorithm, masks  # noqa: E402
 from exactattn.backends import NumpyContext, backend_of  # noqa: E402
 from exactattn.backends.torch_backend import TorchContext  # noqa: E402
+
+from .helpers import assert_close, qkv  # noqa: E402
 
 
 # --- the precision policy -------------------------------------------------------------------
@@ -206,7 +206,7 @@ def test_half_precision_policy_rounds_p_to_the_input_dtype():
     """One key block, FA-2 policy: y = fl16(p)·V / ℓ with p = e^{s−m} and ℓ in fp32."""
     q, k, v = qkv((2, 40, 16), (2, 40, 16), seed=5, dtype=torch.float16)
     ctx = TorchContext(torch.float16)
-    y, state = algorithm.forward(ctx, q, k, v, scale=ctx.default_scale(16), block_size=64)
+    y, _ = algorithm.forward(ctx, q, k, v, scale=ctx.default_scale(16), block_size=64)
     s = (q.float() @ k.float().transpose(-1, -2)) * ctx.default_scale(16)
     p = torch.exp(s - s.amax(-1, keepdim=True))
     want = (p.half().float() @ v.float()) / p.sum(-1, keepdim=True)

@@ -6,10 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from .helpers import qkv  # noqa: E402
-
 import exactattn.torch as et  # noqa: E402
 from exactattn import masks  # noqa: E402
+
+from .helpers import qkv  # noqa: E402
 
 N_Q, N_K, BATCH = 6, 9, (2, 3)
 

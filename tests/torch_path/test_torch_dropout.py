@@ -7,11 +7,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from .helpers import assert_close, qkv, randn  # noqa: E402
-
 import exactattn  # noqa: E402
 import exactattn.torch as et  # noqa: E402
 from exactattn.dropout import Dropout  # noqa: E402
+
+from .helpers import assert_close, qkv, randn  # noqa: E402
 
 SEEDS = [0, 1, 2**32 - 1, 2**32, 2**63 + 12345, 2**64 - 1]
 

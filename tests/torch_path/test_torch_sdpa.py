@@ -8,9 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
-from .helpers import assert_close, qkv, randn, value_and_grads  # noqa: E402
 
 import exactattn.torch as et  # noqa: E402
+
+from .helpers import assert_close, qkv, randn, value_and_grads  # noqa: E402
 
 # (q shape, k shape, v shape): batch·heads, self and cross attention, v != d, ragged blocks
 SHAPES = {
