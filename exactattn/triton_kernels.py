@@ -9,10 +9,10 @@ then the additive bias, then the mask)::
 
     s_ij = cap * tanh(c * <Q_i, K_j> / cap) + b_ij  (-inf where j is not in A_i)
 
-with the softcap term ``c * <Q_i, K_j>`` when no cap is given and ``b_ij = 0`` without a
-bias. The bias is a caller-owned tensor broadcastable to (B, H, n_q, n_k), read per tile
-through its strides (stride 0 on broadcast axes, as flash-attn's Triton kernel reads its
-bias) and added in float32; an entry -inf excludes that pair like the mask does.
+(without a cap the first term is c * <Q_i, K_j> itself; without a bias b_ij = 0). The
+bias is a caller-owned tensor broadcastable to (B, H, n_q, n_k), read per tile through its
+strides (stride 0 on broadcast axes, as flash-attn's Triton kernel reads its bias) and
+added in float32; an entry -inf excludes that pair like the mask does.
 
 Forward (Dao, FlashAttention-2, Alg. 1; Milakov & Gimelshein 2018), per query row i, over
 key blocks ``J_t`` restricted to the allowed set ``A_i``::
@@ -35,11 +35,11 @@ Reverse (FlashAttention-2, Alg. 2; ALGORITHM.md "Reverse"), with the frozen stat
 The bias gradient dbias = dL/db is gamma before the softcap factor (the bias is added after
 the cap), summed over the bias's broadcast axes. The dK/dV kernel produces it: each of its
 programs owns one key block of one (batch, head) and visits every query block, so it sums
-a size-1 query axis in registers and writes a full tile directly; sums across programs (a
-size-1 batch, head or key axis) are float32 atomic adds, whose order, hence the last bits,
-may vary between GPU runs. Extra memory: none for a bias of full shape (B, H, n_q, n_k) or
-(B, H, 1, n_k), or for a float32 bias; otherwise one float32 buffer of the bias's own
-shape. Never an (n_q x n_k) array per (batch, head) beyond the bias's own size.
+over a size-1 query axis in registers and writes each tile of a full one directly. Sums
+across programs (a batch or head axis of size 1 < B or H, a key axis of size 1) are float32
+atomic adds, whose order, hence the last bits, may vary between GPU runs. Extra memory
+besides dbias itself: none when no sum crosses programs, or for a float32 bias; otherwise
+one float32 array of the bias's own shape. No array larger than the bias is ever made.
 
 Masks are predicates evaluated per tile (never a stored n_q x n_k mask), with i the query
 index, j the key index (0-based) and o the alignment offset (0 for "top-left",

@@ -230,3 +230,14 @@ def test_bias_grad_needs_a_bias(tk, device):
         tk.triton_backward(q, k, v, o, lse, do, scale=0.25, bias_grad=True)
     with pytest.raises(TypeError, match="bias_grad must be a bool"):
         tk.triton_backward(q, k, v, o, lse, do, scale=0.25, bias=o[..., :8], bias_grad=1)
+
+
+def test_no_keys_with_bias_and_softcap(tk, device):
+    """n_k = 0: every row is empty (O = 0, lse = -inf) and dbias is the empty (H, n_q, 0)."""
+    q, k, v, do = make_inputs((1, H, 5, D), (1, H, 0, D), D, torch.float32, device)
+    bias = torch.zeros(H, 5, 0, device=device)
+    mod = {"bias": bias, "softcap": 3.0}
+    o, lse = tk.triton_forward(q, k, v, scale=0.25, **mod)
+    assert torch.isneginf(lse).all() and not o.abs().sum()
+    dq, _, _, dbias = tk.triton_backward(q, k, v, o, lse, do, scale=0.25, **mod, bias_grad=True)
+    assert not dq.abs().sum() and dbias.shape == (H, 5, 0)
