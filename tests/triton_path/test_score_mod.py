@@ -66,9 +66,9 @@ def check(tk, q, k, v, do, *, scale=None, bias=None, softcap=None, blocks=BLOCKS
     return o, lse, grads
 
 
-# The bias shapes: the four of the brief, then the size-1 query and key axes, then a scalar,
-# so that each way dbias is reduced runs: written once per entry, summed over the rows in
-# registers, added atomically across heads, batches and key blocks.
+# The bias shapes: shared by batch and heads, per head, per batch, full; then size-1 query
+# and key axes and a scalar, so that each way dbias is reduced runs: written once per entry,
+# summed over the rows in registers, added atomically across heads, batches and key blocks.
 BIAS_SHAPES = {
     "(n_q,n_k)": (NQ, NK),
     "(1,H,n_q,n_k)": (1, H, NQ, NK),
