@@ -166,10 +166,14 @@ def _exponent_range(exponent: Any) -> tuple[int | None, int | None]:
 
 # --- rounding, on int64 views of float64 words ------------------------------------------
 class _NumpyWords:
-    """The three non-operator steps of the rounding for NumPy int64 arrays."""
+    """The non-operator steps of the rounding for NumPy int64 arrays."""
 
     where = staticmethod(np.where)
     clip = staticmethod(np.clip)
+
+    @staticmethod
+    def isnan(words: np.ndarray) -> np.ndarray:
+        return np.isnan(words.view(np.float64))
 
     @staticmethod
     def log2_floor(s: np.ndarray) -> np.ndarray:
@@ -191,6 +195,12 @@ class _TorchWords:
         return x.clamp(lo, hi)
 
     @staticmethod
+    def isnan(words: Any) -> Any:
+        import torch
+
+        return words.view(torch.float64).isnan()
+
+    @staticmethod
     def log2_floor(s: Any) -> Any:
         import torch
 
@@ -204,46 +214,67 @@ def round_significand(s: Any, k: Any, rounding: str) -> Any:
     ``toward_zero`` clears the ``k`` low bits. ``nearest`` adds ``2^{k−1} − 1`` plus the
     last kept bit ``(S >> k) & 1`` before clearing them: the sum reaches the next multiple
     exactly when the cleared part exceeds half of ``2^k``, or equals half and the kept part
-    is odd. (``& (2^k − 1)`` makes the addend 0 where ``k = 0``.)
+    is odd. (``& (2^k − 1)`` makes the addend 0 where ``k = 0``.) One new array, updated in
+    place: several live temporaries of a large tile cost more than the arithmetic.
     """
     unit = 1 << k
     if rounding == "toward_zero":
         return s & ~(unit - 1)
-    bias = ((unit >> 1) - 1 + ((s >> k) & 1)) & (unit - 1)
-    return (s + bias) & ~(unit - 1)
+    out = s >> k
+    out &= 1
+    out += (unit >> 1) - 1
+    out &= unit - 1
+    out += s
+    out &= ~(unit - 1)
+    return out
 
 
-def _all_normal(a: Any, fmt: EmulatedFormat) -> bool:
-    """Whether every magnitude is 0 or a finite float64 at or above ``2^{e_min}``.
+_INF = _SPECIAL << _FRACTION_BITS  # the magnitude word of ±∞
 
-    Then the format's quantum is ``2^{53−p}`` float64 units everywhere (``k = 53 − p``).
-    ``(a − 1) & MAGNITUDE`` sends 0 to the top, so one minimum tests both cases.
+
+def _irregular(words: Any, fmt: EmulatedFormat, xp: Any) -> Any:
+    """Where the quantum is not ``2^{53−p}`` float64 units: nonzero magnitudes below
+    ``max(2^{e_min}, 2^-1022)`` (subnormals of the format or of float64), and NaN.
+
+    ``(|x| − 1) & MAGNITUDE`` sends 0 to the top, so one comparison tests both ends.
     """
     emin = -1022 if fmt.emin is None else fmt.emin
-    lowest = (emin + _EXPONENT_BIAS) << _FRACTION_BITS
-    return bool(((a - 1) & _MAGNITUDE).min() >= lowest - 1) and bool(
-        a.max() < _SPECIAL << _FRACTION_BITS
-    )
+    t = words & _MAGNITUDE
+    t -= 1
+    t &= _MAGNITUDE
+    below = t < ((emin + _EXPONENT_BIAS) << _FRACTION_BITS) - 1
+    return below | xp.isnan(words)
 
 
 def _round_words(words: Any, fmt: EmulatedFormat, xp: Any) -> Any:
-    """The rounded words: ``fl(x)`` for every float64 word ``x`` (int64 view in and out)."""
-    p = fmt.mantissa_bits
-    a = words & _MAGNITUDE
-    if _all_normal(a, fmt):
-        # The significand's low bits are the word's: round the word, carries included.
-        magnitude = round_significand(a, _FRACTION_BITS + 1 - p, fmt.rounding)
+    """The rounded words: ``fl(x)`` for every float64 word ``x`` (int64 view in and out).
+
+    Every regular word (0, ±∞, or a float64 in the format's normal range) is rounded as a
+    whole — its low bits are the significand's, and two's complement adds and masks them
+    like unsigned bits, sign and carries included; the few irregular ones go through
+    :func:`_round_magnitudes`. Each step makes one new array and updates it in place:
+    several live temporaries of a large tile cost more than the arithmetic.
+    """
+    if words.ndim == 0:  # NumPy turns 0-d results into scalars, which cannot be indexed
+        return _round_words(words.reshape(1), fmt, xp).reshape(())
+    rounded = round_significand(words, _FRACTION_BITS + 1 - fmt.mantissa_bits, fmt.rounding)
+    irregular = _irregular(words, fmt, xp)
+    if irregular.any():
+        odd = words[irregular]
+        rounded[irregular] = (odd & _SIGN) | _round_magnitudes(odd & _MAGNITUDE, fmt, xp)
+    if fmt.emax is None:
+        return rounded
+    overflow_from = (fmt.emax + 1 + _EXPONENT_BIAS) << _FRACTION_BITS  # 2^{e_max+1}
+    magnitude = rounded & _MAGNITUDE
+    if magnitude.max() < overflow_from:
+        return rounded
+    over = (magnitude >= overflow_from) & (magnitude <= _INF)  # not NaN
+    if fmt.rounding == "nearest":
+        limit = _INF
     else:
-        magnitude = _round_magnitudes(a, fmt, xp)
-    if fmt.emax is not None:
-        overflow_from = (fmt.emax + 1 + _EXPONENT_BIAS) << _FRACTION_BITS  # 2^{e_max+1}
-        if fmt.rounding == "nearest":
-            limit = _SPECIAL << _FRACTION_BITS  # +∞
-        else:
-            limit = int(np.float64(fmt.max_finite).view(np.int64))
-        finite = a < _SPECIAL << _FRACTION_BITS
-        magnitude = xp.where(finite & (magnitude >= overflow_from), limit, magnitude)
-    return (words & _SIGN) | magnitude
+        over &= magnitude < _INF  # ±∞ given stays ±∞
+        limit = int(np.float64(fmt.max_finite).view(np.int64))
+    return xp.where(over, (rounded & _SIGN) | limit, rounded)
 
 
 def _round_magnitudes(a: Any, fmt: EmulatedFormat, xp: Any) -> Any:
