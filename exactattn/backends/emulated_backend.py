@@ -58,7 +58,7 @@ granularity. Each result is ``fl(float64 result)``: rounding twice, first to flo
 ``exp``/``log`` come from libm, whose results are within about one float64 ulp of the true
 value; ``fl`` of that differs from the correctly rounded value only where a midpoint of the
 format lies between the two, and then by one ulp of the format (measured over 2·10^4
-arguments per width: never for ``p ≤ 38``, at a rate near ``2^{p−54}`` above; mpmath's own
+arguments per width: never for ``p ≤ 32``, at a rate near ``2^{p−54}`` above; mpmath's own
 ``exp`` at ``prec = p`` misrounds about 1 in 10^4 — see ``tests/emulated``).
 
 ``toward_zero`` rounds the float64 result down, so a float64 rounding *up* onto a format
@@ -296,6 +296,8 @@ def _round_magnitudes(a: Any, fmt: EmulatedFormat, xp: Any) -> Any:
 
 def round_to_format(x: Any, fmt: EmulatedFormat) -> Any:
     """``fl(x)``: a float64 NumPy array or torch tensor rounded to ``fmt``, as a new array."""
+    if not isinstance(fmt, EmulatedFormat):
+        raise TypeError(f"fmt must be an EmulatedFormat (EmulatedFormat.of(p, ...)); got {fmt!r}")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         if x.dtype != torch.float64:

@@ -7,7 +7,7 @@
   in the given mode, and ``exp``/``log`` correctly rounded (evaluated 64 bits wider, then
   rounded once). mpmath's own ``exp`` at ``prec = p`` is not correctly rounded: it returns
   the far neighbour of a near-midpoint value in about 1 of 10^4 arguments (measured, for
-  p = 8..52), while libm's float64 exp rounded to ``p`` bits never did for p ≤ 38;
+  p = 8..52), while libm's float64 exp rounded to ``p`` bits never did for p ≤ 32;
 * :func:`edge_values`: float64 inputs that exercise every branch of a rounding.
 
 None of this calls :mod:`exactattn.backends.emulated_backend`.

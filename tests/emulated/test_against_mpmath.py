@@ -6,7 +6,7 @@ Bit-identical where double rounding through float64 is harmless: ``+ − × ÷``
 are correctly rounded on both sides. ``exp``/``log`` are libm's float64 results rounded
 to ``p`` bits: they differ from the correctly rounded value only where a midpoint of
 the format lies between libm's result and the true value, then by one ulp of the
-format; measured, never at ``p ≤ 38`` and at a rate near ``2^{p−54}`` above. mpmath's own
+format; measured, never at ``p ≤ 32`` and at a rate near ``2^{p−54}`` above. mpmath's own
 ``exp`` at ``prec = p`` misrounds about 1 in 10^4 near-midpoint arguments (every width
 8..52), so the reference here (:class:`~tests.emulated.spec.ReferenceMpmath`) evaluates
 them 64 bits wider and rounds once.

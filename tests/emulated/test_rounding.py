@@ -154,6 +154,8 @@ def test_rounding_mode_is_checked_and_quoted():
         EmulatedFormat.of(11, None, "up")
 
 
-def test_only_float64_is_rounded():
+def test_only_float64_is_rounded_and_only_to_a_format():
     with pytest.raises(TypeError, match="float32"):
         round_to_format(np.ones(3, dtype=np.float32), EmulatedFormat.of(11))
+    with pytest.raises(TypeError, match=r"fmt must be an EmulatedFormat.*got 11"):
+        round_to_format(np.ones(3), 11)
