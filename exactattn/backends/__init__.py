@@ -45,12 +45,13 @@ class Backend:
 
     ``element`` recognises the entries of an object array of this system (``None``: the
     system has its own array type, recognised in :func:`_system_of`); ``build`` makes the
-    context for the arguments given (all of this system); ``names`` are the strings
-    ``backend=`` accepts, each with a factory.
+    context for the arguments given (all of this system; ``None`` for a system whose values
+    travel in another system's arrays, reached by name or context only); ``names`` are the
+    strings ``backend=`` accepts, each with a factory.
     """
 
     name: str
-    build: Callable[[list[Any]], ArrayContext]
+    build: Callable[[list[Any]], ArrayContext] | None
     element: Callable[[Any], bool] | None = None
     names: dict[str, Callable[[], ArrayContext]] = field(default_factory=dict)
 
@@ -111,6 +112,14 @@ BACKENDS: tuple[Backend, ...] = (
     Backend("torch", _torch_context),
     Backend("mpmath", _mpmath_context, _is_mpf, {"mpmath": MpmathContext}),
     Backend("sympy", lambda arrays: SympyContext(), _is_sympy, {"sympy": SympyContext}),
+    Backend(
+        "emulated",  # float64 arrays holding an emulated format's values
+        None,
+        names={
+            "emulated-fp16": _lazy("emulated_backend", "EmulatedContext", 11, exponent=5),
+            "emulated-bf16": _lazy("emulated_backend", "EmulatedContext", 8, exponent=8),
+        },
+    ),
     Backend(
         "flint",
         lambda arrays: _lazy("flint_backend", "FlintContext")(),
