@@ -126,7 +126,10 @@ def attention(
             ctx, geometry, c, passes.key_block_size(geometry, block_size, q.device),
             mask, None if score_mod is None else score_mod.adopt(ctx), dropout, False, kernel,
         )  # fmt: skip
-        y, lse = function.TiledAttention.apply(q, k, v, bias_tensor, plan)
+        if op.needs_grad(q, k, v, bias_tensor):
+            y, lse = function.TiledAttention.apply(q, k, v, bias_tensor, plan)
+        else:
+            y, lse = passes.forward(plan, q, k, v)
     if check_finite or empty_rows == "error":
         validation.check_empty_rows(ctx, lse, empty_rows, mask, geometry, score_mod)
     if check_finite:  # finite inputs, so a non-finite y overflowed

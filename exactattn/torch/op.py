@@ -251,11 +251,21 @@ def attention(
     ``band`` gives the window (its ``kv_lengths`` go in ``kv_lengths``).
     """
     band = band or Band()
-    return AttentionFunction.apply(
+    args = (
         q, k, v, allowed, bias, kv_lengths, seed,
         scale, band.left, band.right, band.alignment,
         float(dropout_p), softcap, enable_gqa, block_size, impl,
     )  # fmt: skip
+    if needs_grad(q, k, v, bias):
+        return AttentionFunction.apply(*args)
+    # No graph to record: the op alone (dynamo cannot trace a Function none of whose
+    # inputs requires grad, and the call is cheaper).
+    return attention_op(*args)
+
+
+def needs_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd records this call (true under torch.func.grad for its inputs)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
 # --- vmap: the mapped axis becomes one more leading (batch) dim ------------------------------

@@ -13,7 +13,6 @@ the strict checks are the callers' (outside any traced region).
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -63,10 +62,15 @@ class Plan:
         return {"window": window, "alignment": band.alignment, "kv_lengths": lengths}
 
 
-@functools.lru_cache(maxsize=64)
+_CONTEXTS: dict[tuple[torch.dtype, torch.device], TorchContext] = {}
+
+
 def context(dtype: torch.dtype, device: torch.device) -> TorchContext:
     """One :class:`TorchContext` per (dtype, device): its constants are cached with it."""
-    return TorchContext(dtype, device=device)
+    ctx = _CONTEXTS.get((dtype, device))
+    if ctx is None:
+        ctx = _CONTEXTS[dtype, device] = TorchContext(dtype, device=device)
+    return ctx
 
 
 def key_block_size(geometry: Geometry, block_size: int | None, device: torch.device) -> int:

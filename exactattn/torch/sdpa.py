@@ -79,6 +79,8 @@ def sdpa_call(
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool; got {type(is_causal).__name__} {is_causal!r}")
     scale = _scale(scale)
+    if query.shape[-1] == 0:  # an empty dot product is 0 whatever c (SDPA: the mean of V)
+        scale = 0.0
     p = _dropout_p(dropout_p)
     allowed = bias = None
     band = Band("top-left", None, 0) if is_causal else None
