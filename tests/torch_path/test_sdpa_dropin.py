@@ -138,7 +138,7 @@ def test_fully_masked_rows_give_zero_and_zero_gradients():
     float_mask = _float_mask((5, 7), 9, grad=True)
     float_mask.data[3] = -math.inf
     for mask in (bool_mask, float_mask):
-        y, dq, dk, dv, *rest = _compare(SHAPES["4d-cross"], mask=mask)
+        y, dq = _compare(SHAPES["4d-cross"], mask=mask)[:2]
         empty = ~mask.any(-1) if mask.dtype == torch.bool else mask.detach().isneginf().all(-1)
         rows = torch.broadcast_to(empty, y.shape[:-1])
         assert rows.any()

@@ -158,25 +158,25 @@ def test_func_grad_through_the_non_op_path():
 
 @pytest.mark.parametrize("mapped", ["q", "all", "mask"])
 def test_vmap(mapped):
-    """vmap over a new leading axis equals the loop (and per-example gradients)."""
+    """vmap over a new leading axis equals SDPA in a loop, values and per-example gradients."""
     q, k, v, bias = _inputs(grad=False)
     qs = torch.stack([q, q + 1, 2 * q])
     ks, vs, bs = (torch.stack([x, x.flip(-2), x + 0.5]) for x in (k, v, bias))
     if mapped == "q":
-        fn, args, dims = (lambda q: _ours(q, k, v, bias)), (qs,), (0,)
-        loop = [_sdpa(x, k, v, bias) for x in qs]
+        args, dims = (qs,), (0,)
+        ours, theirs = (lambda q: _ours(q, k, v, bias)), (lambda q: _sdpa(q, k, v, bias))
     elif mapped == "all":
-        fn, args, dims = _ours, (qs, ks, vs, bs), (0, 0, 0, 0)
-        loop = [_sdpa(*xs) for xs in zip(qs, ks, vs, bs)]
-    else:
-        fn, args, dims = (lambda b: _ours(q, k, v, b)), (bs.transpose(0, 1),), (1,)
-        loop = [_sdpa(q, k, v, b) for b in bs]
-    assert_close(torch.vmap(fn, in_dims=dims)(*args), torch.stack(loop), atol=1e-12, what="y")
-    per_example = torch.vmap(torch.func.grad(lambda *xs: fn(*xs).sum()), in_dims=dims)(*args)
-    for i, want in enumerate(loop):
-        leaf = args[0].select(dims[0], i).clone().requires_grad_(True)
-        rest = [a.select(d, i) for a, d in zip(args[1:], dims[1:])]
-        ref = torch.autograd.grad(fn(leaf, *rest).sum(), leaf)[0]
+        args, dims, ours, theirs = (qs, ks, vs, bs), (0, 0, 0, 0), _ours, _sdpa
+    else:  # the mask alone, mapped along its axis 1
+        args, dims = (bs.transpose(0, 1),), (1,)
+        ours, theirs = (lambda b: _ours(q, k, v, b)), (lambda b: _sdpa(q, k, v, b))
+    slices = [[a.select(d, i) for a, d in zip(args, dims)] for i in range(3)]
+    want = torch.stack([theirs(*xs) for xs in slices])
+    assert_close(torch.vmap(ours, in_dims=dims)(*args), want, atol=1e-12, what="y")
+    per_example = torch.vmap(torch.func.grad(lambda *xs: ours(*xs).sum()), in_dims=dims)(*args)
+    for i, xs in enumerate(slices):
+        leaf = xs[0].clone().requires_grad_(True)
+        ref = torch.autograd.grad(theirs(leaf, *xs[1:]).sum(), leaf)[0]
         assert_close(per_example[i], ref, atol=1e-12, what=f"grad {i}")
 
 
