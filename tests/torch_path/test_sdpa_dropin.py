@@ -362,3 +362,22 @@ def test_causal_bias_with_is_causal_is_refused_as_sdpa():
 
 def test_the_input_error_is_both_value_and_runtime_error():
     assert issubclass(et.SDPAInputError, ValueError) and issubclass(et.SDPAInputError, RuntimeError)
+
+
+def test_exact_sdpa_catches_every_import_path_and_only_inside():
+    from torch.nn.functional import scaled_dot_product_attention as imported_early
+
+    q, k, v = _inputs()
+    want = et.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with et.exact_sdpa() as routed:
+        got = [
+            imported_early(q, k, v, is_causal=True),
+            F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+        ]
+        assert torch.equal(torch.ones(2) + 1, torch.full((2,), 2.0))  # others pass through
+    assert routed.calls == 3
+    for y in got:
+        assert torch.equal(y, want)
+    F.scaled_dot_product_attention(q, k, v)
+    assert routed.calls == 3  # nothing routed once the block has ended
