@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 import exactattn.torch as et  # noqa: E402
 from exactattn import masks  # noqa: E402
 from exactattn.backends.torch_backend import TorchContext  # noqa: E402
+from exactattn.torch import dispatch  # noqa: E402
 
 from .helpers import qkv  # noqa: E402
 
@@ -87,7 +88,7 @@ def test_cpu_auto_never_touches_triton(monkeypatch):
     def fail():
         raise AssertionError("the CPU path imported the Triton kernels")
 
-    monkeypatch.setattr(et, "_triton", fail)
+    monkeypatch.setattr(dispatch, "triton", fail)
     q, k, v = qkv((1, 2, 5, 4), (1, 2, 5, 4), seed=0)
     et.attention(q, k, v, is_causal=True)
 
