@@ -30,8 +30,31 @@ import numpy as np
 from .masks import Geometry, TileIndex, _check_broadcasts, check_same_library, check_tile_shape
 
 
+@dataclass(frozen=True)
+class KernelScores:
+    """Score modifications as the fused kernels take them: ``cap·tanh(s/cap)`` (when
+    ``softcap`` is set) then ``+ bias`` (a caller-owned array, when set)."""
+
+    softcap: Any = None
+    bias: Any = None
+
+    def then(self, other: KernelScores) -> KernelScores | None:
+        """This followed by ``other``, or None when the kernels cannot say it (a second
+        bias, or a softcap after a bias)."""
+        if other.softcap is not None and (self.softcap is not None or self.bias is not None):
+            return None
+        if other.bias is not None and self.bias is not None:
+            return None
+        softcap = self.softcap if other.softcap is None else other.softcap
+        return KernelScores(softcap, self.bias if other.bias is None else other.bias)
+
+
 class ScoreMod:
     """Base class of a score modification ``s ↦ mod(s, b, h, i, j)``."""
+
+    def lower(self) -> KernelScores | None:
+        """This modification as the fused kernels take it, or None (generic path only)."""
+        return None
 
     def at(self, ctx: Any, index: TileIndex, geometry: Geometry) -> TileMod:
         """This modification on one tile (it records what its pullback needs)."""
@@ -77,6 +100,9 @@ class Softcap(ScoreMod):
     def at(self, ctx: Any, index: TileIndex, geometry: Geometry) -> TileMod:
         return _SoftcapTile(ctx, ctx.scalar(self.cap))
 
+    def lower(self) -> KernelScores:
+        return KernelScores(softcap=self.cap)
+
 
 class _SoftcapTile(TileMod):
     def __init__(self, ctx: Any, cap: Any):
@@ -117,6 +143,9 @@ class Bias(ScoreMod):
 
     def at(self, ctx: Any, index: TileIndex, geometry: Geometry) -> TileMod:
         return _BiasTile(ctx, self.values, index, geometry)
+
+    def lower(self) -> KernelScores:
+        return KernelScores(bias=self.values)
 
 
 class _BiasTile(TileMod):
@@ -180,6 +209,15 @@ class Chain(ScoreMod):
 
     def at(self, ctx: Any, index: TileIndex, geometry: Geometry) -> TileMod:
         return _ChainTile([mod.at(ctx, index, geometry) for mod in self.mods], ctx)
+
+    def lower(self) -> KernelScores | None:
+        lowered: KernelScores | None = KernelScores()
+        for mod in self.mods:
+            part = mod.lower()
+            if part is None or lowered is None:
+                return None
+            lowered = lowered.then(part)
+        return lowered
 
     def gradients(self) -> dict[str, tuple[int, ...]]:
         out: dict[str, tuple[int, ...]] = {}

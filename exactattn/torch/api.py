@@ -119,7 +119,7 @@ def attention(
     else:
         kernel = dispatch.kernel_plan(
             q, k, v, mask, geometry,
-            dropout=dropout is not None, score_mod=score_mod is not None,
+            dropout=dropout is not None, score_mod=score_mod,
             impl=impl, enable_gqa=enable_gqa,
         )  # fmt: skip
         plan = passes.Plan(

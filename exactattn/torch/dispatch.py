@@ -2,19 +2,22 @@
 :mod:`exactattn.algorithm`.
 
 The kernels (:mod:`exactattn.triton_kernels`) take a :class:`~exactattn.masks.Band`
-(causal or a window, either alignment, per-batch key lengths) over ``(B, H, n, d)``
-float16/bfloat16/float32 inputs with ``d ≤ 256``, without dropout or score modification;
-every other call takes the generic path.
+(causal or a window, either alignment, per-batch key lengths) and
+:class:`~exactattn.scores.KernelScores` (a softcap, then a bias tensor) over
+``(B, H, n, d)`` float16/bfloat16/float32 inputs with ``d ≤ 256``, without dropout; every
+other call takes the generic path.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..masks import Band, Geometry, Mask
+from ..scores import KernelScores, ScoreMod
 
 IMPLS = ("auto", "generic", "triton")
 
@@ -35,6 +38,14 @@ def triton_available() -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """A call as the fused kernels take it: the mask's band and the score modifications."""
+
+    band: Band
+    scores: KernelScores
+
+
 def kernel_plan(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -43,18 +54,19 @@ def kernel_plan(
     geometry: Geometry,
     *,
     dropout: bool,
-    score_mod: bool,
+    score_mod: ScoreMod | None,
     impl: str,
     enable_gqa: bool,
-) -> Band | None:
-    """The kernels' mask when this call runs the Triton kernels, else None."""
+) -> Kernel | None:
+    """The kernels' arguments when this call runs the Triton kernels, else None."""
     if impl == "generic" or (impl == "auto" and q.device.type != "cuda"):
         return None
     reasons = []
     if dropout:
         reasons.append("dropout")
-    if score_mod:
-        reasons.append("a bias or softcap")
+    scores = KernelScores() if score_mod is None else score_mod.lower()
+    if scores is None:
+        reasons.append("a score modification other than a softcap then a bias tensor")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         reasons.append(f"dtype {q.dtype}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -76,4 +88,4 @@ def kernel_plan(
         reasons.append("triton is not importable")
     if reasons and impl == "triton":
         raise ValueError(f"impl='triton' cannot run this call: {', '.join(reasons)}")
-    return None if reasons else band
+    return None if reasons else Kernel(band, scores)

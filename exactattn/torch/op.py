@@ -178,7 +178,7 @@ def plan_of(
         dropout = Dropout(dropout_p, int(seed) % 2**64)
     kernel = dispatch.kernel_plan(
         q, k, v, mask, geometry,
-        dropout=dropout is not None, score_mod=score_mod is not None,
+        dropout=dropout is not None, score_mod=score_mod,
         impl=impl, enable_gqa=enable_gqa,
     )  # fmt: skip
     return passes.Plan(

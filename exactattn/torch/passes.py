@@ -22,9 +22,10 @@ import torch
 from .. import algorithm
 from ..backends.torch_backend import TorchContext
 from ..dropout import Dropout
-from ..masks import Band, Geometry, Mask
+from ..masks import Geometry, Mask
 from ..scores import ScoreMod
 from . import dispatch
+from .dispatch import Kernel
 
 # Key-block size b of the generic path: the fastest on the CPU benchmark
 # (`exactattn bench-torch`, README); any b >= 1 gives the same exact result.
@@ -49,17 +50,24 @@ class Plan:
     score_mod: ScoreMod | None
     dropout: Dropout | None
     drop_all: bool  # dropout_p = 1: every weight dropped, Y = 0 and every gradient 0
-    kernel: Band | None  # None: the generic path
+    kernel: Kernel | None  # None: the generic path
 
     def kernel_keywords(self) -> dict[str, Any]:
-        """The Triton kernels' mask keywords for :attr:`kernel`."""
-        band = self.kernel
+        """The Triton kernels' keywords for :attr:`kernel`: mask, softcap and bias."""
+        band, scores = self.kernel.band, self.kernel.scores
         lengths = band.kv_lengths
         if lengths is not None:
             batch = self.geometry.batch[0]
             lengths = torch.as_tensor(lengths).expand(batch)
         window = (band.left, band.right) if band.has_window else None
-        return {"window": window, "alignment": band.alignment, "kv_lengths": lengths}
+        softcap = None if scores.softcap is None else float(scores.softcap)
+        return {
+            "window": window,
+            "alignment": band.alignment,
+            "kv_lengths": lengths,
+            "softcap": softcap,
+            "bias": scores.bias,
+        }
 
 
 _CONTEXTS: dict[tuple[torch.dtype, torch.device], TorchContext] = {}
@@ -149,10 +157,11 @@ def backward(
         )
     with torch.no_grad():
         if plan.kernel is not None:
-            dq, dk, dv = dispatch.triton().triton_backward(
-                q, k, v, y, lse, g, scale=float(plan.scale), **plan.kernel_keywords()
-            )
-            mod_grads: dict[str, torch.Tensor] = {}
+            dq, dk, dv, *dbias = dispatch.triton().triton_backward(
+                q, k, v, y, lse, g, scale=float(plan.scale), bias_grad=bias_grad,
+                **plan.kernel_keywords(),
+            )  # fmt: skip
+            mod_grads: dict[str, torch.Tensor] = {"bias": dbias[0]} if dbias else {}
         else:
             mod_grads = {"bias": ctx.zeros(plan.score_mod.gradients()["bias"])} if bias_grad else {}
             one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse.shape)
