@@ -43,6 +43,8 @@ CHUNK = 1 << 19  # float64 elements of one (*batch, rows, n_k) temporary
 SPREAD = 1 << 17  # ... of one (*batch, rows, n_k, dv) temporary of the spread term
 STATS = ("ml", "lse")  # the reverse's frozen statistics: (m, ℓ), or lse with ℓ = 1
 DELTAS = ("gy", "rowsum")  # δ_i = G_i·Y_i (tiled), or Σ_j p_ij dP_ij (naive attention)
+ROUNDINGS = ("nearest", "toward_zero")
+HALF_FUNCS = 1.001  # NumPy/torch half exp, log, tanh: float32 (≤ 4·2^-24) rounded once
 FLOAT64 = get_format("float64")
 
 _ALIASES = {
@@ -69,6 +71,8 @@ def number_format(spec: Any) -> Format:
     """
     if isinstance(spec, Format):
         return spec
+    if isinstance(spec, np.dtype) or (isinstance(spec, type) and issubclass(spec, np.generic)):
+        spec = np.dtype(spec).name
     name = str(spec).removeprefix("torch.").lower()
     name = _ALIASES.get(name, name)
     if name in ("longdouble", "float128", "float96"):
@@ -150,20 +154,31 @@ class Arith:
         )
 
     @classmethod
-    def bits(cls, prec: int, *, block: int | None = None) -> Arith:
-        """``prec`` significand bits everywhere, unbounded exponent (mpmath, emulations)."""
+    def bits(cls, prec: int, *, rounding: str = "nearest", block: int | None = None) -> Arith:
+        """``prec`` significand bits everywhere, unbounded exponent (mpmath, emulations).
+
+        ``rounding="toward_zero"`` (truncation) errs by up to one ulp, ``2^{1−prec}``
+        relative: the bound is that of ``prec − 1`` bits rounded to nearest. Elementary
+        functions are taken as faithful (``funcs = 2``).
+        """
         if isinstance(prec, bool) or not isinstance(prec, int) or prec < 2:
             raise ValueError(f"prec must be an integer >= 2 bits; got {prec!r}")
-        fmt = get_format(f"p{prec}")
-        return cls(input=fmt, compute=fmt, acc=fmt, output=fmt, block=block)
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}; got {rounding!r}")
+        fmt = get_format(f"p{prec if rounding == 'nearest' else prec - 1}")
+        if rounding != "nearest":
+            fmt = Format(f"p{prec}-{rounding}", fmt.p, None)
+        return cls(input=fmt, compute=fmt, acc=fmt, output=fmt, block=block, funcs=2.0)
 
     @classmethod
     def of_context(cls, ctx: Any, *, block: int | None = None) -> Arith:
         """The arithmetic of an exactattn context (NumPy, torch or mpmath).
 
         NumPy and torch on the CPU accumulate half-precision products and row sums in
-        float32 (``tests/bounds/test_arith.py`` checks it); on CUDA the accumulator is
-        taken to be the compute type (cuBLAS may reduce in half precision).
+        float32 and evaluate half exp, log, tanh in float32, rounded once
+        (``tests/bounds/test_arith.py`` checks both, the functions on every input); on
+        CUDA the accumulator is taken to be the compute type (cuBLAS may reduce in half
+        precision) and the functions as ``funcs``.
         """
         from .backends.mpmath_backend import MpmathContext
 
@@ -175,9 +190,11 @@ class Arith:
             raise TypeError(f"no arithmetic known for {ctx!r}: pass an Arith built by hand")
         fc = number_format(compute)
         device = getattr(getattr(ctx, "device", None), "type", "cpu")
-        acc = number_format("float32") if fc.p < 24 and device == "cpu" else fc
+        half = fc.p < 24 and device == "cpu"
+        acc = number_format("float32") if half else fc
         p_cast = getattr(ctx, "p_cast_dtype", None)
-        return cls.ieee(storage, fc, p=p_cast, acc=acc, block=block)
+        arith = cls.ieee(storage, fc, p=p_cast, acc=acc, block=block)
+        return replace(arith, funcs=HALF_FUNCS) if half else arith
 
     @classmethod
     def claim(cls, text: str) -> Arith:
@@ -269,11 +286,14 @@ class _Units:
         ug, mg = _cast(c, arith.grad_cast)
         uo_bar, mo = _cast(c, arith.output)
         ub, mb = _cast(FLOAT64, c)
+        ua = _lg(arith.acc.u)
+        if arith.block is None:  # one key per block bounds every b only if ū_a ≤ ū_c
+            ua = max(ua, _lg(c.u))
         return cls(
             uc=_lg(c.u),
             u_c=c.u,
             mc=c.mu,
-            ua=_lg(arith.acc.u),
+            ua=ua,
             ma=arith.acc.mu,
             res=_cast(arith.acc, c)[0],
             uf=_lg(arith.funcs * c.u),
@@ -576,22 +596,23 @@ def _forward(prob: _Problem, un: _Units, arith: Arith, rows: slice) -> _Forward:
         theta = theta + un.uc + prob.drho
     w_up, w_err = w * np.exp(eta), w * np.expm1(eta)
     av = np.abs(v)
-    up_sum = w_up.sum(axis=-1)
     num = _spread(w_err, rho, v, y) + np.expm1(theta)[..., None] * ((w_up * rho) @ av)
-    num += np.expm1(lam)[..., None] * np.abs(y) * up_sum[..., None]
-    den = np.where(empty, 1.0, np.exp(-lam) * (w * np.exp(-eta)).sum(axis=-1))
+    num += np.expm1(lam)[..., None] * np.abs(y) * (1 + w_err.sum(axis=-1))[..., None]
     # gradual underflow, in units of the final e^{s − m}: exps, merges, casts, products
     a_l = un.mc * (count + 2 * T) / l
     a_z = (un.mc * (1 + prob.rho_max) + un.mp) * (ok.astype(np.float64) @ av)
     a_z = (a_z + (un.ma * count + 2 * un.mc * T)[..., None]) / l[..., None]
-    low = den - a_l
+    # ℓ̂/ℓ ∈ [1 − fall, 1 + rise], summed as expm1 terms (Σ_j w_ij = 1 exactly)
+    rise = (w * np.expm1(eta + lam[..., None])).sum(axis=-1) + a_l
+    fall = -(w * np.expm1(-eta - lam[..., None])).sum(axis=-1) + a_l
+    low = 1 - fall
     with np.errstate(divide="ignore", invalid="ignore"):
         before = np.where(low > 0, 1 / low, np.inf)[..., None]
         pre = (num + a_z + (np.abs(y) + num * before) * a_l[..., None]) * before
         pre = pre + un.mc + un.mx * prob.rho_max
         dy = np.where(empty[..., None], 0.0, pre * (1 + un.uo) + un.uo * np.abs(y) + un.mo)
-        upper = np.exp(lam) * up_sum + a_l
-        L = np.where(low > 0, np.maximum(np.log(upper), -np.log(np.where(low > 0, low, 1))), np.inf)
+        fallen = -np.log1p(-np.where(low > 0, fall, 0.0))
+        L = np.where(low > 0, np.maximum(np.log1p(rise), fallen), np.inf)
     dlog = L + un.uf * (np.abs(log_l) + L) + un.mc
     dlse = np.where(empty, 0.0, dlog + un.uc * (np.abs(np.where(empty, 0, lse)) + dlog))
     return _Forward(sc, w, shift, y, lse, log_l, T, b, count, E_max, gap, L, dy, dlse)

@@ -49,6 +49,8 @@ class Case:
     dropout: float = 0.0
     bias: bool = False
     softcap: float | None = None
+    offset: float = 0.0  # added to every score through the bias: |s| large, s − m not
+    bias_rows: bool = True  # False: one bias row (1, n_k) shared by every head and query
     block: int = 4
     seed: int = 0
 
@@ -66,6 +68,8 @@ class Case:
             parts.append("bias")
         if self.softcap:
             parts.append(f"cap{self.softcap}")
+        if self.offset:
+            parts.append(f"offset{self.offset}")
         return ",".join(parts)
 
 
@@ -112,8 +116,11 @@ def inputs(case: Case) -> dict[str, Any]:
         )
         rho = np.where(keep, 1 / (1 - case.dropout), 0.0)
     bias = None
+    if case.bias or case.offset:
+        shape = (*lead, case.n_q, case.n_k) if case.bias_rows else (1, case.n_k)
+        bias = np.full(shape, case.offset)
     if case.bias:
-        bias = rng.normal(0.0, 2.0, (*lead, case.n_q, case.n_k))
+        bias += rng.normal(0.0, 2.0, bias.shape)
         bias[rng.random(bias.shape) < 0.05] = -np.inf
     return dict(q=q, k=k, v=v, g=g, allowed=allowed, rho=rho, bias=bias)
 
@@ -171,7 +178,7 @@ def _keywords(case: Case, data: dict[str, Any]) -> dict[str, Any]:
     )
     if case.dropout:
         out.update(dropout_p=case.dropout, seed=case.seed)
-    if case.bias:
+    if data["bias"] is not None:
         out["bias"] = data["bias"]
     if case.softcap:
         out["softcap"] = case.softcap
@@ -199,7 +206,8 @@ def _api_runner(make_ctx: Callable[[], Any], naive: bool = False):
         backward = exactattn.naive_attention_backward if naive else exactattn.attention_backward
         q, k, v, g = (data[x] for x in "qkvg")
         y, stats = forward(q, k, v, backend=ctx, return_stats=True, **kw)
-        grads = backward(q, k, v, y, stats, g, backend=ctx, bias_grad=case.bias, **kw)
+        with_bias = data["bias"] is not None
+        grads = backward(q, k, v, y, stats, g, backend=ctx, bias_grad=with_bias, **kw)
         out = dict(y=y, lse=stats.lse, **dict(zip((*GRADS, "dbias"), grads)))
         return {name: _as_float(x) for name, x in out.items()}
 
@@ -266,7 +274,7 @@ def _mp(bits: int):
 
 
 def _no_score_mods(case: Case) -> bool:
-    return not case.bias and not case.softcap
+    return not case.bias and not case.softcap and not case.offset
 
 
 def _targets() -> dict[str, Target]:
@@ -310,7 +318,21 @@ def _targets() -> dict[str, Target]:
                 supports=_no_score_mods,
             )
         )
+    out.append(
+        Target(  # FlashAttention-3's FP8 p: fp32 everywhere, p cast to e4m3 before p·V
+            "torch-p-e4m3",
+            "float32",
+            lambda case: Arith.ieee("float32", p="e4m3", block=case.block),
+            _api_runner(_fp8_p_ctx),
+        )
+    )
     return {t.name: t for t in out}
+
+
+def _fp8_p_ctx() -> Any:
+    from exactattn.precision.fp8 import torch_context
+
+    return torch_context("float32", "float32", "e4m3")
 
 
 TARGETS = _targets()
@@ -343,12 +365,12 @@ def reference(case: Case, held: dict[str, Any]) -> dict[str, np.ndarray]:
     q, k, v, g = (held[x] for x in "qkvg")
     y, stats = exactattn.attention(q, k, v, backend=ctx, return_stats=True, **kw)
     grads = exactattn.attention_backward(
-        q, k, v, y, stats, g, backend=ctx, bias_grad=case.bias, **kw
+        q, k, v, y, stats, g, backend=ctx, bias_grad=held["bias"] is not None, **kw
     )
     return dict(y=y, lse=stats.lse, **dict(zip((*GRADS, "dbias"), grads)))
 
 
-def _distance(x: np.ndarray, balls: np.ndarray) -> tuple[np.ndarray, float]:
+def distance(x: np.ndarray, balls: np.ndarray) -> tuple[np.ndarray, float]:
     """Upper bounds on ``|x − exact|`` entrywise, and the largest ball radius."""
     import flint
 
@@ -375,11 +397,22 @@ def held_inputs(case: Case, target: Target) -> dict[str, Any]:
     }
 
 
-def measure(target: Target, case: Case, *, bound_fn: Callable = bounds) -> Measurement:
-    """Run ``target`` on ``case``; its error over the bound, per output."""
+def measure(
+    target: Target, case: Case, *, bound_fn: Callable = bounds, cache: dict | None = None
+) -> Measurement:
+    """Run ``target`` on ``case``; its error over the bound, per output.
+
+    ``cache`` keeps references per (case, storage format): targets holding the inputs in
+    the same format share one.
+    """
     held = held_inputs(case, target)
     got = target.run(case, held)
-    ref = reference(case, held)
+    key = (case, target.storage)
+    ref = None if cache is None else cache.get(key)
+    if ref is None:
+        ref = reference(case, held)
+        if cache is not None:
+            cache[key] = ref
     b = bound_fn(
         target.make_arith(case),
         held["q"],
@@ -399,7 +432,7 @@ def measure(target: Target, case: Case, *, bound_fn: Callable = bounds) -> Measu
     for name, value in got.items():
         if name not in ref or name not in b:
             continue
-        dist, radius = _distance(value, ref[name])
+        dist, radius = distance(value, ref[name])
         out.ratios[name] = ratio(dist, b[name])
         out.errors[name] = float(dist.max(initial=0.0))
         out.radius = max(out.radius, radius)
