@@ -348,6 +348,7 @@ class Measurement:
     ratios: dict[str, float] = field(default_factory=dict)
     errors: dict[str, float] = field(default_factory=dict)
     radius: float = 0.0
+    vacuous: float = 0.0  # share of entries whose bound is infinite (only finiteness checked)
 
     @property
     def forward(self) -> float:
@@ -429,9 +430,11 @@ def measure(
         row_block=target.row_block(case),
     )
     out = Measurement(target.name, case)
-    for name, value in got.items():
-        if name not in ref or name not in b:
-            continue
+    compared = [name for name in got if name in ref and name in b]
+    sizes = sum(b[name].size for name in compared)
+    out.vacuous = sum(int(np.isinf(b[name]).sum()) for name in compared) / max(sizes, 1)
+    for name in compared:
+        value = got[name]
         dist, radius = distance(value, ref[name])
         out.ratios[name] = ratio(dist, b[name])
         out.errors[name] = float(dist.max(initial=0.0))

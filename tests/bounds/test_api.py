@@ -133,3 +133,11 @@ def test_ratio_reads_zero_and_infinite_bounds():
     assert ratio([5.0], [np.inf]) == 0.0
     assert ratio([np.nan], [1.0]) == np.inf
     assert np.isnan(ratio([], []))
+
+
+def test_budgets_beyond_float64s_range_give_an_infinite_bound_not_nan():
+    rng = np.random.default_rng(6)
+    q, k, v = _qkvg(rng, (6, 64), (6, 64))
+    out = bounds(Arith.bits(5), 40 * q, 40 * k, v, rng.standard_normal((6, 3)))
+    assert not any(np.isnan(x).any() for x in out.values())
+    assert np.isinf(out["y"]).any() and np.isinf(out["dk"]).any()

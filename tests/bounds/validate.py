@@ -7,7 +7,8 @@ FA-3 outliers and large logits; no mask, causal, sliding window, key padding and
 masks; dropout, bias with −∞ entries, soft-cap, GQA, cross attention; block sizes from 1
 to beyond n_k), and every output's error against the certified reference is divided by its
 bound. Prints, per target, the worst and median ratio of Y, lse and the gradients (worst
-over dQ, dK, dV), writes every run to a CSV, and exits 1 if any ratio exceeds 1.
+over dQ, dK, dV) and how many runs had a vacuous (infinite) bound somewhere, writes every
+run to a CSV, and exits 1 if any ratio exceeds 1.
 
 Presets: ``quick`` (n ≤ 64, ~2 min on 2 cores) and ``full`` (adds n = 256 and 1024).
 """
@@ -76,7 +77,7 @@ def summarise(runs: list[Measurement]) -> tuple[list[str], bool]:
     """Lines of the per-target table and whether every ratio is at most 1."""
     lines = [
         f"{'target':18s} {'runs':>4s} {'Y worst':>8s} {'Y med':>7s} {'lse worst':>9s} "
-        f"{'lse med':>7s} {'grad worst':>10s} {'grad med':>8s}"
+        f"{'lse med':>7s} {'grad worst':>10s} {'grad med':>8s} {'vacuous':>7s}"
     ]
     ok = True
     for name in TARGETS:
@@ -91,7 +92,8 @@ def summarise(runs: list[Measurement]) -> tuple[list[str], bool]:
         lines.append(
             f"{name:18s} {len(mine):4d} {_cell(y, max):>8s} {_cell(y, statistics.median):>7s} "
             f"{_cell(lse, max):>9s} {_cell(lse, statistics.median):>7s} "
-            f"{_cell(grads, max):>10s} {_cell(grads, statistics.median):>8s}"
+            f"{_cell(grads, max):>10s} {_cell(grads, statistics.median):>8s} "
+            f"{sum(m.vacuous > 0 for m in mine):>7d}"
         )
     return lines, ok
 
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = cases(args.preset, args.seed)
     runs: list[Measurement] = []
     fields = [*asdict(Case()), "target", "ratio_y", "ratio_lse", *(f"ratio_{g}" for g in GRADS)]
-    fields += ["ratio_dbias", "error_y", "radius", "seconds"]
+    fields += ["ratio_dbias", "error_y", "radius", "vacuous", "seconds"]
     start = time.perf_counter()
     with args.out.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 m = measure(target, case, cache=cache)
                 runs.append(m)
-                row = {**asdict(case), "target": name, "radius": m.radius}
+                row = {**asdict(case), "target": name, "radius": m.radius, "vacuous": m.vacuous}
                 row.update({f"ratio_{k}": v for k, v in m.ratios.items()})
                 row.update(error_y=m.errors.get("y"), seconds=time.perf_counter() - t0)
                 writer.writerow(row)
