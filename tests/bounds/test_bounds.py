@@ -61,6 +61,23 @@ def test_mpmath_emulations_stay_within_the_bound(case, target):
     _holds(target, case)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["np-fa2-fp16", "np-fp16", "naive-np-fp32", "torch-path-bf16"])
+def test_runs_at_n_256_stay_within_the_bound(target):
+    pytest.importorskip("torch")
+    for case in (
+        Case(256, 256, 64, 64, mask="causal", block=64, seed=1),
+        Case(256, 200, 64, 32, dist="outliers", mask="window", block=100, seed=2),
+    ):
+        _holds(target, case)
+
+
+@pytest.mark.slow
+@given(cases(max_n=12), st.sampled_from(("mp16", "mp24")))
+def test_longer_mpmath_emulations_stay_within_the_bound(case, target):
+    _holds(target, case)
+
+
 # --- the broken twins: one term dropped, and a case that shows it is needed -----------------
 def _drop_score_error(mp):
     scores = B._scores

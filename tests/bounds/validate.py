@@ -11,6 +11,7 @@ over dQ, dK, dV) and how many runs had a vacuous (infinite) bound somewhere, wri
 run to a CSV, and exits 1 if any ratio exceeds 1.
 
 Presets: ``quick`` (n ≤ 64, ~2 min on 2 cores) and ``full`` (adds n = 256 and 1024).
+``--time N D`` only compares the bound's cost with the run it bounds and the reference.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .runs import GRADS, TARGETS, Case, Measurement, measure
+from exactattn.bounds import bounds
+
+from .runs import GRADS, TARGETS, Case, Measurement, held_inputs, measure, reference
 
 PRESETS = {  # n → cases drawn at that size
     "quick": {17: 24, 64: 12},
@@ -98,13 +101,42 @@ def summarise(runs: list[Measurement]) -> tuple[list[str], bool]:
     return lines, ok
 
 
+def time_bound(n: int, d: int) -> None:
+    """The bound's cost beside the run it bounds and the certified reference, same inputs."""
+    case = Case(n_q=n, n_k=n, d=d, dv=d, mask="causal", block=64)
+    target = TARGETS["np-fa2-fp16"]
+    held = held_inputs(case, target)
+    arith = target.make_arith(case)
+
+    def bound() -> None:
+        bounds(arith, *(held[x] for x in "qkvg"), allowed=held["allowed"], row_block=n)
+
+    steps = {"bound": bound, "FA-2 run": lambda: target.run(case, held)}
+    if n <= 1024:
+        steps["reference"] = lambda: reference(case, held)
+    seconds = {}
+    for name, step in steps.items():
+        t0 = time.perf_counter()
+        step()
+        seconds[name] = time.perf_counter() - t0
+    others = {k: v for k, v in seconds.items() if k != "bound"}
+    ratios = ", ".join(f"bound / {k} = {seconds['bound'] / v:.3g}" for k, v in others.items())
+    print(f"n={n} d={d} forward+reverse, causal: {ratios}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--targets", nargs="*", default=None, help="default: all")
     parser.add_argument("--out", type=Path, default=Path("bound-validation.csv"))
+    parser.add_argument(
+        "--time", nargs=2, type=int, metavar=("N", "D"), help="only time the bound at n, d"
+    )
     args = parser.parse_args(argv)
+    if args.time:
+        time_bound(*args.time)
+        return 0
     names = args.targets or list(TARGETS)
     unknown = set(names) - set(TARGETS)
     if unknown:
