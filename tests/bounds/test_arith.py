@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import exactattn
-from exactattn.bounds import Arith, number_format
+from exactattn.bounds import HALF_FUNCS, Arith, number_format
 
 
 def test_formats_by_name_dtype_and_bits():
@@ -75,3 +75,30 @@ def test_torch_half_products_and_row_sums_accumulate_in_float32_on_the_cpu():
         assert (x[None, :] @ torch.ones((64, 1), dtype=dtype)).item() == want
         assert float(x.sum()) == want
         assert Arith.of_context(TorchContext(dtype, compute=dtype)).acc.p == 24
+
+
+def _worst_relative(x: np.ndarray, got: np.ndarray, fn, tiny: float, big: float) -> float:
+    """Largest ``|got − fn(x)| / |fn(x)|`` over normal, finite results (float64 reference)."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        want = fn(x.astype(np.float64))
+    keep = np.isfinite(want) & (np.abs(want) >= tiny) & (np.abs(want) <= big)
+    return float(np.max(np.abs(got.astype(np.float64)[keep] - want[keep]) / np.abs(want[keep])))
+
+
+@pytest.mark.parametrize("name", ["exp", "log", "tanh"])
+def test_half_elementary_functions_err_by_at_most_half_funcs_units_on_every_input(name):
+    """Arith.of_context's funcs for half compute, checked on all 2^16 inputs of each type."""
+    fn = getattr(np, name)
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    x = x[np.isfinite(x) & ((x > 0) if name == "log" else True)]
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        got = fn(x)
+    assert _worst_relative(x, got, fn, 2.0**-14, 65504.0) <= HALF_FUNCS * 2.0**-11
+    torch = pytest.importorskip("torch")
+    types = ((torch.float16, 2.0**-11, 2.0**-14), (torch.bfloat16, 2.0**-8, 2.0**-126))
+    for dtype, u, tiny in types:
+        xt = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype)
+        xt = xt[torch.isfinite(xt) & ((xt > 0) if name == "log" else True)]
+        got = getattr(torch, name)(xt).double().numpy()
+        worst = _worst_relative(xt.double().numpy(), got, fn, tiny, float(torch.finfo(dtype).max))
+        assert worst <= HALF_FUNCS * u, (dtype, worst / u)

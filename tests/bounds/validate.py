@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--targets", nargs="*", default=None, help="default: all")
-    parser.add_argument("--out", type=Path, default=Path("bound-validation.csv"))
+    parser.add_argument("--out", type=Path, default=Path("sweep-results/bound-validation.csv"))
     parser.add_argument(
         "--time", nargs=2, type=int, metavar=("N", "D"), help="only time the bound at n, d"
     )
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     fields = [*asdict(Case()), "target", "ratio_y", "ratio_lse", *(f"ratio_{g}" for g in GRADS)]
     fields += ["ratio_dbias", "error_y", "radius", "vacuous", "seconds"]
     start = time.perf_counter()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
