@@ -15,6 +15,7 @@ part of the input: the reference replays the very bits the target used).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -298,6 +299,8 @@ def _targets() -> dict[str, Target]:
     for bits in (8, 11, 16, 24):
         ctx = _mp(bits)
         out.append(Target(f"mp{bits}", f"p{bits}", _of_context(ctx), _api_runner(ctx), slow=True))
+    if importlib.util.find_spec("torch") is None:
+        return {t.name: t for t in out}
     for name, dtype, compute in (
         ("torch-fp16", "float16", "float16"),
         ("torch-bf16", "bfloat16", "bfloat16"),
@@ -318,6 +321,8 @@ def _targets() -> dict[str, Target]:
                 supports=_no_score_mods,
             )
         )
+    if importlib.util.find_spec("exactattn.precision.fp8") is None:
+        return {t.name: t for t in out}
     out.append(
         Target(  # FlashAttention-3's FP8 p: fp32 everywhere, p cast to e4m3 before p·V
             "torch-p-e4m3",
