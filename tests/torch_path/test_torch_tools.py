@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from exactattn import bench_torch  # noqa: E402
+from exactattn.commands import bench_torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
