@@ -4,13 +4,16 @@ Every subcommand is a module exposing ``main(argv) -> int`` — by the project's
 ``exactattn/commands/<name>.py`` (``-`` in a name becomes ``_``), which parses the
 arguments and calls into the feature packages. :data:`COMMANDS` lists them all; a
 subcommand's module is imported only when that subcommand runs, so ``exactattn --help``
-and every command that needs no optional package work without them.
+and every command that needs no optional package work without them; a command that
+needs a missing one fails with the extra to install instead of a traceback.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from .optional import missing
 
 # name -> (module exposing main(argv) -> int, one line for --help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -47,8 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"exactattn: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except ModuleNotFoundError as error:
+        hint = missing(error)
+        if hint is None:
+            raise
+        message = str(error) if hint in str(error) else f"{error}; {hint}"
+        print(f"exactattn {name}: {message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

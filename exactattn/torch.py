@@ -26,8 +26,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch.autograd.function import once_differentiable
+from .optional import needs
+
+with needs("exactattn.torch"):
+    import torch
+    from torch.autograd.function import once_differentiable
 
 from . import algorithm, validation
 from .backends.torch_backend import TorchContext

@@ -48,10 +48,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 
-import torch
-import triton
-import triton.language as tl
-from triton.runtime.errors import OutOfResources
+from .optional import needs
+
+with needs("the Triton kernels (exactattn.triton_kernels)"):
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime.errors import OutOfResources
 
 __all__ = ["triton_backward", "triton_forward"]
 

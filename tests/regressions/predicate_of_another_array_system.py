@@ -19,12 +19,13 @@ from __future__ import annotations
 import numpy as np
 
 import exactattn as ea
+from tests.optional import requires
 
 OPEN = None  # fixed in the core (see the closing note of the difftest issue)
 
 
 def replay() -> None:
-    import torch
+    torch = requires("torch")
 
     rng = np.random.default_rng(0)
     q, k, v = (torch.from_numpy(x) for x in rng.standard_normal((3, 4, 2)))

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.optional import requires
+
 OPEN = None  # fixed in exactattn/torch.py while this work was under way; the replay stays
 
 
 def replay() -> None:
-    import torch
-
+    torch = requires("torch")
     import exactattn.torch as et
 
     q = torch.from_numpy(np.random.default_rng(0).standard_normal((4, 3)))

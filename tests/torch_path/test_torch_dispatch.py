@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
 
-import exactattn.torch as et  # noqa: E402
-from exactattn import masks  # noqa: E402
+torch = requires("torch")
 
-from .helpers import qkv  # noqa: E402
+import exactattn.torch as et
+from exactattn import masks
+
+from .helpers import qkv
 
 N_Q, N_K, BATCH = 6, 9, (2, 3)
 
