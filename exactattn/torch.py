@@ -35,17 +35,7 @@ with needs("exactattn.torch"):
 from . import algorithm, validation
 from .backends.torch_backend import TorchContext
 from .dropout import Dropout, make_dropout
-from .masks import (
-    And,
-    Dense,
-    Geometry,
-    KeyPadding,
-    Mask,
-    Or,
-    SlidingWindow,
-    as_mask,
-    causal,
-)
+from .masks import Band, Geometry, Mask, as_mask, causal
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "attention"]
 
@@ -61,35 +51,28 @@ IMPLS = ("auto", "generic", "triton")
 
 
 @dataclass(frozen=True)
-class KernelArgs:
-    """The mask as the Triton kernels' keyword arguments."""
-
-    causal: str | None = None
-    window: tuple[int | None, int | None] | None = None
-    alignment: str | None = None
-    kv_lengths: torch.Tensor | None = None
-
-    def keywords(self) -> dict[str, Any]:
-        return {
-            "causal": self.causal,
-            "window": self.window,
-            "alignment": self.alignment,
-            "kv_lengths": self.kv_lengths,
-        }
-
-
-@dataclass(frozen=True)
 class _Plan:
     """Everything the two passes share besides the tensors."""
 
     ctx: TorchContext
+    geometry: Geometry  # the logical sizes (heads unsplit)
     scale: Any
     block_size: int
     mask: Mask | None
     dropout: Dropout | None
     empty_rows: str
     check_finite: bool
-    kernel: KernelArgs | None  # None: the generic path
+    kernel: Band | None  # None: the generic path
+
+    def kernel_keywords(self) -> dict[str, Any]:
+        """The Triton kernels' mask keywords for :attr:`kernel`."""
+        band = self.kernel
+        lengths = band.kv_lengths
+        if lengths is not None:
+            batch = self.geometry.batch[0]
+            lengths = torch.as_tensor(lengths).expand(batch)
+        window = (band.left, band.right) if band.has_window else None
+        return {"window": window, "alignment": band.alignment, "kv_lengths": lengths}
 
 
 class _TiledAttention(torch.autograd.Function):
@@ -100,12 +83,11 @@ class _TiledAttention(torch.autograd.Function):
         with torch.no_grad():  # no graph inside the block loop
             if plan.kernel is not None:
                 y, lse = _triton().triton_forward(
-                    q, k, v, scale=float(plan.scale), **plan.kernel.keywords()
+                    q, k, v, scale=float(plan.scale), **plan.kernel_keywords()
                 )
             else:
                 y, lse = _generic_forward(plan, q, k, v)
-        geometry = Geometry(q.shape[-2], k.shape[-2], tuple(lse.shape[:-1]))
-        validation.check_empty_rows(plan.ctx, lse, plan.empty_rows, plan.mask, geometry)
+        validation.check_empty_rows(plan.ctx, lse, plan.empty_rows, plan.mask, plan.geometry)
         if plan.check_finite:  # finite inputs, so a non-finite y overflowed
             validation.check_output(plan.ctx, "y", y)
         fctx.save_for_backward(q, k, v, y, lse)
@@ -119,7 +101,7 @@ class _TiledAttention(torch.autograd.Function):
         plan: _Plan = fctx.plan
         if plan.kernel is not None:
             grads = _triton().triton_backward(
-                q, k, v, y, lse, g, scale=float(plan.scale), **plan.kernel.keywords()
+                q, k, v, y, lse, g, scale=float(plan.scale), **plan.kernel_keywords()
             )
         else:
             grads = _generic_backward(plan, q, k, v, y, lse, g)
@@ -138,14 +120,21 @@ def row_block_size(ctx: TorchContext, geometry: Geometry, block_size: int) -> in
     return max(MIN_ROW_BLOCK, budget // per_row)
 
 
+def _generic_keywords(plan: _Plan) -> dict[str, Any]:
+    return dict(
+        scale=plan.scale,
+        block_size=plan.block_size,
+        mask=plan.mask,
+        dropout=plan.dropout,
+        enable_gqa=plan.geometry.group != 1,
+        row_block=row_block_size(plan.ctx, plan.geometry, plan.block_size),
+    )
+
+
 def _generic_forward(plan: _Plan, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
     """``(Y, lse)`` by :func:`exactattn.algorithm.forward`."""
     ctx = plan.ctx
-    row_block = row_block_size(ctx, algorithm.geometry_of(q, k, v), plan.block_size)
-    y, state = algorithm.forward(
-        ctx, q, k, v, scale=plan.scale, block_size=plan.block_size, mask=plan.mask,
-        dropout=plan.dropout, row_block=row_block,
-    )  # fmt: skip
+    y, state = algorithm.forward(ctx, q, k, v, **_generic_keywords(plan))
     return ctx.output(y), algorithm.log_sum_exp(ctx, state.m, state.l)
 
 
@@ -157,11 +146,7 @@ def _generic_backward(plan: _Plan, q, k, v, y, lse, g) -> tuple[torch.Tensor, ..
     """
     ctx = plan.ctx
     one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse.shape)
-    row_block = row_block_size(ctx, algorithm.geometry_of(q, k, v), plan.block_size)
-    grads = algorithm.backward(
-        ctx, q, k, v, y, lse, one, g, scale=plan.scale, block_size=plan.block_size,
-        mask=plan.mask, dropout=plan.dropout, row_block=row_block,
-    )  # fmt: skip
+    grads = algorithm.backward(ctx, q, k, v, y, lse, one, g, **_generic_keywords(plan))
     return tuple(ctx.output(grad) for grad in grads)
 
 
@@ -204,36 +189,26 @@ def attention(
         raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool; got {is_causal!r}")
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool; got {enable_gqa!r}")
     validation.check_policy(empty_rows)
     ctx = TorchContext(q.dtype, device=q.device)
     mask = as_mask(mask)
     mask = None if mask is None else mask.adopt(ctx)
     if is_causal:
         mask = causal() if mask is None else mask & causal()
-    heads = _check_gqa(q, k, v) if enable_gqa else None
-    # The generic path's operands: with GQA, (..., H, n, d) -> (..., H_kv, g, n, d), so
-    # broadcasting groups the query heads and the reverse's sum_to adds each group's dK,
-    # dV into its key/value head.
-    gq, gk, gv, gmask = q, k, v, mask
-    if heads is not None:
-        gq, gk, gv = q.unflatten(-3, heads), k.unsqueeze(-3), v.unsqueeze(-3)
-        gmask = _split_heads(mask, *heads)
-    geometry = validation.check_qkv(gq, gk, gv)
-    if gmask is not None:
-        gmask.validate(geometry)
+    geometry = validation.check_qkv(q, k, v, enable_gqa)
+    if mask is not None:
+        mask.validate(geometry)
     if check_finite:
         for name, x in (("q", q), ("k", k), ("v", v)):
             validation.check_finite(ctx, name, x)
     dropout = make_dropout(dropout_p, seed)
     scale = validation.check_scale(ctx, scale, q.shape[-1])
     block_size = validation.check_block_size(block_size, DEFAULT_BLOCK_SIZE)
-    kernel = _kernel_plan(q, k, v, mask, dropout, impl, enable_gqa)
-    if kernel is not None:
-        plan = _Plan(ctx, scale, block_size, mask, dropout, empty_rows, check_finite, kernel)
-        return _TiledAttention.apply(q, k, v, plan)
-    plan = _Plan(ctx, scale, block_size, gmask, dropout, empty_rows, check_finite, None)
-    y = _TiledAttention.apply(gq, gk, gv, plan)
-    return y.flatten(-4, -3) if heads is not None else y
+    kernel = _kernel_plan(q, k, v, mask, geometry, dropout, impl, enable_gqa)
+    plan = _Plan(ctx, geometry, scale, block_size, mask, dropout, empty_rows, check_finite, kernel)
+    return _TiledAttention.apply(q, k, v, plan)
 
 
 # --- input checks -------------------------------------------------------------------------
@@ -245,41 +220,6 @@ def _check_tensors(q: Any, k: Any, v: Any) -> None:
         raise TypeError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
-
-
-def _check_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int]:
-    """``(H_kv, g)`` for grouped heads: ``H = g·H_kv``, heads on axis −3 of q, k and v."""
-    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    if min(q.dim(), k.dim(), v.dim()) < 3:
-        raise ValueError(f"enable_gqa needs a head axis (..., H, n, d); got {shapes}")
-    h, h_kv = q.shape[-3], k.shape[-3]
-    if v.shape[-3] != h_kv or h_kv == 0 or h % h_kv:
-        raise ValueError(
-            f"enable_gqa needs k and v with H_kv heads where H_kv divides the H query heads; "
-            f"got {shapes}"
-        )
-    return h_kv, h // h_kv
-
-
-# --- masks on the tensors' device ---------------------------------------------------------
-def _split_axis(x: torch.Tensor, axis: int, h_kv: int, group: int) -> torch.Tensor:
-    """Axis of size H becomes (H_kv, g); a broadcast axis of size 1 becomes (1, 1)."""
-    if x.shape[axis] == 1:
-        return x.unsqueeze(axis)
-    return x.unflatten(axis, (h_kv, group))
-
-
-def _split_heads(mask: Mask | None, h_kv: int, group: int) -> Mask | None:
-    """The same mask over the grouped batch shape (..., H_kv, g) instead of (..., H)."""
-    if isinstance(mask, Dense) and mask.allowed.dim() >= 3:
-        return Dense(_split_axis(mask.allowed, -3, h_kv, group))
-    if isinstance(mask, KeyPadding):
-        # lengths align with the leading batch dims; only the last of those is the head axis
-        lengths = mask.lengths
-        return mask if lengths.dim() < 2 else KeyPadding(_split_axis(lengths, -1, h_kv, group))
-    if isinstance(mask, (And, Or)):
-        return type(mask)(tuple(_split_heads(part, h_kv, group) for part in mask.parts))
-    return mask
 
 
 # --- the Triton dispatch ------------------------------------------------------------------
@@ -298,55 +238,16 @@ def _triton_available() -> bool:
     return True
 
 
-def kernel_args(mask: Mask | None, batch: tuple[int, ...]) -> KernelArgs | None:
-    """The Triton kernels' arguments for ``mask``, or None when they cannot express it.
-
-    Expressible: no mask, one :class:`SlidingWindow` (causal is ``right = 0`` with no left
-    bound), one :class:`KeyPadding` whose lengths do not vary across heads, and the
-    conjunction of one of each. ``batch`` is ``(B, H)``.
-    """
-    parts = [] if mask is None else list(_conjuncts(mask))
-    if any(p is None for p in parts):
-        return None
-    windows = [p for p in parts if isinstance(p, SlidingWindow)]
-    paddings = [p for p in parts if isinstance(p, KeyPadding)]
-    if len(windows) > 1 or len(paddings) > 1 or len(windows) + len(paddings) != len(parts):
-        return None
-    args: dict[str, Any] = {}
-    if windows:
-        w = windows[0]
-        if w.left is None and w.right == 0:
-            args["causal"] = w.alignment
-        else:
-            args["window"], args["alignment"] = (w.left, w.right), w.alignment
-    if paddings:
-        lengths = torch.as_tensor(paddings[0].lengths)
-        shape = tuple(lengths.shape) + (1,) * (len(batch) - lengths.dim())
-        if len(shape) == len(batch) and shape[-1] != 1:
-            return None  # lengths that differ per head
-        args["kv_lengths"] = lengths.reshape(shape).expand(*batch[:-1], 1)[..., 0].reshape(-1)
-    return KernelArgs(**args)
-
-
-def _conjuncts(mask: Mask) -> Any:
-    if isinstance(mask, And):
-        for part in mask.parts:
-            yield from _conjuncts(part)
-    elif isinstance(mask, (SlidingWindow, KeyPadding)):
-        yield mask
-    else:
-        yield None
-
-
 def _kernel_plan(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     mask: Mask | None,
+    geometry: Geometry,
     dropout: Dropout | None,
     impl: str,
     enable_gqa: bool,
-) -> KernelArgs | None:
+) -> Band | None:
     """Kernel arguments when this call runs the Triton kernels, else None."""
     if impl == "generic" or (impl == "auto" and q.device.type != "cuda"):
         return None
@@ -365,13 +266,13 @@ def _kernel_plan(
         reasons.append("broadcast batch or head dims")
     if max(q.shape[-1], v.shape[-1]) > 256:
         reasons.append("head dims above 256")
-    args = None if reasons or q.dim() != 4 else kernel_args(mask, tuple(q.shape[:2]))
-    if args is None and not reasons:
-        reasons.append(f"the mask {type(mask).__name__}")
+    band = None
+    if not reasons:
+        band = Band() if mask is None else mask.lower(geometry)
+        if band is None:
+            reasons.append(f"the mask {type(mask).__name__}")
     if not reasons and not _triton_available():
         reasons.append("triton is not importable")
     if reasons and impl == "triton":
         raise ValueError(f"impl='triton' cannot run this call: {', '.join(reasons)}")
-    if args is not None and args.kv_lengths is not None:
-        args = KernelArgs(args.causal, args.window, args.alignment, args.kv_lengths.to(q.device))
-    return None if reasons else args
+    return None if reasons else band
