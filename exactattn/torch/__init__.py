@@ -19,6 +19,11 @@ cannot cross an operator schema. Both run the same two passes (:mod:`.passes`): 
 (:mod:`.dispatch`).
 """
 
+from ..optional import needs
+
+with needs("exactattn.torch"):  # the package's modules import torch freely after this
+    import torch  # noqa: F401
+
 from .api import attention
 from .mode import ExactSDPA, exact_sdpa
 from .passes import DEFAULT_BLOCK_SIZE

@@ -239,7 +239,7 @@ def _torch_row_block(dtype: str):
 
         from exactattn.backends.torch_backend import TorchContext
         from exactattn.masks import Geometry
-        from exactattn.torch import row_block_size
+        from exactattn.torch.passes import row_block_size
 
         batch = (case.heads,) if case.heads > 1 else ()
         geometry = Geometry(case.n_q, case.n_k, batch)

@@ -7,6 +7,7 @@ import pytest
 
 import exactattn
 from exactattn.bounds import HALF_FUNCS, Arith, number_format
+from tests.optional import requires
 
 
 def test_formats_by_name_dtype_and_bits():
@@ -15,7 +16,7 @@ def test_formats_by_name_dtype_and_bits():
     assert number_format(np.float32).u == 2.0**-24
     assert number_format("e4m3").mu == 2.0**-10
     assert number_format("p9").u == 2.0**-9 and number_format("p9").mu == 0.0
-    torch = pytest.importorskip("torch")
+    torch = requires("torch")
     assert number_format(torch.bfloat16) == number_format("bfloat16")
     with pytest.raises(ValueError, match="unknown number format 'fp12'"):
         number_format("fp12")
@@ -66,7 +67,7 @@ def test_numpy_half_products_and_row_sums_accumulate_in_float32():
 
 
 def test_torch_half_products_and_row_sums_accumulate_in_float32_on_the_cpu():
-    torch = pytest.importorskip("torch")
+    torch = requires("torch")
     from exactattn.backends.torch_backend import TorchContext
 
     for dtype, big, want in ((torch.float16, 2048, 2112.0), (torch.bfloat16, 256, 320.0)):
@@ -94,7 +95,7 @@ def test_half_elementary_functions_err_by_at_most_half_funcs_units_on_every_inpu
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         got = fn(x)
     assert _worst_relative(x, got, fn, 2.0**-14, 65504.0) <= HALF_FUNCS * 2.0**-11
-    torch = pytest.importorskip("torch")
+    torch = requires("torch")
     types = ((torch.float16, 2.0**-11, 2.0**-14), (torch.bfloat16, 2.0**-8, 2.0**-126))
     for dtype, u, tiny in types:
         xt = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype)

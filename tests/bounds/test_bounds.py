@@ -10,6 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import exactattn.bounds as B
+from tests.optional import requires
 
 from .runs import TARGETS, Case, measure
 
@@ -51,7 +52,7 @@ def test_numpy_runs_stay_within_the_bound(case, target):
 
 @given(cases(), st.sampled_from(TORCH))
 def test_torch_runs_stay_within_the_bound(case, target):
-    pytest.importorskip("torch")
+    requires("torch")
     assume(TARGETS[target].supports(case))
     _holds(target, case)
 
@@ -64,7 +65,7 @@ def test_mpmath_emulations_stay_within_the_bound(case, target):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["np-fa2-fp16", "np-fp16", "naive-np-fp32", "torch-path-bf16"])
 def test_runs_at_n_256_stay_within_the_bound(target):
-    pytest.importorskip("torch")
+    requires("torch")
     for case in (
         Case(256, 256, 64, 64, mask="causal", block=64, seed=1),
         Case(256, 200, 64, 32, dist="outliers", mask="window", block=100, seed=2),

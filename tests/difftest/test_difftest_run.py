@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from exactattn.difftest import cli
+from exactattn.commands import difftest as cli
 from exactattn.difftest.cases import Case, Spec, build_case
 from exactattn.difftest.check import check_case
 from exactattn.difftest.runner import run, save_failures, search

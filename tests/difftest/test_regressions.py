@@ -54,10 +54,10 @@ def test_replay(path: Path):
     data = json.loads(path.read_text())
     expect = data["expect"]
     names = [expect["target"], *expect.get("also", [])]
-    targets, _ = discover(names)
+    targets, missing = discover(names)
     targets = [t for t in targets if t.name in names]
     if not targets:
-        pytest.skip(f"none of {names} is available here")
+        pytest.skip(f"none of {names} is available here ({missing or 'not discovered'})")
     case = Case.from_json(path.read_text())
     for t in targets:
         t.rate = 1  # a replay always runs

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import time
 
-import flint
 import mpmath
 import numpy as np
 import pytest
-from flint import arb
 
 import exactattn
 from exactattn import masks
 from exactattn.backends import backend_of, resolve_backend
+from tests.optional import requires
+
+flint = requires("flint")
+
+from flint import arb
+
 from exactattn.backends.flint_backend import FlintContext
 
 BALL_PREC = 100

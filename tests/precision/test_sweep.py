@@ -5,12 +5,15 @@ from __future__ import annotations
 import csv
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from exactattn.precision import cli
 from exactattn.precision.grid import KNOBS, expand, key_of
 from exactattn.precision.presets import PRESETS
+from tests.optional import requires
+
+pd, *_ = requires("pandas", "flint", "matplotlib", "rich")
+
 from exactattn.precision.runner import COLUMNS, run_sweep
 
 TIMING = ["seconds", "ref_seconds"]
@@ -69,7 +72,7 @@ def test_reruns_are_deterministic_with_two_workers(tiny_run, tmp_path):
 
 
 def test_dask_cluster_gives_the_local_results(tiny_run, tmp_path):
-    distributed = pytest.importorskip("dask.distributed")
+    distributed = requires("dask.distributed")
     with distributed.LocalCluster(
         n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
     ) as cluster:

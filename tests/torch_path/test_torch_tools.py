@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+from tests.optional import requires
 
-from exactattn import bench_torch  # noqa: E402
+requires("torch")
+
+from exactattn.commands import bench_torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,6 +41,7 @@ def test_peak_memory_sees_the_output():
 
 
 def test_gpu_check_dry_run(tmp_path):
+    requires("triton", "flint")  # the Triton interpreter; the certified row
     env = dict(os.environ, EXACTATTN_GPU_RESULTS=str(tmp_path), PYTHONPATH=str(ROOT))
     done = subprocess.run(
         [sys.executable, str(ROOT / "gpu" / "check.py"), "--dry-run"],
