@@ -167,12 +167,19 @@ def softmax_delta(ctx: ArrayContext, g: Array, y: Array) -> Array:
 
 def tile_probabilities(ctx: ArrayContext, s: Array, m: Array, l: Array) -> Array:
     """``p_ij = e^{s_ij − m_i} / ℓ_i`` from the frozen forward statistics (0 off ``A_i``)."""
-    return ctx.exp_shifted(s, safe_shift(ctx, m)) / _nonzero_l(ctx, m, l)[..., None]
+    p = ctx.exp_shifted(s, safe_shift(ctx, m))
+    p /= _nonzero_l(ctx, m, l)[..., None]  # in place: p is a fresh tile
+    return p
 
 
 def tile_gamma(ctx: ArrayContext, p: Array, dp: Array, delta: Array) -> Array:
-    """``γ_ij = p_ij (dP_ij − δ_i)`` with ``dP_ij = G_i·V_j`` (times ``ρ_ij`` with dropout)."""
-    return p * (dp - delta[..., None])
+    """``γ_ij = p_ij (dP_ij − δ_i)`` with ``dP_ij = G_i·V_j`` (times ``ρ_ij`` with dropout).
+
+    Computed in ``dp``'s storage: the caller hands over a fresh tile it no longer reads.
+    """
+    dp -= delta[..., None]
+    dp *= p
+    return dp
 
 
 def key_gradient(ctx: ArrayContext, gamma: Array, q: Array, scale: Any) -> Array:
