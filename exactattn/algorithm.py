@@ -29,7 +29,8 @@ step (``proofs/`` mutants) and watch the same code path fail.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,20 +50,21 @@ class Summary:
     z: Array
 
 
-@dataclass(frozen=True)
 class Tile:
-    """One (query rows × key block) tile: where it sits, and the allowed tile when PARTIAL."""
+    """One (query rows × key block) tile: where it sits, and the allowed tile when PARTIAL.
 
-    index: TileIndex
-    allowed: Any  # boolean (*batch, r, b) or None when every pair is allowed
+    ``index`` (the index arrays ``b, h, i, j``) is built on first use: only masks, score
+    modifications and dropout read it, and a tile without them is a few slices.
+    """
 
-    @property
-    def rows(self) -> slice:
-        return slice(self.index.rows.start, self.index.rows.stop)
+    def __init__(self, rows: range, cols: range, locate: Callable[[range, range], TileIndex]):
+        self.rows, self.cols = slice(rows.start, rows.stop), slice(cols.start, cols.stop)
+        self._ranges, self._locate = (rows, cols), locate
+        self.allowed: Any = None  # boolean (*batch, r, b); None when every pair is allowed
 
-    @property
-    def cols(self) -> slice:
-        return slice(self.index.cols.start, self.index.cols.stop)
+    @functools.cached_property
+    def index(self) -> TileIndex:
+        return self._locate(*self._ranges)
 
 
 # --- the pieces of one step ---------------------------------------------------------------
@@ -80,7 +82,13 @@ def tiles(
     keeps them whole. EMPTY tiles are skipped before any score is computed; FULL tiles
     skip the predicate; a PARTIAL tile whose predicate allows nothing is skipped as well.
     """
-    bh = geometry.batch_head(ctx)
+    bh: list[Any] = []  # the batch and head indices, made once if a tile needs them
+
+    def locate(rows: range, cols: range) -> TileIndex:
+        if not bh:
+            bh.append(geometry.batch_head(ctx))
+        return tile_index(ctx, geometry, rows, cols, bh[0])
+
     for start in range(0, geometry.n_k, block_size):
         cols = range(start, min(start + block_size, geometry.n_k))
         span = range(geometry.n_q) if mask is None else mask.row_span(cols, geometry)
@@ -90,13 +98,12 @@ def tiles(
             kind = TileKind.FULL if mask is None else mask.classify(rows, cols, geometry)
             if kind is TileKind.EMPTY:
                 continue
-            index = tile_index(ctx, geometry, rows, cols, bh)
-            allowed = None
+            tile = Tile(rows, cols, locate)
             if kind is TileKind.PARTIAL:
-                allowed = mask.allowed(index, geometry)
-                if not ctx.any(allowed):
+                tile.allowed = mask.allowed(tile.index, geometry)
+                if not ctx.any(tile.allowed):
                     continue
-            yield Tile(index, allowed)
+            yield tile
 
 
 def tile_scores(
@@ -240,7 +247,7 @@ def forward(
     (with GQA, the ``H`` query heads in order).
     """
     geometry = geometry_of(q, k, v, enable_gqa)
-    q, k, v = grouped(geometry, ctx.compute(q), k, v)
+    q, k, v = grouped(geometry, ctx.compute(q), ctx.compute(k), ctx.compute(v))
     rows_shape = (*geometry.tile_batch, geometry.n_q)
     state = Summary(  # ⊥ for every row
         ctx.full(rows_shape, ctx.neg_inf),
@@ -251,15 +258,13 @@ def forward(
     for tile in tiles(ctx, mask, geometry, block_size, row_block):
         rows, cols = tile.rows, tile.cols
         mod = None if score_mod is None else score_mod.at(ctx, tile.index, geometry)
-        s = tile_scores(
-            ctx, q[..., rows, :], ctx.compute(k[..., cols, :]), scale, tile.allowed, mod
-        )
+        s = tile_scores(ctx, q[..., rows, :], k[..., cols, :], scale, tile.allowed, mod)
         rho = (
             None
             if dropout is None
             else dropout.factors(ctx, flat_index, tile.index.i, tile.index.j)
         )
-        block = block_summary(ctx, s, ctx.compute(v[..., cols, :]), rho)
+        block = block_summary(ctx, s, v[..., cols, :], rho)
         old = Summary(state.m[..., rows], state.l[..., rows], state.z[..., rows, :])
         new = merge(ctx, old, block)
         state.m[..., rows], state.l[..., rows], state.z[..., rows, :] = new.m, new.l, new.z
@@ -311,7 +316,7 @@ def backward(
     """
     geometry = geometry_of(q, k, v, enable_gqa)
     q_shape, k_shape, v_shape = tuple(q.shape), tuple(k.shape), tuple(v.shape)
-    q, k, v = grouped(geometry, ctx.compute(q), k, v)
+    q, k, v = grouped(geometry, ctx.compute(q), ctx.compute(k), ctx.compute(v))
     g, y, m, l = (_tile_layout(geometry, x) for x in (ctx.compute(g), ctx.compute(y), m, l))
     delta = softmax_delta(ctx, g, y)
     dq = ctx.zeros((*geometry.tile_batch, geometry.n_q, q.shape[-1]))
@@ -322,7 +327,7 @@ def backward(
     for tile in tiles(ctx, mask, geometry, block_size, row_block):
         rows, cols = tile.rows, tile.cols
         q_t, g_t = q[..., rows, :], g[..., rows, :]
-        k_b, v_b = ctx.compute(k[..., cols, :]), ctx.compute(v[..., cols, :])
+        k_b, v_b = k[..., cols, :], v[..., cols, :]
         mod = None if score_mod is None else score_mod.at(ctx, tile.index, geometry)
         s = tile_scores(ctx, q_t, k_b, scale, tile.allowed, mod)
         p = tile_probabilities(ctx, s, m[..., rows], l[..., rows])
