@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ from .dispatch import Kernel
 # Key-block size b of the generic path: the fastest on the CPU benchmark
 # (`exactattn bench-torch`, README); any b >= 1 gives the same exact result.
 DEFAULT_BLOCK_SIZE = 512
+BAND_BLOCK_SIZE = 128  # the smallest default b under a window mask (see key_block_size)
 # Elements of one (*batch, rows, b) score tile: the generic path runs the algorithm over
 # blocks of query rows sized to this (a cache-sized tile on the CPU; large on CUDA, where
 # bigger launches pay). Small problems take b above the default while the tile fits, so a
@@ -42,12 +44,11 @@ TILE_ELEMENTS = {"cpu": 1 << 19, "cuda": 1 << 26}
 MIN_ROW_BLOCK = 16
 # A call with at least PIECE_WORK score elements (n_q·n_k summed over the heads) whose
 # heads are independent runs as pieces of whole heads (:func:`pieces`), with tiles of
-# PIECE_TILE elements and at least PIECE_ROWS query rows per head: on one thread a 1 MiB
-# float32 tile stays in a core's L2 cache; on several, each worker runs torch ops one
-# thread at a time and every op hands the interpreter lock over once, so fewer, larger
-# tiles pay (measured on the benchmark machine, `exactattn bench-torch`).
+# PIECE_TILE elements and PIECE_ROWS query rows per head where that fits: a 1 MiB float32
+# tile stays in a core's L2 cache, and 256 rows keep the GEMMs efficient (measured on the
+# benchmark machine, `exactattn bench-torch`).
 PIECE_WORK = 1 << 21
-PIECE_TILE = {1: 1 << 18, "threads": 1 << 20}
+PIECE_TILE = 1 << 18
 PIECE_ROWS = 256
 
 
@@ -94,14 +95,26 @@ def context(dtype: torch.dtype, device: torch.device) -> TorchContext:
     return ctx
 
 
-def key_block_size(geometry: Geometry, block_size: int | None, device: torch.device) -> int:
-    """``b``: the caller's, else :data:`DEFAULT_BLOCK_SIZE`, raised up to ``n_k`` while a
-    ``(*batch, n_q, b)`` tile stays within the device's :data:`TILE_ELEMENTS`."""
+def key_block_size(
+    geometry: Geometry, block_size: int | None, device: torch.device, mask: Mask | None = None
+) -> int:
+    """``b``: the caller's, else :data:`DEFAULT_BLOCK_SIZE` (under a window mask
+    ``n_k / 16`` within [:data:`BAND_BLOCK_SIZE`, the default]), raised up to ``n_k``
+    while a ``(*batch, n_q, b)`` tile stays within the device's :data:`TILE_ELEMENTS`.
+
+    A window (causal) makes the tiles its edge crosses PARTIAL: about ``n_k·b`` scores per
+    head are computed and then masked, against ``n_q·n_k/2`` allowed, so a window takes a
+    smaller ``b``.
+    """
     if block_size is not None:
         return block_size
+    default = DEFAULT_BLOCK_SIZE
+    band = None if mask is None else mask.lower(geometry)
+    if band is not None and band.has_window:
+        default = min(DEFAULT_BLOCK_SIZE, max(BAND_BLOCK_SIZE, geometry.n_k // 16))
     budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS["cuda"])
     rows = max(1, math.prod(geometry.batch)) * max(1, geometry.n_q)
-    return max(DEFAULT_BLOCK_SIZE, min(geometry.n_k, budget // rows))
+    return max(default, min(geometry.n_k, budget // rows))
 
 
 def row_block_size(ctx: TorchContext, geometry: Geometry, block_size: int) -> int:
@@ -176,9 +189,8 @@ def pieces(
     if work < PIECE_WORK or not splittable(plan, q, k, v):
         return [WHOLE]
     g, last = geometry.group, units[-1]
-    budget = PIECE_TILE[1] if threads == 1 else PIECE_TILE["threads"]
     rows = g * min(geometry.n_q, PIECE_ROWS) * min(plan.block_size, geometry.n_k)
-    heads = max(1, min(budget // rows, last, math.prod(units) // threads))
+    heads = max(1, min(PIECE_TILE // rows, last, math.prod(units) // threads))
     out = []
     for outer in itertools.product(*(range(n) for n in units[:-1])):
         lead = tuple(slice(i, i + 1) for i in outer)
@@ -188,13 +200,12 @@ def pieces(
     return out
 
 
-def _piece_keywords(plan: Plan, threads: int, q, k, v) -> dict[str, Any]:
+def _piece_keywords(plan: Plan, q, k, v) -> dict[str, Any]:
     """The algorithm's keywords for one piece: its rows per tile fill :data:`PIECE_TILE`."""
     geometry = algorithm.geometry_of(q, k, v, plan.geometry.group != 1)
-    budget = PIECE_TILE[1] if threads == 1 else PIECE_TILE["threads"]
     per_row = math.prod(geometry.batch) * min(plan.block_size, geometry.n_k)
     keywords = _generic_keywords(plan, geometry)
-    keywords["row_block"] = max(MIN_ROW_BLOCK, budget // per_row)
+    keywords["row_block"] = max(MIN_ROW_BLOCK, PIECE_TILE // per_row)
     return keywords
 
 
@@ -204,7 +215,10 @@ _POOL_LOCK = threading.Lock()
 
 
 def _serial_worker(barrier: threading.Barrier) -> None:
-    torch.set_num_threads(1)  # this thread only (OpenMP and MKL settings are per thread)
+    # A thread takes the process default (torch.set_num_threads) at its first parallel op:
+    # take it now, then set this thread alone to one (OpenMP and MKL keep it per thread).
+    torch.get_num_threads()
+    torch.set_num_threads(1)
     barrier.wait()
 
 
@@ -221,6 +235,14 @@ def _workers(threads: int) -> ThreadPoolExecutor:
             torch.set_num_threads(threads)  # the workers' call set the default for new threads
             _POOL = (threads, pool)
         return _POOL[1]
+
+
+def _forget_workers() -> None:
+    global _POOL
+    _POOL = None  # a forked child has none of its parent's threads
+
+
+os.register_at_fork(after_in_child=_forget_workers)
 
 
 def run_pieces(work: Callable[[Piece], None], parts: list[Piece], threads: int) -> None:
@@ -266,9 +288,7 @@ def _generic_forward(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     def work(part: Piece) -> None:
         qp, kp, vp = q[part.q], k[part.kv], v[part.kv]
-        y_p, state = algorithm.forward(
-            ctx, qp, kp, vp, **_piece_keywords(plan, threads, qp, kp, vp)
-        )
+        y_p, state = algorithm.forward(ctx, qp, kp, vp, **_piece_keywords(plan, qp, kp, vp))
         y[part.q] = y_p
         lse[part.q] = algorithm.log_sum_exp(ctx, state.m, state.l)
 
@@ -328,7 +348,7 @@ def _generic_backward(plan: Plan, q, k, v, y, lse, g, mod_grads: dict[str, torch
     def work(part: Piece) -> None:
         qp, kp, vp, lse_p = q[part.q], k[part.kv], v[part.kv], lse[part.q]
         one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse_p.shape)
-        keywords = _piece_keywords(plan, threads, qp, kp, vp)
+        keywords = _piece_keywords(plan, qp, kp, vp)
         grads = algorithm.backward(ctx, qp, kp, vp, y[part.q], lse_p, one, g[part.q], **keywords)
         dq[part.q], dk[part.kv], dv[part.kv] = grads
 
