@@ -74,13 +74,18 @@ def tiles(
     geometry: Geometry,
     block_size: int,
     row_block: int | None = None,
+    edge_first: bool = False,
 ) -> Iterator[Tile]:
     """Key blocks ``J_t`` in order, each with the query rows it can reach.
 
     ``row_block`` splits those rows into runs of at most that many, one tile each (keeps a
     tile cache-sized; rows are independent, so no row's arithmetic changes); ``None``
-    keeps them whole. EMPTY tiles are skipped before any score is computed; FULL tiles
-    skip the predicate; a PARTIAL tile whose predicate allows nothing is skipped as well.
+    keeps them whole. ``edge_first`` (with a mask and a ``row_block``) makes the first run
+    at most ``b`` rows: a causal edge crosses the first ``b`` rows of ``J_t``'s span, so
+    its PARTIAL tile is not padded with FULL rows (the forward's choice: the reverse's
+    row runs also count its dK, dV additions). EMPTY tiles are skipped before any score is
+    computed; FULL tiles skip the predicate; a PARTIAL tile whose predicate allows
+    nothing is skipped as well.
     """
     bh: list[Any] = []  # the batch and head indices, made once if a tile needs them
 
@@ -93,8 +98,12 @@ def tiles(
         cols = range(start, min(start + block_size, geometry.n_k))
         span = range(geometry.n_q) if mask is None else mask.row_span(cols, geometry)
         step = max(1, len(span) if row_block is None else row_block)
-        for first in range(span.start, span.stop, step):
-            rows = range(first, min(first + step, span.stop))
+        edge = edge_first and mask is not None and row_block is not None
+        first = span.start
+        while first < span.stop:
+            size = min(step, block_size) if edge and first == span.start else step
+            rows = range(first, min(first + size, span.stop))
+            first = rows.stop
             kind = TileKind.FULL if mask is None else mask.classify(rows, cols, geometry)
             if kind is TileKind.EMPTY:
                 continue
@@ -255,7 +264,7 @@ def forward(
         ctx.zeros((*rows_shape, v.shape[-1])),
     )
     flat_index = geometry.flat_index(ctx) if dropout is not None else None
-    for tile in tiles(ctx, mask, geometry, block_size, row_block):
+    for tile in tiles(ctx, mask, geometry, block_size, row_block, edge_first=True):
         rows, cols = tile.rows, tile.cols
         mod = None if score_mod is None else score_mod.at(ctx, tile.index, geometry)
         s = tile_scores(ctx, q[..., rows, :], k[..., cols, :], scale, tile.allowed, mod)

@@ -50,6 +50,9 @@ MIN_ROW_BLOCK = 16
 PIECE_WORK = 1 << 21
 PIECE_TILE = 1 << 18
 PIECE_ROWS = 256
+# At least this many pieces (where there are as many heads): a piece's running state and
+# its Y are then at most an eighth of the output each, which bounds the extra memory.
+MIN_PIECES = 8
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ def pieces(
 
     A piece holds ``c`` consecutive heads of the last leading dim: as many as one tile of
     :data:`PIECE_TILE` elements holds with :data:`PIECE_ROWS` rows each, and no more than
-    leaves one piece per thread.
+    leaves :data:`MIN_PIECES` pieces and one piece per thread.
     """
     geometry, units = plan.geometry, tuple(k.shape[:-2])
     work = math.prod(geometry.batch) * geometry.n_q * geometry.n_k
@@ -190,7 +193,8 @@ def pieces(
         return [WHOLE]
     g, last = geometry.group, units[-1]
     rows = g * min(geometry.n_q, PIECE_ROWS) * min(plan.block_size, geometry.n_k)
-    heads = max(1, min(PIECE_TILE // rows, last, math.prod(units) // threads))
+    most = math.prod(units) // max(threads, MIN_PIECES)
+    heads = max(1, min(PIECE_TILE // rows, last, most))
     out = []
     for outer in itertools.product(*(range(n) for n in units[:-1])):
         lead = tuple(slice(i, i + 1) for i in outer)
