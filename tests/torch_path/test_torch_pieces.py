@@ -266,3 +266,25 @@ def _value_and_grads(fn, q, k, v, g):
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
     y = fn(*leaves)
     return (y.detach(), *torch.autograd.grad(y, leaves, g))
+
+
+def test_pieces_on_workers_under_torch_func(tiny_pieces, threads):
+    """The op's pieces run on worker threads inside torch.func.grad and vmap alike."""
+    q, k, v = qkv((2, 4, 9, 8), (2, 4, 9, 8), seed=6)
+    sdpa = lambda q, k, v: et.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    want = _value_and_grads(lambda *a: naive(*a, causal="top-left"), q, k, v, torch.ones_like(q))
+    dq = torch.func.grad(lambda q: sdpa(q, k, v).sum())(q)
+    assert_close(dq, want[1], atol=1e-12, what="dq")
+    assert_close(torch.func.vmap(sdpa)(q, k, v), want[0], atol=1e-12, what="y")
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_pieces_on_workers_under_torch_compile(tiny_pieces, threads):
+    """fullgraph=True: the op is opaque to dynamo, its pieces run on the workers at run time."""
+    q, k, v = qkv((2, 4, 9, 8), (2, 4, 9, 8), seed=7)
+    sdpa = lambda q, k, v: et.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    g = randn(2, 4, 9, 8, seed=8)
+    got = _value_and_grads(torch.compile(sdpa, fullgraph=True), q, k, v, g)
+    want = _value_and_grads(lambda *a: naive(*a, causal="top-left"), q, k, v, g)
+    for what, a, b in zip(("y", "dq", "dk", "dv"), got, want):
+        assert_close(a, b, atol=1e-12, what=what)
