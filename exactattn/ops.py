@@ -263,7 +263,7 @@ def _decided(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     out = op(a, b)
     if type(out).__module__.startswith("sympy") and out in (True, False):
         return bool(out)
-    if out is False and "flint" in (type(a).__module__, type(b).__module__):
+    if out is False and any(type(x).__module__.startswith("flint") for x in (a, b)):
         negated = {operator.lt: operator.ge, operator.le: operator.gt,
                    operator.gt: operator.le, operator.ge: operator.lt}[op]  # fmt: skip
         if negated(a, b) is False:
@@ -276,7 +276,9 @@ def _decided(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
 
 def _compare(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     """``op`` elementwise: a boolean array, or an object array of sympy relations."""
-    if _torch_tensor(a) or (np.asarray(a).dtype != object and np.asarray(b).dtype != object):
+    if _torch_tensor(a) or _torch_tensor(b):
+        return op(a, b)
+    if np.asarray(a).dtype != object and np.asarray(b).dtype != object:
         return op(a, b)
     out = np.frompyfunc(functools.partial(_decided, op), 2, 1)(a, b)
     out = np.asarray(out, dtype=object)
