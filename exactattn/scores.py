@@ -282,14 +282,15 @@ class _ScoreFnTile(TileMod):
                 "(it dispatches on the score's type) or run on torch tensors"
             ) from None
 
-    def _checked(self, out: Any, shape: tuple[int, ...]) -> Any:
-        """The mod's result as a ``shape`` tile of the context's compute type (or a Dual)."""
+    def _checked(self, out: Any, like: Any) -> Any:
+        """The mod's result on the tile ``like``: checked, as a tensor on torch, else a Dual."""
+        shape = tuple(like.shape)
         if not isinstance(out, Dual) and "bool" in str(getattr(out, "dtype", type(out))):
             raise TypeError(
                 f"score_mod {mod_name(self.mod.fn)} returned booleans; a score_mod returns "
                 "scores (a mask goes in mask= / block_mask=)"
             )
-        got = tuple(np.shape(out) if not hasattr(out, "shape") else out.shape)
+        got = tuple(out.shape) if hasattr(out, "shape") else np.shape(out)
         try:
             ok = np.broadcast_shapes(got, shape) == shape
         except ValueError:
@@ -300,14 +301,14 @@ class _ScoreFnTile(TileMod):
                 f"shape {shape} (tile {describe_tile(self.index)}); a score_mod maps each "
                 "score to one score and must keep the shape"
             )
-        if isinstance(out, Dual) or _torch_tensor(out):
-            return out
-        return Dual(self.ctx, ops.constant(self.ctx, out))
+        if _torch_tensor(like):
+            return sys.modules["torch"].as_tensor(out, device=like.device)
+        return out if isinstance(out, Dual) else Dual(self.ctx, ops.constant(self.ctx, out))
 
     def _evaluate(self, s: Any, tangent: Any = None) -> Any:
         """The mod on the tile ``s``: a torch tensor, or a :class:`Dual` (tangent ``tangent``)."""
         score = s if _torch_tensor(s) else Dual(self.ctx, s, tangent)
-        return self._checked(self._call(score), tuple(s.shape))
+        return self._checked(self._call(score), s)
 
     def apply(self, s: Any) -> Any:
         self.s = s
