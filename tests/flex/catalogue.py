@@ -43,13 +43,17 @@ class Program:
         return self.softcap is None
 
 
-def programs(batch: int, heads: int, n: int, seed: int = 0) -> dict[str, Program]:
-    """The catalogue for inputs ``(batch, heads, n, ·)`` (constants drawn from ``seed``)."""
+def programs(
+    batch: int, heads: int, n: int, seed: int = 0, dtype: torch.dtype = torch.float64
+) -> dict[str, Program]:
+    """The catalogue for inputs ``(batch, heads, n, ·)``: constants drawn from ``seed``,
+    real tensors the score_mods read (ALiBi slopes, the position table) of ``dtype``."""
     rng = np.random.default_rng(seed)
     doc_np = np.sort(rng.integers(0, 3, (batch, n)), axis=-1)
     prefix_np = rng.integers(0, n, batch)
-    slopes_np = 2.0 ** (-8.0 * (np.arange(heads) + 1) / heads)
-    table = torch.from_numpy(rng.standard_normal((heads, 2 * n - 1)))
+    real = torch.empty((), dtype=dtype).numpy().dtype  # dtype's NumPy twin
+    slopes_np = (2.0 ** (-8.0 * (np.arange(heads) + 1) / heads)).astype(real)
+    table = torch.from_numpy(rng.standard_normal((heads, 2 * n - 1)).astype(real))
     doc, prefix, slopes = (torch.from_numpy(x) for x in (doc_np, prefix_np, slopes_np))
     b, h, i, j = spec.grid(batch, heads, n, n)
     full = np.ones((batch, heads, n, n), dtype=bool)
