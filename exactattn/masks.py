@@ -14,6 +14,13 @@ attention the algorithm runs the heads as ``(H_kv, g)`` (:attr:`Geometry.group` 
 ``h = h_kv·g + g_i`` is still the logical head, and masks holding arrays over the logical
 batch split their head axis with :meth:`Geometry.split_heads`.
 
+FlexAttention's mods (:class:`MaskMod`, also what its ``and_masks``/``or_masks`` return)
+are called with torch int64 index tensors on every backend (:func:`call_mod`), so a mod
+that indexes torch tensors (``doc[b, q_idx] == doc[b, kv_idx]``) runs on NumPy, mpmath,
+flint and sympy too; its boolean tile is converted to the backend's arrays. A torch
+``BlockMask`` is a mask too (:class:`FlexBlockMask`): its mask_mod, with its block structure
+checked against that mask_mod before the structure classifies any tile.
+
 Structure, the way FlexAttention's block mask has it: :meth:`Mask.classify` tells whether a
 tile is EMPTY (skipped: its scores are never computed), FULL (the predicate is not
 evaluated) or PARTIAL, for every batch element and head at once; :meth:`Mask.row_span`
@@ -762,9 +769,12 @@ class FlexBlockMask(Mask):
     classes: np.ndarray  # int8 (B_bm, H_bm, query blocks, key blocks)
     block: tuple[int, int]
     seq_lengths: tuple[int, int]
+    device: Any  # the BlockMask's: its mask_mod's tensors live there
 
     def adopt(self, ctx: Any) -> FlexBlockMask:
-        return FlexBlockMask(self.mod.adopt(ctx), self.classes, self.block, self.seq_lengths)
+        return FlexBlockMask(
+            self.mod.adopt(ctx), self.classes, self.block, self.seq_lengths, self.device
+        )
 
     def allowed(self, index: TileIndex, geometry: Geometry) -> Any:
         return self.mod.allowed(index, geometry)
@@ -809,11 +819,15 @@ class FlexBlockMask(Mask):
         self._check_structure(geometry)
 
     def _check_structure(self, geometry: Geometry) -> None:
-        """The mask_mod on every query-block row, against the FULL and EMPTY claims."""
-        from .backends import NumpyContext
+        """The mask_mod on every query-block row, against the FULL and EMPTY claims.
 
-        ctx = NumpyContext()
-        mod = self.mod.adopt(ctx)
+        The index tensors are on the BlockMask's device; the tiles come back as NumPy.
+        """
+        from .backends import NumpyContext
+        from .backends.torch_backend import TorchContext
+
+        ctx = TorchContext(device=self.device)
+        mod = self.mod.adopt(NumpyContext())
         q, k = self.block
         n_blocks = self.classes.shape[-1]
         bh = geometry.batch_head(ctx)
@@ -894,7 +908,10 @@ def from_block_mask(block_mask: Any) -> FlexBlockMask | None:
             raise ValueError("block_mask lists some blocks both in kv_indices and full_kv_indices")
         classes = np.where(full, np.int8(BLOCK_FULL), classes)
     classes = classes.reshape((1,) * (4 - classes.ndim) + classes.shape)
-    return FlexBlockMask(from_mask_mod(block_mask.mask_mod), classes, (q, k), (q_len, kv_len))
+    device = block_mask.kv_num_blocks.device
+    return FlexBlockMask(
+        from_mask_mod(block_mask.mask_mod), classes, (q, k), (q_len, kv_len), device
+    )
 
 
 def _is_block_mask(mask: Any) -> bool:

@@ -15,6 +15,7 @@ torch = requires("torch")
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 import exactattn as ea
+import exactattn.torch as exactattn_torch
 from exactattn import masks
 from exactattn.masks import Geometry, TileKind
 from exactattn.torch import flex_attention
@@ -109,7 +110,9 @@ def _qkv(batch, heads, n_q, n_k, heads_kv=None, seed=0):
 
 
 def test_cross_attention_and_gqa_with_a_per_head_block_mask():
-    """n_q ≠ n_k, H = 4 query heads on 2 key/value heads, a mask that depends on the head."""
+    """n_q ≠ n_k, H = 4 query heads on 2 key/value heads, a mask that depends on the head;
+    the BlockMask is taken by flex_attention, exactattn.attention (NumPy, mpmath) and
+    exactattn.torch.attention alike."""
     q, k, v = _qkv(2, 4, 13, 20, heads_kv=2)
     bm = create_block_mask(per_head, 2, 4, 13, 20, device="cpu", BLOCK_SIZE=(4, 8))
     got = flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
@@ -118,6 +121,11 @@ def test_cross_attention_and_gqa_with_a_per_head_block_mask():
     torch.testing.assert_close(got, want, atol=1e-13, rtol=0)
     y = ea.attention(*(x.numpy() for x in (q, k, v)), mask=bm, enable_gqa=True, block_size=3)
     np.testing.assert_allclose(y, want.numpy(), atol=1e-13, rtol=0)
+    y = exactattn_torch.attention(q, k, v, mask=bm, enable_gqa=True, block_size=5)
+    torch.testing.assert_close(y, want, atol=1e-13, rtol=0)
+    y = ea.attention(*(x.numpy() for x in (q, k, v)), mask=bm, enable_gqa=True, block_size=8,
+                     backend=ea.MpmathContext(80))  # fmt: skip
+    np.testing.assert_allclose(np.asarray(y, dtype=float), want.numpy(), atol=1e-14, rtol=0)
 
 
 def test_a_coarser_but_true_structure_is_accepted():
