@@ -89,9 +89,6 @@ class Dual:
     def __neg__(self) -> Dual:
         return Dual(self.ctx, -self.value, None if self.tangent is None else -self.tangent)
 
-    def __pos__(self) -> Dual:
-        return self
-
     def __sub__(self, other: Any) -> Dual:
         return self + (-self.lift(other))
 

@@ -25,7 +25,7 @@ FORMULAS = [
      lambda x: sympy.log(1 + sympy.exp(x)) - HALF),
     ("sqrt-pow", lambda x: ops.sqrt(1 + x**2) * x, lambda x: sympy.sqrt(1 + x**2) * x),
     ("quotient", lambda x: (2 - x) / (1 + x * x), lambda x: (2 - x) / (1 + x * x)),
-    ("abs", lambda x: ops.abs(x - 1) + -x, lambda x: sympy.Abs(x - 1) - x),
+    ("abs", lambda x: ops.abs(x - 1) + abs(-x), lambda x: sympy.Abs(x - 1) + sympy.Abs(x)),
     ("where", lambda x: ops.where(x > 0.5, x * x, 1 - x),
      lambda x: sympy.Piecewise((x * x, x > HALF), (1 - x, True))),
     ("minimum", lambda x: ops.minimum(x, 0.25) * 4, lambda x: sympy.Min(x, QUARTER) * 4),
