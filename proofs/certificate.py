@@ -10,6 +10,7 @@ by the tests?); every obligation's verdict; the counterexamples and open items.
 from __future__ import annotations
 
 import platform
+import re
 import textwrap
 
 import numpy as np
@@ -40,12 +41,16 @@ mask method or dropout piece, substituted into the same code path; each must be 
 def _all_n(outcomes: list[Outcome]) -> dict[str, str]:
     """What holds for all n, per mask kind: the arithmetic (family 4) and the iterator."""
     general = [o for o in outcomes if o.obligation.family == "general"]
-    arithmetic = "arithmetic ✓" if general and all(o.ok for o in general) else "arithmetic ✗"
+    if not general:
+        arithmetic = "arithmetic not checked (family general)"
+    else:
+        arithmetic = "arithmetic ✓" if all(o.ok for o in general) else "arithmetic ✗"
     iterator = {}
     for o in outcomes:
         if o.obligation.family == "tiles" and o.status == PROVED:
-            bound = o.obligation.sizes.split(",")[0].replace("n_q, n_k", "n")
-            iterator["composite" if "∧" in o.obligation.name else "single"] = bound
+            bound = re.search(r"≤ (\d+)", o.obligation.sizes)
+            which = "composite" if "∧" in o.obligation.name else "single"
+            iterator[which] = f"n_q, n_k ≤ {bound.group(1)}" if bound else o.obligation.sizes
     out = {}
     for kind in coverage.MASK_KINDS:
         which = "composite" if kind in ("and", "or") else "single"

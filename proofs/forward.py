@@ -26,7 +26,8 @@ rows to max(6, N)):
 * batch broadcasting (q (2, 1, n, 1) against k, v (1, 2, n, 1)) and grouped-query heads
   (q (H_kv=2, g=2, n, 1) against k, v (2, 1, n, 1)), causal bottom-right, full inputs, n = 3,
   whole and with ``row_block = 2``;
-* dropout through the library's real ``Dropout`` at p = 1/4 (ρ_ij = r_ij/(1 − p) with the
+* dropout with free keep-factors ``ρ_ij`` (symbols, replayed per tile), n = 1..3, and
+  through the library's real ``Dropout`` at p = 1/4 (ρ_ij = r_ij/(1 − p) with the
   specified keep-bits), a batch of two, causal ∧ padding, n = 3, whole and split;
 * empty rows under ``empty_rows='zero'`` (window(left=1) with n_q = n_k + 2), n = 3.
 """
@@ -42,7 +43,15 @@ from .checks import Problem, check_forward
 from .coverage import Coverage
 from .engine import Obligation
 from .grid import BY_NAME, CASES, EMPTY_ROWS, MaskCase, score_problem
-from .inputs import C, every_block_size, every_mask_check, matrix, score_inputs, tensor
+from .inputs import (
+    C,
+    SymbolicDropout,
+    every_block_size,
+    every_mask_check,
+    matrix,
+    score_inputs,
+    tensor,
+)
 
 FAMILY = "forward"
 ROW_BLOCK_N = 4
@@ -175,6 +184,20 @@ def dropout(n: int = 3) -> Obligation:
     )
 
 
+def symbolic_dropout(n: int) -> Obligation:
+    pb = Problem(
+        matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 2), C,
+        symbolic_rho=SymbolicDropout.of_shape(n, n),
+    )  # fmt: skip
+    return Obligation(
+        FAMILY,
+        "dropout, symbolic replayed ρ_ij: Y = Σ e^s ρ V / Σ e^s",
+        f"n={n} d=v=2 b=1..{n + 1}",
+        every_block_size(n, lambda b: check_forward(pb, b)),
+        coverage=(Coverage("forward", n=n, dropout=True),),
+    )
+
+
 def empty_rows(n: int = 3) -> Obligation:
     case = EMPTY_ROWS
     pb = score_problem(case, n, empty_rows="zero")
@@ -198,5 +221,6 @@ def obligations(max_n: int = 4) -> list[Obligation]:
     for n in range(1, max(6, max_n) + 1):
         out += [structured(case, n) for case in CASES if n >= case.min_n]
     out += [split_rows(case) for case in CASES]
+    out += [symbolic_dropout(n) for n in (1, 2, 3)]
     out += [grouped(), broadcast(), dropout(), empty_rows()]
     return out

@@ -399,7 +399,8 @@ MUTANTS: list[Mutant] = [
     Mutant("value_gradient: dV = 0", "value_gradient", _a("value_gradient"), _times_zero,
            (GEN, REV)),
     Mutant("batch_index_of: every batch·head reads index 0", "batch_index_of (dropout)",
-           _a("batch_index_of"), _times_zero, ("forward/dropout",)),
+           (*_a("batch_index_of"), f"{MASKS}:Geometry.flat_index"), _times_zero,
+           ("forward/dropout",)),
     # the masks
     Mutant("SlidingWindow.tile: one key too far right", "SlidingWindow.tile",
            (f"{MASKS}:SlidingWindow.tile",), _one_key_wider, (TIL, FWD)),

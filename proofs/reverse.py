@@ -14,7 +14,7 @@ a time (``G`` zero except that row, symbolic there), which is equivalent. Leadin
 that broadcast (batch, grouped-query heads) make the library *sum* dQ, dK, dV over them:
 the derivative of the one loss does the same.
 
-Grid (default ``--max-n 4``): cross-attention (n_q = n_k = n, d = 2, v = 3, symbolic c)
+Grid (default ``--max-n 4``): cross-attention (n_q = n + 1, n_k = n, d = 2, v = 3, symbolic c)
 and self-attention ``dX = dQ + dK + dV = ∂L/∂X`` (Q = K = V = X, d = 2) for n = 1..max-n;
 every nonempty-row mask at n ≤ 2 and every mask case of :mod:`proofs.grid` up to
 max(4, max-n) on *full* inputs (symbolic Q, K, V and c, d = 2: dQ is checked under every
@@ -33,6 +33,7 @@ from exactattn import masks
 
 from . import spec
 from .checks import Problem, check_reverse
+from .context import ProofContext
 from .coverage import Coverage
 from .engine import Obligation, check_equal
 from .grid import BY_NAME, CASES, CAUSAL, EMPTY_ROWS, MaskCase, full_problem
@@ -51,33 +52,29 @@ ROW_BLOCK_N = 3
 
 
 def cross_attention(n: int) -> Obligation:
-    pb = Problem(matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 3), C)
+    pb = Problem(matrix("q", n + 1, 2), matrix("k", n, 2), matrix("v", n, 3), C)
     return Obligation(
         FAMILY,
         "dQ, dK, dV = ∂(Σ G∘Y)/∂(Q, K, V), symbolic c",
-        f"n={n} d=2 v=3 b=1..{n + 1}",
+        f"n_q={n + 1} n_k={n} d=2 v=3 b=1..{n + 1}",
         every_block_size(n, lambda b: check_reverse(pb, b)),
-        coverage=(Coverage("reverse", n=n),),
+        coverage=(Coverage("reverse", n=n, cross=True),),
     )
 
 
 def check_self(x: np.ndarray, c: object, b: int, cache: dict) -> None:
-    y, stats = exactattn.self_attention(x, scale=c, block_size=b, backend=_ctx(), return_stats=True)
+    y, stats = exactattn.self_attention(
+        x, scale=c, block_size=b, backend=ProofContext(), return_stats=True
+    )
     for row in range(x.shape[0]):
         g = upstream(x.shape, (row,))
         dx = exactattn.self_attention_backward(
-            x, y, stats, g, scale=c, block_size=b, backend=_ctx()
+            x, y, stats, g, scale=c, block_size=b, backend=ProofContext()
         )
         if row not in cache:
             loss = sum(g[row] * spec.naive_output(x, x, x, c)[row])
             cache[row] = spec.gradient(loss, x)
         check_equal(f"b={b} row {row}: dQ + dK + dV vs ∂L/∂X", dx, cache[row])
-
-
-def _ctx():
-    from .context import ProofContext
-
-    return ProofContext()
 
 
 def self_attention(n: int) -> Obligation:
@@ -204,7 +201,7 @@ def symbolic_dropout(n: int) -> Obligation:
     )  # fmt: skip
     return Obligation(
         FAMILY,
-        "dropout, symbolic replayed ρ_ij: Y and its exact gradient",
+        "dropout, symbolic replayed ρ_ij: exact gradient",
         f"n={n} d=v=2 b=1..{n + 1}",
         every_block_size(n, lambda b: check_reverse(pb, b)),
         coverage=(Coverage("reverse", n=n, dropout=True),),
