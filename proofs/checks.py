@@ -41,12 +41,21 @@ class Problem:
     seed: int | None = None
     symbolic_rho: SymbolicDropout | None = None
     empty_rows: str = "error"
+    enable_gqa: bool = False  # axis −3 of q holds H = g·H_kv heads; head h reads h // g
     _spec_grads: dict = field(default_factory=dict, repr=False)
 
     @property
     def batch(self) -> tuple[int, ...]:
-        shapes = (x.shape[:-2] for x in (self.q, self.k, self.v))
+        shapes = (x.shape[:-2] for x in self.spec_inputs)
         return tuple(np.broadcast_shapes(*shapes))
+
+    @property
+    def spec_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Q, K, V as the definition reads them: with GQA, key/value head ``h // g`` repeated."""
+        if not self.enable_gqa:
+            return self.inputs
+        group = self.q.shape[-3] // self.k.shape[-3]
+        return self.q, np.repeat(self.k, group, axis=-3), np.repeat(self.v, group, axis=-3)
 
     @property
     def n_q(self) -> int:
@@ -72,14 +81,14 @@ class Problem:
         c = self.c
         return spec.batched(
             lambda q, k, v, a, r: spec.naive_output(q, k, v, c, a, r),
-            self.batch, self.q, self.k, self.v, self.allowed_grid(), self.rho_grid(),
+            self.batch, *self.spec_inputs, self.allowed_grid(), self.rho_grid(),
         )  # fmt: skip
 
     def spec_exp_lse(self) -> np.ndarray:
         c = self.c
         return spec.batched(
             lambda q, k, a: spec.naive_exp_lse(q, k, c, a),
-            self.batch, self.q, self.k, self.allowed_grid(),
+            self.batch, *self.spec_inputs[:2], self.allowed_grid(),
         )  # fmt: skip
 
     def spec_gradients(self, row: tuple[int, ...], g: np.ndarray) -> list[np.ndarray | None]:
@@ -99,7 +108,7 @@ class Problem:
     def keywords(self, b: int) -> dict[str, Any]:
         return dict(
             scale=self.c, block_size=b, mask=self.mask, dropout_p=self.dropout_p,
-            seed=self.seed, empty_rows=self.empty_rows,
+            seed=self.seed, empty_rows=self.empty_rows, enable_gqa=self.enable_gqa,
         )  # fmt: skip
 
 
@@ -107,7 +116,7 @@ def _spec_row(pb: Problem, row: tuple[int, ...]) -> np.ndarray:
     """The specification's ``Y`` at one query row (index ``(*batch, i)``) alone."""
     *lead, i = row
     allowed, rho = pb.allowed_grid(), pb.rho_grid()
-    args = [spec.at_batch(x, tuple(lead), len(pb.batch)) for x in pb.inputs]
+    args = [spec.at_batch(x, tuple(lead), len(pb.batch)) for x in pb.spec_inputs]
     a = None if allowed is None else allowed[tuple(lead)][i : i + 1]
     r = None if rho is None else rho[tuple(lead)][i : i + 1]
     return spec.naive_output(args[0][i : i + 1], args[1], args[2], pb.c, a, r)[0]
@@ -148,7 +157,7 @@ def library_forward(pb: Problem, b: int, row_block: int | None = None) -> Run:
     mask = masks.as_mask(pb.mask)
     y, state = algorithm.forward(
         ctx, q, k, v, scale=ctx.scalar(pb.c), block_size=b, mask=mask,
-        dropout=_dropout(pb), row_block=row_block,
+        dropout=_dropout(pb), row_block=row_block, enable_gqa=pb.enable_gqa,
     )  # fmt: skip
     return Run(y, state.m, state.l, algorithm.log_sum_exp(ctx, state.m, state.l), None)
 
@@ -174,6 +183,7 @@ def library_backward(
     return algorithm.backward(
         ctx, q, k, v, run.y, m, l, ctx.asarray(g), scale=ctx.scalar(pb.c), block_size=b,
         mask=masks.as_mask(pb.mask), dropout=_dropout(pb), row_block=row_block,
+        enable_gqa=pb.enable_gqa,
     )  # fmt: skip
 
 

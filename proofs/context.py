@@ -31,10 +31,24 @@ import sympy
 import exactattn
 
 
+def _exp(x: sympy.Expr) -> sympy.Expr:
+    if x.is_Number:
+        return sympy.exp(x)
+    if isinstance(x, sympy.log):
+        return x.args[0]
+    return sympy.exp(x, evaluate=False)
+
+
+def _log(x: sympy.Expr) -> sympy.Expr:
+    return sympy.log(x) if x.is_Number else sympy.log(x, evaluate=False)
+
+
 class ProofContext(exactattn.SympyContext):
     """The sympy backend with an uninterpreted max and exact floats (module docstring)."""
 
     name = "sympy+free-max"
+    _exp = staticmethod(_exp)
+    _log = staticmethod(_log)
 
     def __init__(self) -> None:
         self._by_set: dict[frozenset, sympy.Dummy] = {}
@@ -67,24 +81,5 @@ class ProofContext(exactattn.SympyContext):
         """The finite values a max symbol stands for (``{m}`` for anything else)."""
         return self._members(m)
 
-    @property
-    def _max(self) -> np.ufunc:
-        return np.frompyfunc(self.free_max, 2, 1)
-
-    def exp(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(np.frompyfunc(_exp, 1, 1)(x), dtype=object)
-
-    def log(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(np.frompyfunc(_log, 1, 1)(x), dtype=object)
-
-
-def _exp(x: sympy.Expr) -> sympy.Expr:
-    if x.is_Number:
-        return sympy.exp(x)
-    if isinstance(x, sympy.log):
-        return x.args[0]
-    return sympy.exp(x, evaluate=False)
-
-
-def _log(x: sympy.Expr) -> sympy.Expr:
-    return sympy.log(x) if x.is_Number else sympy.log(x, evaluate=False)
+    def _max2(self, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+        return self.free_max(a, b)

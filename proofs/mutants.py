@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
-import numpy as np
 import sympy
 
 from . import engine, overflow
@@ -286,6 +285,15 @@ def _span_one_row_late(original: Callable) -> Callable:
     return broken
 
 
+def _span_by_shortest(original: Callable) -> Callable:
+    def broken(self, cols, geometry):
+        if int(self.lengths.min()) <= cols.start:
+            return range(0)
+        return original(self, cols, geometry)
+
+    return broken
+
+
 def _or_span_intersection(original: Callable) -> Callable:
     def broken(self, cols, geometry):
         spans = [part.row_span(cols, geometry) for part in self.parts]
@@ -398,7 +406,7 @@ MUTANTS: list[Mutant] = [
            _a("query_gradient"), _dq_dropped_on_partial_tiles, ("reverse/causal,",)),
     Mutant("value_gradient: dV = 0", "value_gradient", _a("value_gradient"), _times_zero,
            (GEN, REV)),
-    Mutant("batch_index_of: every batch·head reads index 0", "batch_index_of (dropout)",
+    Mutant("flat batch·head index: every head reads 0", "Geometry.flat_index (dropout)",
            (*_a("batch_index_of"), f"{MASKS}:Geometry.flat_index"), _times_zero,
            ("forward/dropout",)),
     # the masks
@@ -415,6 +423,9 @@ MUTANTS: list[Mutant] = [
            (TIL, FWD)),
     Mutant("KeyPadding.tile: j ≤ length", "KeyPadding.tile", (f"{MASKS}:KeyPadding.tile",),
            _one_key_wider, (TIL, FWD)),
+    Mutant("KeyPadding.row_span: no row once the shortest length is reached",
+           "KeyPadding.row_span", (f"{MASKS}:KeyPadding.row_span",), _span_by_shortest,
+           (TIL, FWD)),
     Mutant("KeyPadding.classify: PARTIAL reported FULL", "KeyPadding.classify",
            (f"{MASKS}:KeyPadding.classify",), _kind_swapped("PARTIAL", "FULL"), (TIL, FWD)),
     Mutant("And.classify: FULL if any part is FULL", "And.classify",
@@ -437,9 +448,7 @@ BY_NAME = {m.name: m for m in MUTANTS}
 class MinContext(overflow.RecordingContext):
     """The recording sympy context with ``sympy.Min`` where the max belongs."""
 
-    @property
-    def _max(self) -> np.ufunc:
-        return np.frompyfunc(sympy.Min, 2, 1)
+    _max2 = staticmethod(sympy.Min)
 
 
 # --- killing a mutant with the proofs ------------------------------------------------------

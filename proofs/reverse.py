@@ -177,6 +177,26 @@ def grouped(n: int = 3) -> Obligation:
     )
 
 
+def enable_gqa(n: int = 3) -> Obligation:
+    """``enable_gqa``: q (B=1, H=4, n, d) against k, v (1, H_kv=2, n, ·), the library's dropout
+    on the logical heads (flat index b·H + h), causal bottom-right — as the torch path runs."""
+    pb = Problem(
+        tensor("q", 1, 4, n, 1), tensor("k", 1, 2, n, 1), tensor("v", 1, 2, n, 1), C,
+        masks.causal("bottom-right"), spec.causal("bottom-right"), dropout_p=0.5, seed=3,
+        enable_gqa=True,
+    )  # fmt: skip
+    return Obligation(
+        FAMILY,
+        "enable_gqa (H=4 over H_kv=2) with dropout, causal bottom-right, whole and split",
+        f"n={n} d=v=1 p=1/2 b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            Coverage("reverse", "causal", "bottom-right", n, batch="GQA", dropout=True),
+            Coverage("reverse", "causal", "bottom-right", n, batch="GQA", row_block=True),
+        ),
+    )
+
+
 def broadcast(n: int = 3) -> Obligation:
     pb = Problem(
         tensor("q", 2, 1, n, 1), tensor("k", 1, 2, n, 1), tensor("v", 1, 2, n, 1), C,
@@ -246,7 +266,7 @@ def obligations(max_n: int = 4) -> list[Obligation]:
     for n in range(2, max(4, max_n) + 1):
         out += [structured(case, n) for case in CASES if n >= case.min_n]
     out += [split_rows(case) for case in CASES]
-    out += [torch_statistics(), grouped(), broadcast()]
+    out += [torch_statistics(), grouped(), enable_gqa(), broadcast()]
     out += [symbolic_dropout(n) for n in (1, 2, 3)]
     out += [library_dropout(), empty_rows()]
     return out

@@ -1,6 +1,6 @@
 """The torch path splits query rows into runs (``row_block``): checked where the split happens.
 
-``exactattn.torch`` sizes its row runs from ``TILE_ELEMENTS`` (``row_block_size``); here the
+``exactattn.torch`` sizes its row runs from ``TILE_ELEMENTS`` (``passes.row_block_size``); here the
 budget is shrunk so that runs of 2 and of ``MIN_ROW_BLOCK`` rows split small masked problems,
 and one slow test runs the real budget at n = 2048. The reference is the definition
 (``tests/core/definition.py``: inequalities, the materialised softmax), not exactattn.
@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import exactattn.torch as et  # noqa: E402
 from exactattn import algorithm, masks  # noqa: E402
+from exactattn.torch import passes  # noqa: E402
 
 from ..core import definition as spec  # noqa: E402
 from .helpers import qkv, randn, value_and_grads  # noqa: E402
@@ -33,7 +34,7 @@ def _check(name, n_q, n_k, block_size, rows_per_run):
     q, k, v = qkv((2, 2, n_q, 3), (2, 2, n_k, 3), (2, 2, n_k, 2), seed=3)
     g = randn(2, 2, n_q, 2, seed=4)
     geometry = algorithm.geometry_of(q, k, v)
-    assert et.row_block_size(et.TorchContext(q.dtype), geometry, block_size) == rows_per_run
+    assert passes.row_block_size(passes.TorchContext(q.dtype), geometry, block_size) == rows_per_run
     assert rows_per_run < n_q  # the split takes effect
     got = value_and_grads(
         lambda q, k, v: et.attention(q, k, v, mask=mask, block_size=block_size, scale=0.5),
@@ -51,15 +52,15 @@ def _check(name, n_q, n_k, block_size, rows_per_run):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_runs_of_two_rows_match_the_definition(name, monkeypatch):
-    monkeypatch.setattr(et, "MIN_ROW_BLOCK", 2)
-    monkeypatch.setitem(et.TILE_ELEMENTS, "cpu", 1)
+    monkeypatch.setattr(passes, "MIN_ROW_BLOCK", 2)
+    monkeypatch.setitem(passes.TILE_ELEMENTS, "cpu", 1)
     _check(name, n_q=9, n_k=11, block_size=3, rows_per_run=2)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_runs_of_min_row_block_rows_match_the_definition(name, monkeypatch):
-    monkeypatch.setitem(et.TILE_ELEMENTS, "cpu", 64)  # 64 // (4 heads · 8 keys) < 16
-    _check(name, n_q=40, n_k=44, block_size=8, rows_per_run=et.MIN_ROW_BLOCK)
+    monkeypatch.setitem(passes.TILE_ELEMENTS, "cpu", 64)  # 64 // (4 heads · 8 keys) < 16
+    _check(name, n_q=40, n_k=44, block_size=8, rows_per_run=passes.MIN_ROW_BLOCK)
 
 
 @pytest.mark.slow
