@@ -73,7 +73,7 @@ def mutation_table(outcomes: list[Outcome], tested: list[Tested] | None) -> list
             proofs = "not run (`--mutants`)"
         else:
             how = o.counterexample.what if o.counterexample is not None else o.detail
-            where = how.split(":")[0] if how else ""
+            where = how.split(" — ")[0] if how else ""  # the probe that killed it
             proofs = f"{'yes' if o.ok else '**NO**'} — {o.status}" + (
                 f" by {where}" if where else ""
             )

@@ -479,8 +479,8 @@ def kill(mutant: Mutant, probes: dict[str, list[engine.Obligation]], baseline: d
         where = f"{ob.family} / {ob.name} ({ob.sizes})"
         if outcome.counterexample is not None:
             cex = outcome.counterexample
-            raise engine.Refuted(cex.relabelled(f"{where}: {cex.what}"))
-        raise engine.Killed(outcome.status, f"{where}: {outcome.detail}")
+            raise engine.Refuted(cex.relabelled(f"{where} — {cex.what}"))
+        raise engine.Killed(outcome.status, f"{where} — {outcome.detail}")
     return "every probe proved"
 
 
