@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
 
-import exactattn.torch as et  # noqa: E402
-from exactattn import algorithm, masks  # noqa: E402
-from exactattn.torch import passes  # noqa: E402
+torch = requires("torch")
 
-from ..core import definition as spec  # noqa: E402
-from .helpers import qkv, randn, value_and_grads  # noqa: E402
+import exactattn.torch as et
+from exactattn import algorithm, masks
+from exactattn.torch import passes
+
+from ..core import definition as spec
+from .helpers import qkv, randn, value_and_grads
 
 CASES = {
     "causal": (masks.causal(), lambda nq, nk: spec.causal(nq, nk)),
