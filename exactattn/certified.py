@@ -342,7 +342,9 @@ def certified_attention(
     real float arrays, taken exactly. ``scale``: ``c`` as an exact int or float (``None``:
     ``1/sqrt(d)`` enclosed in arb). ``allowed``: booleans broadcastable to
     ``(*batch, n_q, n_k)`` (``None``: every pair). ``keep``, ``dropout_p``: the dropout
-    factors ``ρ = keep/(1 − p)`` (``1/(1 − p)`` enclosed, not rounded). ``bias``: floats
+    factors ``ρ = keep/(1 − p)``, booleans broadcastable like ``allowed`` and a float ``p``
+    (``1/(1 − p)`` is enclosed; a float ρ array would hold it rounded and so define a
+    different dropout from the one under test). ``bias``: floats
     broadcastable to ``(*batch, n_q, n_k)``, ``−∞`` excludes a pair. ``softcap``: a
     positive cap. ``prec``: bits (``None``: the lowest rung of :data:`LADDER` that meets
     the 2^-70 target). ``row_block``: query rows per block (``None``: ~2^19/n_k).
@@ -379,9 +381,10 @@ def time_reference(
     normal inputs), next to the previous reference — the library's tiled code over
     :class:`~exactattn.backends.flint_backend.FlintContext` at 200 bits — in the same run.
 
-    Returns seconds (wall and CPU of this process; worker processes' CPU is not in
-    ``cpu``), the precision chosen, the largest radius, the worst accuracy in bits, and
-    with ``baseline`` the previous reference's wall seconds and the ratio.
+    Returns wall seconds and CPU seconds (all processes; on a busy machine the CPU time
+    per process is what an idle one would take), the precision chosen, the largest radius,
+    the worst accuracy in bits, and with ``baseline`` the previous reference's seconds and
+    the ratios (wall and CPU).
     """
     from . import api
     from .backends.flint_backend import FlintContext
@@ -389,26 +392,38 @@ def time_reference(
 
     x = make_inputs("normal", n, d, seed)
     workers = workers or min(2, multiprocessing.cpu_count())
-    cpu = time.process_time()
+    cpu = _cpu_seconds()
     enc = certified_attention(x["q"], x["k"], x["v"], x["g"], workers=workers)
     out: dict[str, Any] = {
         "n": n,
         "d": d,
         "workers": workers,
         "seconds": enc.seconds,
-        "cpu_seconds": time.process_time() - cpu,
+        "cpu_seconds": _cpu_seconds() - cpu,
         "prec": enc.prec,
         "max_radius": enc.max_radius,
         "accuracy_bits": min(b.accuracy_bits() for b in enc.balls.values()),
     }
     if baseline:
         ctx = FlintContext(200)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu_seconds()
         y, stats = api.attention(x["q"], x["k"], x["v"], return_stats=True, backend=ctx)
         api.attention_backward(x["q"], x["k"], x["v"], y, stats, x["g"], backend=ctx)
         out["baseline_seconds"] = time.perf_counter() - start
+        out["baseline_cpu_seconds"] = _cpu_seconds() - cpu
         out["speedup"] = out["baseline_seconds"] / enc.seconds
+        out["cpu_speedup"] = out["baseline_cpu_seconds"] / out["cpu_seconds"]
     return out
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its finished worker processes."""
+    try:
+        import resource
+    except ImportError:  # not on Windows: this process only
+        return time.process_time()
+    child = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + child.ru_utime + child.ru_stime
 
 
 # --- evaluation over blocks of rows -----------------------------------------------------
