@@ -80,8 +80,9 @@ def magnitudes(case: Case, q, k, v, allowed, keep) -> tuple[np.ndarray, ...]:
     return s, m, p, rho
 
 
-def compute(case: Case, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray) -> Values:
-    """The reference for ``case`` on the inputs exactly as given (already rounded)."""
+def require() -> Any:
+    """:func:`exactattn.certified.certified_attention`, or an ImportError that says what to
+    install (a command can call this before it starts drawing cases)."""
     try:
         from ..certified import certified_attention
     except ImportError as error:
@@ -89,8 +90,13 @@ def compute(case: Case, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarr
             "the difftest reference is certified (arb balls) and needs python-flint: "
             "pip install 'exactattn[flint]'"
         ) from error
+    return certified_attention
+
+
+def compute(case: Case, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray) -> Values:
+    """The reference for ``case`` on the inputs exactly as given (already rounded)."""
     allowed, keep = case.allowed(), keep_bits(case)
-    enc = certified_attention(
+    enc = require()(
         q,
         k,
         v,
