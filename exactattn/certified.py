@@ -453,7 +453,7 @@ def _evaluate(
             futures = [pool.submit(_run_share, problem, prec, share) for share in shares[1:]]
             parts = [_run_share(problem, prec, shares[0])]
             parts += [future.result() for future in futures]
-    return _assemble(problem, parts, rows)
+    return _assemble(problem, parts)
 
 
 @dataclass
@@ -517,9 +517,7 @@ def _source(index: tuple[int, ...], shape: tuple[int, ...], nb: int) -> tuple[in
     return tuple(i if n != 1 else 0 for i, n in zip(index, lead))[nb + 2 - len(shape) :]
 
 
-def _assemble(
-    problem: _Problem, shares: list[_Share], rows: int
-) -> tuple[dict[str, Ball], np.ndarray]:
+def _assemble(problem: _Problem, shares: list[_Share]) -> tuple[dict[str, Ball], np.ndarray]:
     """The processes' shares as one :class:`Ball` per output, each shaped like its input."""
     p = problem
     n_q = p.q.shape[-2]
@@ -577,7 +575,6 @@ class _Out:
     """Midpoints ``(hi, lo)``, radii and summand magnitudes of one output, filled by parts."""
 
     def __init__(self, shape: tuple[int, ...]):
-        self.shape = shape
         self.hi, self.lo, self.rad, self.terms = (np.zeros(shape) for _ in range(4))
 
     def put(self, where: tuple, part: Part) -> None:
