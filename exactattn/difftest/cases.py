@@ -107,9 +107,7 @@ class Case:
         mask = self.mask_object()
         if mask is None:
             return np.ones((*batch, n_q, n_k), dtype=bool)
-        geometry = masks.Geometry(n_q, n_k, batch)
-        tile = mask.tile(np.arange(n_q)[:, None], np.arange(n_k)[None, :], geometry)
-        return np.broadcast_to(tile, (*batch, n_q, n_k))
+        return masks.create_mask(mask, masks.Geometry(n_q, n_k, batch))
 
     def keywords(self) -> dict[str, Any]:
         """Keywords for :func:`exactattn.attention` (mask left to the caller)."""
