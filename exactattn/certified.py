@@ -264,13 +264,14 @@ class _Problem:
     dropout_p: float
     bias: np.ndarray | None
     softcap: float | None
+    group: int  # query heads per key/value head (grouped-query attention), else 1
 
     @property
     def grid(self) -> tuple[int, ...]:
         return (*self.batch, self.q.shape[-2], self.k.shape[-2])
 
 
-def _check(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap) -> _Problem:
+def _check(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, gqa) -> _Problem:
     named = [("q", q), ("k", k), ("v", v)] + ([("g", g)] if g is not None else [])
     for name, x in named:
         _check_real(name, x)
@@ -284,10 +285,24 @@ def _check(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap) -> _Probl
         raise ValueError(f"q and k must share a head dim d >= 1 (last axis); got {shapes}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same number of keys (axis -2); got {shapes}")
+    if not isinstance(gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool; got {gqa!r}")
+    if gqa and (
+        min(q.ndim, k.ndim, v.ndim) < 3
+        or v.shape[-3] != k.shape[-3]
+        or k.shape[-3] == 0
+        or q.shape[-3] % k.shape[-3]
+    ):
+        raise ValueError(
+            "enable_gqa needs a head axis (..., H, n, d) with k and v holding H_kv heads, "
+            f"H_kv dividing the H query heads; got {shapes}"
+        )
+    lead = 3 if gqa else 2
     try:
-        batch = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+        batch = tuple(np.broadcast_shapes(*(x.shape[:-lead] for x in (q, k, v))))
     except ValueError:
         raise ValueError(f"the leading (batch/head) dims do not broadcast: {shapes}") from None
+    batch = (*batch, q.shape[-3]) if gqa else batch
     if g is not None and g.shape != (*batch, q.shape[-2], v.shape[-1]):
         want = (*batch, q.shape[-2], v.shape[-1])
         raise ValueError(f"g must have the shape of y, {want}; got {g.shape}")
@@ -316,6 +331,7 @@ def _check(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap) -> _Probl
         softcap=None
         if softcap is None
         else float(_check_number("softcap", softcap, positive=True)),
+        group=q.shape[-3] // k.shape[-3] if gqa else 1,
     )
 
 
@@ -335,6 +351,7 @@ def certified_attention(
     prec: int | None = None,
     row_block: int | None = None,
     workers: int = 1,
+    enable_gqa: bool = False,
 ) -> Enclosure:
     """Enclosures of naive attention and, with ``g``, of its VJP (see the module docstring).
 
@@ -348,9 +365,11 @@ def certified_attention(
     broadcastable to ``(*batch, n_q, n_k)``, ``−∞`` excludes a pair. ``softcap``: a
     positive cap. ``prec``: bits (``None``: the lowest rung of :data:`LADDER` that meets
     the 2^-70 target). ``row_block``: query rows per block (``None``: ~2^19/n_k).
-    ``workers``: processes to split the blocks over.
+    ``workers``: processes to split the blocks over. ``enable_gqa``: axis −3 holds heads,
+    ``H`` for q and ``H_kv`` (dividing ``H``) for k and v; query head ``h`` reads key/value
+    head ``h // (H/H_kv)`` (torch SDPA's convention), and dK, dV sum over each group.
     """
-    problem = _check(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap)
+    problem = _check(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, enable_gqa)
     prec = _check_int("prec", prec, 16)
     workers = _check_int("workers", workers, 1)
     rows = _check_int("row_block", row_block, 1) or _row_block(problem, workers)
@@ -498,7 +517,9 @@ def _run_share(problem: _Problem, prec: int, items: list[Item]) -> _Share:
     with _precision(prec):
         consts = _Consts.of(problem)
         for item in items:
-            src = tuple(_source(item[0], x.shape, nb) for x in (problem.k, problem.v))
+            src = tuple(
+                _source(item[0], x.shape, nb, problem.group) for x in (problem.k, problem.v)
+            )
             if src not in keys:
                 keys[src] = _Keys.of(problem.k[src[0]], problem.v[src[1]], consts)
             block = _Block(problem, consts, keys[src], *item)
@@ -511,9 +532,13 @@ def _run_share(problem: _Problem, prec: int, items: list[Item]) -> _Share:
     return share
 
 
-def _source(index: tuple[int, ...], shape: tuple[int, ...], nb: int) -> tuple[int, ...]:
-    """The batch index of an input of ``shape`` that broadcast batch element ``index`` reads."""
+def _source(
+    index: tuple[int, ...], shape: tuple[int, ...], nb: int, group: int = 1
+) -> tuple[int, ...]:
+    """The batch index of an input of ``shape`` that broadcast batch element ``index`` reads
+    (``group > 1``: a key/value input, whose head ``h // group`` serves query head ``h``)."""
     lead = (1,) * (nb + 2 - len(shape)) + tuple(shape[:-2])
+    index = (*index[:-1], index[-1] // group) if group > 1 else index
     return tuple(i if n != 1 else 0 for i, n in zip(index, lead))[nb + 2 - len(shape) :]
 
 
@@ -791,7 +816,11 @@ class _Block:
         prho_dp = self.prho_float * dp_abs
         ds_abs = prho_dp + self.p_float * prho_dp.sum(axis=1, keepdims=True)
         ds_tilde_abs = abs(consts.c_float) * ds_abs * self.slope
-        src = tuple(_source(self.index, x.shape, nb) for x in (p.q, p.k, p.v))
+        src = (
+            _source(self.index, p.q.shape, nb),
+            _source(self.index, p.k.shape, nb, p.group),
+            _source(self.index, p.v.shape, nb, p.group),
+        )
         r0 = self.item[1]
         sums.add("dq", (src[0], r0), arb_mat(r, d, dq), ds_tilde_abs @ np.abs(keys.k_float))
         sums.add("dk", (src[1],), dmat.transpose() * qw, ds_tilde_abs.T @ np.abs(_f64(self.q)))

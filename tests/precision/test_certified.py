@@ -34,9 +34,14 @@ def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.sum(axis=axes, keepdims=True) if axes else x
 
 
-def witness(q, k, v, g, *, scale=None, allowed=None, keep=None, p=0.0, bias=None, cap=None):
-    """Attention and its VJP from the definitions, in mpmath at 300 bits."""
+def witness(
+    q, k, v, g, *, scale=None, allowed=None, keep=None, p=0.0, bias=None, cap=None, group=1
+):
+    """Attention and its VJP from the definitions, in mpmath at 300 bits (``group > 1``:
+    grouped-query attention, query head h reads key/value head h // group)."""
     mpf = mpmath.mpf
+    k_in, v_in = k, v
+    k, v = (np.repeat(x, group, axis=-3) for x in (k, v)) if group > 1 else (k, v)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n_q, d, n_k, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
     grid = (*batch, n_q, n_k)
@@ -85,7 +90,12 @@ def witness(q, k, v, g, *, scale=None, allowed=None, keep=None, p=0.0, bias=None
                     out["dq"][b][i] += c * dS_tilde * K[b][j]
                     out["dk"][b][j] += c * dS_tilde * Q[b][i]
                     out["dv"][b][j] += P[j] * rho[j] * G[b][i]
-        for name, x in (("dq", q), ("dk", k), ("dv", v)):
+        if group > 1:  # each key/value head served `group` query heads
+            for name in ("dk", "dv"):
+                x = out[name]
+                x = x.reshape(*x.shape[:-3], x.shape[-3] // group, group, *x.shape[-2:])
+                out[name] = x.sum(axis=-3)
+        for name, x in (("dq", q), ("dk", k_in), ("dv", v_in)):
             out[name] = _sum_to(out[name], x.shape)
         out["dbias"] = _sum_to(out["dbias"], bias.shape) if bias is not None else None
     return out
@@ -106,7 +116,11 @@ def _arrays(seed, q_shape, k_shape, v_shape, g_shape, dtype=np.float64):
 def _check(arrays, **keywords):
     witness_keywords = {key: keywords.get(key) for key in ("scale", "allowed", "keep", "bias")}
     point = witness(
-        *arrays, p=keywords.get("dropout_p", 0.0), cap=keywords.get("softcap"), **witness_keywords
+        *arrays,
+        p=keywords.get("dropout_p", 0.0),
+        cap=keywords.get("softcap"),
+        group=arrays[0].shape[-3] // arrays[1].shape[-3] if keywords.get("enable_gqa") else 1,
+        **witness_keywords,
     )
     enc = certified_attention(*arrays, **keywords)
     assert _outside(enc, point) == dict.fromkeys(enc.balls, 0)
@@ -166,6 +180,20 @@ def test_two_workers_give_the_same_enclosure():
     one = certified_attention(*arrays, keep=keep, dropout_p=0.5, row_block=4)
     for name in enc.balls:
         assert np.allclose(enc[name].hi, one[name].hi, rtol=1e-15, atol=1e-300)
+
+
+def test_grouped_query_attention():
+    """H = 4 query heads over H_kv = 2 key/value heads (v shared over the batch), with a
+    per-head mask and row blocks; dK and dV are summed over each group of query heads."""
+    arrays = _arrays(12, (2, 4, 5, 3), (2, 2, 6, 3), (1, 2, 6, 2), (2, 4, 5, 2))
+    allowed = np.random.default_rng(12).random((4, 5, 6)) < 0.7
+    allowed[..., 0] = True
+    enc, _ = _check(arrays, allowed=allowed, enable_gqa=True, row_block=2, workers=2)
+    assert enc["dk"].hi.shape == (2, 2, 6, 3) and enc["dv"].hi.shape == (1, 2, 6, 2)
+    with pytest.raises(ValueError, match="H_kv dividing"):
+        certified_attention(
+            *_arrays(0, (3, 2, 2), (2, 2, 2), (2, 2, 2), (3, 2, 2)), enable_gqa=True
+        )
 
 
 def test_single_key_and_reduced_precision_inputs():
