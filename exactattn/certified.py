@@ -106,10 +106,64 @@ class Ball:
             bits = np.log2(self.terms[wide]) - np.log2(self.rad[wide])
         return float(bits.min(initial=math.inf))
 
+    def error(self, x: Any) -> np.ndarray:
+        """``|x − (hi + lo)|`` as float64, the difference formed in double-double.
+
+        ``x``: a real float array shaped like the output (float16/32/64 convert exactly).
+        ``x − hi`` is formed exactly (TwoSum), so float64 results are measured to ~2^-104
+        relative. Equal infinities (an empty row's ``lse``) have error 0, others inf.
+        """
+        x = self._like(_check_real("x", x)).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            s = x - self.hi
+            b = s - x
+            t = (x - (s - b)) + (-self.hi - b)  # s + t = x − hi exactly
+            err = np.abs(s + (t - self.lo))
+        same = (x == self.hi) & np.isinf(x)
+        return np.where(same, 0.0, np.where(np.isnan(err), np.inf, err))
+
+    def distance(self, x: Any) -> np.ndarray:
+        """An upper bound on ``|x − exact|``: :meth:`error` widened by its own two roundings
+        (≤ 2u of ``|s| + |t − lo|`` ≤ 2u·(error + |lo|), taken as 2^-50), plus ``rad``."""
+        err = self.error(x)
+        bound = (err + 2.0**-50 * (err + np.abs(self.lo)) + self.rad) * (1 + 2.0**-50)
+        return bound + np.where(bound > 0, _TINY, 0.0)  # an exact 0 had no rounding
+
+    def contains(self, x: Any) -> np.ndarray:
+        """Elementwise ``|x − (hi + lo)| ≤ rad``, decided exactly (arb at 4096 bits).
+
+        ``x``: real floats, or an object array of mpmath ``mpf`` (e.g. a 300-bit witness).
+        """
+        x = self._like(np.asarray(x))
+        out = np.empty(x.shape, dtype=bool)
+        with _precision(4096):
+            for index in np.ndindex(*x.shape):
+                point, hi = x[index], float(self.hi[index])
+                if math.isinf(hi) or _is_infinite(point):
+                    out[index] = _is_infinite(point) and float(point) == hi
+                    continue
+                gap = _exact(point) - arb(hi) - arb(float(self.lo[index]))
+                out[index] = bool(abs(gap) <= arb(float(self.rad[index])))
+        return out
+
+    def mpf(self) -> np.ndarray:
+        """Midpoints ``hi + lo`` as an object array of exact mpmath ``mpf``."""
+        out = np.empty(self.hi.shape, dtype=object)
+        for index in np.ndindex(*self.hi.shape):
+            hi, lo = mpmath.mpf(float(self.hi[index])), mpmath.mpf(float(self.lo[index]))
+            out[index] = mpmath.fadd(hi, lo, exact=True) if mpmath.isfinite(hi) else hi
+        return out
+
+    def _like(self, x: np.ndarray) -> np.ndarray:
+        if x.shape != self.hi.shape:
+            raise ValueError(f"x has shape {x.shape}; this output has shape {self.hi.shape}")
+        return x
+
 
 @dataclass(frozen=True)
 class Enclosure:
-    """Enclosures of ``y``, ``lse`` (and ``dq``, ``dk``, ``dv``, ``dbias`` when computed)."""
+    """Enclosures of ``y``, ``lse`` (and ``dq``, ``dk``, ``dv``, ``dbias`` when computed):
+    ``enc["y"]`` is a :class:`Ball` (midpoints, radii, error and containment helpers)."""
 
     balls: dict[str, Ball]
     prec: int
@@ -126,55 +180,6 @@ class Enclosure:
     def max_radius(self) -> float:
         """The largest radius over every output."""
         return max((b.max_radius for b in self.balls.values()), default=0.0)
-
-    def error(self, name: str, x: Any) -> np.ndarray:
-        """``|x − (hi + lo)|`` as float64, the difference formed in double-double.
-
-        ``x``: a real float array shaped like the output (float16/32/64 convert exactly).
-        ``x − hi`` is formed exactly (TwoSum), so float64 results are measured to ~2^-104
-        relative. Equal infinities (an empty row's ``lse``) have error 0.
-        """
-        ball = self[name]
-        x = _check_real("x", x)
-        if x.shape != ball.hi.shape:
-            raise ValueError(f"x has shape {x.shape}; {name} has shape {ball.hi.shape}")
-        x = x.astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            s = x - ball.hi
-            b = s - x
-            t = (x - (s - b)) + (-ball.hi - b)  # s + t = x − hi exactly
-            err = np.abs(s + (t - ball.lo))
-        same = (x == ball.hi) & np.isinf(x)
-        return np.where(same, 0.0, np.where(np.isnan(err), np.inf, err))
-
-    def contains(self, name: str, x: Any) -> np.ndarray:
-        """Elementwise ``|x − (hi + lo)| ≤ rad``, decided exactly (arb at 4096 bits).
-
-        ``x``: real floats, or an object array of mpmath ``mpf`` (e.g. a 300-bit witness).
-        """
-        ball = self[name]
-        x = np.asarray(x)
-        if x.shape != ball.hi.shape:
-            raise ValueError(f"x has shape {x.shape}; {name} has shape {ball.hi.shape}")
-        out = np.empty(x.shape, dtype=bool)
-        with _precision(4096):
-            for index in np.ndindex(*x.shape):
-                point, hi = x[index], float(ball.hi[index])
-                if math.isinf(hi) or _is_infinite(point):
-                    out[index] = _is_infinite(point) and float(point) == hi
-                    continue
-                gap = _exact(point) - arb(hi) - arb(float(ball.lo[index]))
-                out[index] = bool(abs(gap) <= arb(float(ball.rad[index])))
-        return out
-
-    def mpf(self, name: str) -> np.ndarray:
-        """Midpoints ``hi + lo`` as an object array of exact mpmath ``mpf``."""
-        ball = self[name]
-        out = np.empty(ball.hi.shape, dtype=object)
-        for index in np.ndindex(*ball.hi.shape):
-            hi, lo = mpmath.mpf(float(ball.hi[index])), mpmath.mpf(float(ball.lo[index]))
-            out[index] = mpmath.fadd(hi, lo, exact=True) if mpmath.isfinite(hi) else hi
-        return out
 
 
 def _is_infinite(x: Any) -> bool:
@@ -593,7 +598,7 @@ def _merge(parts: list[Part]) -> Part:
     w = 4 * len(parts) * 2.0**-53
     rad = sum(part[2] for part in parts) + w * spread
     terms = sum(part[3] for part in parts)
-    return hi, lo, rad * (1 + w) + _TINY, terms
+    return hi, lo, rad * (1 + w) + np.where((rad > 0) | (spread > 0), _TINY, 0.0), terms
 
 
 class _Out:
@@ -613,14 +618,19 @@ class _Out:
 
 def _split(values: list[arb]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Balls → ``(hi, lo, rad)``: ``hi = fl(mid)``, ``lo = fl(mid − hi)``, and ``rad`` rounded
-    up and widened by ``|mid − hi − lo| ≤ 2^-52·|lo| + 2^-1074``."""
+    up and widened by ``|mid − hi − lo| ≤ 2^-52·|lo| + 2^-1074`` (0 for an exact 0 or −∞)."""
     hi = np.array([float(e) for e in values], dtype=np.float64)
     lo = np.array(
         [float(e.mid() - h) if math.isfinite(h) else 0.0 for e, h in zip(values, hi.tolist())],
         dtype=np.float64,
     )
     rad = np.nextafter(np.array([float(e.rad()) for e in values], dtype=np.float64), np.inf)
-    return hi, lo, (rad + np.abs(lo) * 2.0**-52) * (1 + 2.0**-50) + _TINY
+    rad = (rad + np.abs(lo) * 2.0**-52) * (1 + 2.0**-50) + _TINY
+    for i in np.flatnonzero((hi == 0) | np.isinf(hi)):  # exact zeros and −∞ stay exact
+        e = values[i]
+        if e.is_zero() or (not e.is_finite() and e.is_exact()):
+            rad[i] = 0.0
+    return hi, lo, rad
 
 
 # --- one block of query rows ------------------------------------------------------------

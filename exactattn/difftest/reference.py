@@ -107,7 +107,7 @@ def compute(case: Case, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarr
         dropout_p=case.dropout_p,
         prec=REF_PREC,
     )
-    mid = {name: enc.mpf(name) for name in OUTPUTS}
+    mid = {name: enc[name].mpf() for name in OUTPUTS}
     rad = {name: enc[name].rad for name in OUTPUTS}
     as_float = {name: enc[name].hi + enc[name].lo for name in OUTPUTS}
     s, m, p, rho = magnitudes(case, q, k, v, allowed, keep)

@@ -104,7 +104,7 @@ def witness(
 def _outside(enc, point: dict) -> dict[str, int]:
     """Per output, how many witness values lie outside the enclosure."""
     return {
-        name: int((~enc.contains(name, point[name])).sum()) for name in NAMES if name in enc.balls
+        name: int((~enc[name].contains(point[name])).sum()) for name in NAMES if name in enc.balls
     }
 
 
@@ -145,6 +145,10 @@ def test_mask_with_an_empty_row_cross_attention_and_row_blocks():
     assert enc.empty_rows.tolist() == [i == 3 for i in range(7)]
     assert np.all(enc["y"].hi[3] == 0) and enc["lse"].hi[3] == -np.inf
     assert np.all(enc["dq"].hi[3] == 0)
+    # exact values keep radius 0, so a bound of 0 can be checked against them
+    assert np.all(enc["y"].rad[3] == 0) and enc["lse"].rad[3] == 0
+    assert np.all(enc["y"].distance(enc["y"].hi)[3] == 0)
+    assert enc["lse"].distance(enc["lse"].hi)[3] == 0
 
 
 def test_dropout_bias_softcap_and_broadcast_batch():
@@ -228,16 +232,58 @@ def test_double_double_midpoints_measure_float64_results():
     enc = certified_attention(*arrays, scale=0.5)
     y, stats = exactattn.attention(q, k, v, scale=0.5, block_size=3, return_stats=True)
     dq = exactattn.attention_backward(q, k, v, y, stats, g, scale=0.5, block_size=3)[0]
-    mid = enc.mpf("y")
+    ball = enc["y"]
     with mpmath.workprec(200):
-        exact = np.array([float(abs(mpmath.mpf(float(a)) - b)) for a, b in zip(y.flat, mid.flat)])
-    got = enc.error("y", y).reshape(-1)
-    assert np.all(np.abs(got - exact) <= 2.0**-100 * np.abs(y).max())
-    assert 0 < got.max() < 1e-14 and got.max() > 1e10 * enc["y"].max_radius
-    assert 0 < enc.error("dq", dq).max() < 1e-14
-    assert np.array_equal(enc.error("y", enc["y"].hi), np.abs(enc["y"].lo))
-    assert np.array_equal(enc.error("lse", np.full(8, -np.inf)) == 0, np.isinf(enc["lse"].hi))
-    assert all(enc.contains("y", enc.mpf("y")).flat)
+        exact = [float(abs(mpmath.mpf(float(a)) - b)) for a, b in zip(y.flat, ball.mpf().flat)]
+    got = ball.error(y).reshape(-1)
+    assert np.all(np.abs(got - np.array(exact)) <= 2.0**-100 * np.abs(y).max())
+    assert 0 < got.max() < 1e-14 and got.max() > 1e10 * ball.max_radius
+    assert np.all(ball.distance(y).reshape(-1) >= got) and 0 < enc["dq"].error(dq).max() < 1e-14
+    assert np.array_equal(ball.error(ball.hi), np.abs(ball.lo))
+    assert np.array_equal(enc["lse"].error(np.full(8, -np.inf)) == 0, np.isinf(enc["lse"].hi))
+    assert all(ball.contains(ball.mpf()).flat)
+    with pytest.raises(ValueError, match="shape"):
+        ball.error(y[:2])
+
+
+def test_distance_bounds_the_error_to_the_exact_value():
+    """|x − exact| ≤ distance(x) for the definition's exact values, at x = hi (where the
+    radius decides: |hi − exact| = |lo| ± rad) and at a float64 run."""
+    arrays = _arrays(13, (6, 3), (7, 3), (7, 2), (6, 2))
+    point = witness(*arrays, scale=0.8)
+    enc = certified_attention(*arrays, scale=0.8)
+    y = exactattn.attention(*arrays[:3], scale=0.8, block_size=2)
+    with mpmath.workprec(WITNESS_PREC):
+        for name in ("y", "dq", "dk", "dv"):
+            ball = enc[name]
+            for x in (ball.hi, y) if name == "y" else (ball.hi,):
+                gap = np.frompyfunc(lambda a, b: abs(mpmath.mpf(float(a)) - b), 2, 1)(
+                    x, point[name]
+                )
+                assert all((gap <= ball.distance(x)).flat), name
+
+
+def test_split_encloses_balls_at_the_edges():
+    """hi + lo ± rad contains each ball: wide balls around 0, tiny and huge midpoints,
+    an exact 0 and −∞ (radius exactly 0 for those two)."""
+    import flint
+
+    with flint.ctx.workprec(200):
+        third = flint.arb(1) / 3
+        balls = [
+            flint.arb(0, 1e-30),
+            third,
+            third * flint.arb(2) ** -1100,
+            third * flint.arb(2) ** -1050,
+            third * flint.arb(2) ** 1000,
+            flint.arb(0),
+            flint.arb("-inf"),
+        ]
+        hi, lo, rad = certified._split(balls)
+        assert rad[5] == 0 and rad[6] == 0 and hi[6] == -np.inf
+        for ball, h, l, r in zip(balls[:5], hi, lo, rad):
+            gap = abs(ball.mid() - flint.arb(h) - flint.arb(l)) + ball.rad()
+            assert gap <= flint.arb(r), (ball, h, l, r)
 
 
 def test_a_dropped_radius_is_caught(monkeypatch):
