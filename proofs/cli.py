@@ -1,8 +1,10 @@
-"""``exactattn prove [FAMILY ...] [--max-n N] [--report FILE] [--mutants]``.
+"""``exactattn prove [FAMILY ...] [--max-n N] [--report FILE] [--mutants] [--mutation-tests]``.
 
-Runs the selected theorem families (all six by default, the mutants included), prints
-one line per obligation, writes a markdown certificate with ``--report`` and returns 1
-if any obligation is not PROVED or any mutant is not REFUTED (2 for a usage error).
+Runs the selected theorem families (every family but ``reach`` by default, the mutants
+included), prints one line per obligation, writes a markdown certificate with ``--report``
+and returns 1 if any obligation is not PROVED or any mutant is not killed (2 for a usage
+error). ``--mutation-tests`` also runs the default test suite against every mutant and puts
+the mutation table in the certificate.
 """
 
 from __future__ import annotations
@@ -12,7 +14,20 @@ import sys
 import time
 from types import ModuleType
 
-from . import engine, forward, general, monoid, mutants, overflow, reverse
+from . import (
+    dropout,
+    engine,
+    forward,
+    general,
+    monoid,
+    mutants,
+    mutation,
+    overflow,
+    reach,
+    reverse,
+    tiles,
+)
+from .certificate import certificate
 
 FAMILIES: dict[str, ModuleType] = {
     "monoid": monoid,
@@ -20,8 +35,12 @@ FAMILIES: dict[str, ModuleType] = {
     "reverse": reverse,
     "general": general,
     "overflow": overflow,
+    "tiles": tiles,
+    "dropout": dropout,
     "mutants": mutants,
+    "reach": reach,
 }
+NOT_BY_DEFAULT = ("reach",)
 DEFAULT_MAX_N = 4
 
 
@@ -34,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         "families",
         nargs="*",
         metavar="FAMILY",
-        help=f"families to run (default: all): {', '.join(FAMILIES)}",
+        help=f"families to run (default: all but reach): {', '.join(FAMILIES)}",
     )
     parser.add_argument(
         "--max-n",
@@ -48,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
         "--mutants",
         action="store_true",
         help="run the refutations of broken variants (alone, or with the FAMILYs named)",
+    )
+    parser.add_argument(
+        "--mutation-tests",
+        action="store_true",
+        help="also run the default tests against every mutant (minutes); table in --report",
     )
     return parser
 
@@ -69,17 +93,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exactattn prove: --max-n must be >= 1; got {args.max_n}", file=sys.stderr)
         return 2
     selected = list(dict.fromkeys(args.families + (["mutants"] if args.mutants else [])))
-    selected = selected or list(FAMILIES)
+    selected = selected or [f for f in FAMILIES if f not in NOT_BY_DEFAULT]
     start = time.perf_counter()
     outcomes: list[engine.Outcome] = []
     for name in selected:
         outcomes += engine.run(FAMILIES[name].obligations(args.max_n))
+    tested = mutation.run_all() if args.mutation_tests else None
     seconds = time.perf_counter() - start
     print(engine.summary(outcomes, seconds))
+    if tested is not None:
+        print(mutation.summary(tested))
     if args.report:
         theorems = {name: FAMILIES[name].__doc__ or "" for name in selected}
         command = "exactattn prove " + " ".join(sys.argv[1:] if argv is None else argv)
+        text = certificate(outcomes, seconds, theorems, command.strip(), tested)
         with open(args.report, "w", encoding="utf-8") as fh:
-            fh.write(engine.certificate(outcomes, seconds, theorems, command.strip()))
+            fh.write(text)
         print(f"certificate written to {args.report}")
-    return 0 if all(o.ok for o in outcomes) else 1
+    survived = tested is not None and not all(t.killed for t in tested)
+    return 0 if all(o.ok for o in outcomes) and not survived else 1

@@ -11,6 +11,7 @@ from exactattn.difftest import reference
 from exactattn.difftest.cases import Case
 from exactattn.difftest.targets import Target
 from exactattn.difftest.tolerance import bounds
+from tests.optional import requires
 
 NAMES = ("y", "dq", "dk", "dv")
 
@@ -43,6 +44,7 @@ def allowance(target: Target, case: Case) -> dict[str, np.ndarray]:
     """Per-entry bound on |output − exact| for this target (2× the first-order bound)."""
     if target.enclosure:
         return {n: np.zeros(case.q.shape) for n in NAMES} | _zero_like(case)
+    requires("flint")
     ref = reference.compute(case, case.q, case.k, case.v, case.g)
     b = bounds(case, case.q, case.k, ref, target.arith)
     return {"y": b.y, "dq": b.dq, "dk": b.dk, "dv": b.dv}
