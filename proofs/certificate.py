@@ -153,7 +153,9 @@ def certificate(
         "family (Lemma S for soft-cap and bias), the tile iterator by the smt family (the "
         "stated loop and the masks' contracts, for all n; that tiles() is the stated loop, "
         "exhaustively at small n) — or, where smt did not run, only at the sizes the tiles "
-        "family enumerated.",
+        "family enumerated. KeyPadding.row_span writes its condition (max length ≤ a) inline "
+        "rather than through padding_tile_kind: that it drops exactly the rows the proved "
+        "formula drops is checked by the tiles family, not proved.",
         "",
     ]
     proved = [c for o in outcomes if o.status == PROVED for c in o.obligation.coverage]
