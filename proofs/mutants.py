@@ -8,10 +8,12 @@ original* (a wrapper), so the mutants follow the library through refactors; a ta
 no longer exists is reported, never skipped.
 
 Theorem (of the test harness): with any one mutant applied, the default proof families
-(``forward``, ``reverse``, ``general``, ``overflow``, ``monoid``, ``tiles``, ``dropout``) do
-not all prove: some obligation is REFUTED with a numeric counterexample, or fails. The
-mutants family runs each mutant against those obligations (the likeliest first) and
-stops at the first that does not prove. ``exactattn prove --mutation-tests`` also runs
+(``forward``, ``reverse``, ``scores``, ``general``, ``overflow``, ``monoid``, ``smt``,
+``tiles``, ``dropout``) do not all prove: some obligation is REFUTED with a numeric
+counterexample (or the solver's model), or fails. The mutants family runs each mutant
+against those obligations (the likeliest first) and stops at the first that does not
+prove; a mutant whose probes that ran all proved while some were SKIPPED (z3 missing) is
+SKIPPED, not counted as surviving. ``exactattn prove --mutation-tests`` also runs
 the default test suite against each mutant (:mod:`.mutation`); the certificate's mutation
 table has both verdicts.
 """

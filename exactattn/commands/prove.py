@@ -15,7 +15,9 @@ import argparse
 import sys
 
 
-def _parser(families: list[str], default_max_n: int) -> argparse.ArgumentParser:
+def _parser(
+    families: list[str], default_max_n: int, tiles_n: tuple[int, int]
+) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="exactattn prove",
         description="Symbolic proofs that the library's tiled attention is exact.",
@@ -32,8 +34,8 @@ def _parser(families: list[str], default_max_n: int) -> argparse.ArgumentParser:
         default=default_max_n,
         metavar="N",
         help=f"largest n for the forward and reverse grids (default {default_max_n}); the "
-        "tiles family's exhaustive check goes to max(12, N) for single masks and max(6, N) "
-        "for compositions",
+        f"tiles family's exhaustive check goes to max({tiles_n[0]}, N) for single masks and "
+        f"max({tiles_n[1]}, N) for compositions",
     )
     parser.add_argument("--report", metavar="FILE", help="write a markdown certificate here")
     parser.add_argument(
@@ -50,10 +52,12 @@ def _parser(families: list[str], default_max_n: int) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..proofs import runner
+    from ..proofs import runner, tiles
 
     argv = sys.argv[1:] if argv is None else argv
-    parser = _parser(list(runner.FAMILIES), runner.DEFAULT_MAX_N)
+    parser = _parser(
+        list(runner.FAMILIES), runner.DEFAULT_MAX_N, (tiles.SINGLE_N, tiles.COMPOSITE_N)
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
