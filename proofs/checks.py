@@ -1,8 +1,9 @@
 """Run the library on one symbolic problem and compare with the specification.
 
 A :class:`Problem` holds both sides: what the library is given (inputs, its mask object,
-``dropout_p`` and ``seed``) and what the specification uses (the same inputs, the allowed
-set written as inequalities, the dropout factors from their definition). The library runs
+``dropout_p`` and ``seed``, a bias array and a soft-cap) and what the specification uses (the
+same inputs, bias and cap, the allowed set written as inequalities, the dropout factors
+from their definition). The library runs
 through the public API (``exactattn.attention`` / ``attention_backward``) when it can, and
 through ``algorithm.forward`` / ``backward`` when the obligation needs a parameter the API
 does not take (``row_block``, the torch path's frozen statistics, symbolic ρ), always over
@@ -18,7 +19,7 @@ import numpy as np
 import sympy
 
 import exactattn
-from exactattn import algorithm, masks
+from exactattn import algorithm, masks, scores
 from exactattn.dropout import make_dropout
 
 from . import spec
@@ -42,6 +43,8 @@ class Problem:
     symbolic_rho: SymbolicDropout | None = None
     empty_rows: str = "error"
     enable_gqa: bool = False  # axis −3 of q holds H = g·H_kv heads; head h reads h // g
+    bias: np.ndarray | None = None  # B_ij, broadcastable to (*batch, n_q, n_k): an input
+    softcap: Any = None  # cap in cap·tanh(s/cap)
     _spec_grads: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -78,26 +81,29 @@ class Problem:
         return None
 
     def spec_output(self) -> np.ndarray:
-        c = self.c
+        c, cap = self.c, self.softcap
         return spec.batched(
-            lambda q, k, v, a, r: spec.naive_output(q, k, v, c, a, r),
-            self.batch, *self.spec_inputs, self.allowed_grid(), self.rho_grid(),
+            lambda q, k, v, a, r, bias: spec.naive_output(q, k, v, c, a, r, bias, cap),
+            self.batch, *self.spec_inputs, self.allowed_grid(), self.rho_grid(), self.bias,
         )  # fmt: skip
 
     def spec_exp_lse(self) -> np.ndarray:
-        c = self.c
+        c, cap = self.c, self.softcap
         return spec.batched(
-            lambda q, k, a: spec.naive_exp_lse(q, k, c, a),
-            self.batch, *self.spec_inputs[:2], self.allowed_grid(),
+            lambda q, k, a, bias: spec.naive_exp_lse(q, k, c, a, bias, cap),
+            self.batch, *self.spec_inputs[:2], self.allowed_grid(), self.bias,
         )  # fmt: skip
 
     def spec_gradients(self, row: tuple[int, ...], g: np.ndarray) -> list[np.ndarray | None]:
-        """``∂(G_row·Y_row)/∂X`` for X = Q, K, V (None where X is not all symbols)."""
+        """``∂(G_row·Y_row)/∂X`` for X = Q, K, V (None where X is not all symbols) and, with
+        a bias, ``∂/∂B`` (0 at its constant entries)."""
         hit = self._spec_grads.get(row)
         if hit is None:
             y = _spec_row(self, row)
             loss = sympy.Add(*(g[row] * y))
             hit = [spec.gradient(loss, x) if _all_symbols(x) else None for x in self.inputs]
+            if self.bias is not None:
+                hit.append(spec.gradient(loss, self.bias))
             self._spec_grads[row] = hit
         return hit
 
@@ -109,7 +115,15 @@ class Problem:
         return dict(
             scale=self.c, block_size=b, mask=self.mask, dropout_p=self.dropout_p,
             seed=self.seed, empty_rows=self.empty_rows, enable_gqa=self.enable_gqa,
+            bias=self.bias, softcap=self.softcap,
         )  # fmt: skip
+
+    def score_mod(self, ctx: Any) -> scores.ScoreMod | None:
+        """The score modifications as the public API builds them: soft-cap, then bias."""
+        return scores.chain(
+            None if self.softcap is None else scores.softcap(self.softcap),
+            None if self.bias is None else scores.bias(self.bias).adopt(ctx),
+        )
 
 
 def _spec_row(pb: Problem, row: tuple[int, ...]) -> np.ndarray:
@@ -119,7 +133,12 @@ def _spec_row(pb: Problem, row: tuple[int, ...]) -> np.ndarray:
     args = [spec.at_batch(x, tuple(lead), len(pb.batch)) for x in pb.spec_inputs]
     a = None if allowed is None else allowed[tuple(lead)][i : i + 1]
     r = None if rho is None else rho[tuple(lead)][i : i + 1]
-    return spec.naive_output(args[0][i : i + 1], args[1], args[2], pb.c, a, r)[0]
+    bias = None
+    if pb.bias is not None:
+        bias = spec.at_batch(pb.bias, tuple(lead), len(pb.batch))
+        bias = bias[i : i + 1] if bias.shape[0] != 1 else bias
+    q = args[0][i : i + 1]
+    return spec.naive_output(q, args[1], args[2], pb.c, a, r, bias, pb.softcap)[0]
 
 
 def _all_symbols(x: np.ndarray) -> bool:
@@ -158,6 +177,7 @@ def library_forward(pb: Problem, b: int, row_block: int | None = None) -> Run:
     y, state = algorithm.forward(
         ctx, q, k, v, scale=ctx.scalar(pb.c), block_size=b, mask=mask,
         dropout=_dropout(pb), row_block=row_block, enable_gqa=pb.enable_gqa,
+        score_mod=pb.score_mod(ctx),
     )  # fmt: skip
     return Run(y, state.m, state.l, algorithm.log_sum_exp(ctx, state.m, state.l), None)
 
@@ -169,22 +189,26 @@ def library_backward(
     g: np.ndarray,
     row_block: int | None = None,
     lse_only: bool = False,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(dQ, dK, dV)``; ``lse_only`` freezes ``m = lse, ℓ = 1`` as the torch path does."""
+) -> tuple[np.ndarray, ...]:
+    """``(dQ, dK, dV)`` and, with a bias, ``dB``; ``lse_only`` freezes ``m = lse, ℓ = 1``
+    as the torch path does."""
     ctx = ProofContext()
     if not (_direct(pb, row_block) or lse_only):
         return exactattn.attention_backward(
-            pb.q, pb.k, pb.v, run.y, run.stats, g, backend=ctx, **pb.keywords(b)
-        )
+            pb.q, pb.k, pb.v, run.y, run.stats, g, backend=ctx, bias_grad=pb.bias is not None,
+            **pb.keywords(b),
+        )  # fmt: skip
     q, k, v = (ctx.asarray(x) for x in pb.inputs)
     m, l = run.m, run.l
     if lse_only:
         m, l = run.lse, np.full(run.lse.shape, sympy.S.One, dtype=object)
-    return algorithm.backward(
+    grads = {} if pb.bias is None else {"bias": ctx.zeros(pb.bias.shape)}
+    out = algorithm.backward(
         ctx, q, k, v, run.y, m, l, ctx.asarray(g), scale=ctx.scalar(pb.c), block_size=b,
         mask=masks.as_mask(pb.mask), dropout=_dropout(pb), row_block=row_block,
-        enable_gqa=pb.enable_gqa,
+        enable_gqa=pb.enable_gqa, score_mod=pb.score_mod(ctx), mod_grads=grads,
     )  # fmt: skip
+    return (*out, *grads.values())
 
 
 # --- comparisons ---------------------------------------------------------------------------
@@ -209,7 +233,7 @@ def check_forward(pb: Problem, b: int, row_block: int | None = None) -> Run:
 def check_reverse(
     pb: Problem, b: int, row_block: int | None = None, lse_only: bool = False
 ) -> None:
-    """For every query row of G: the library's (dQ, dK, dV) against ∂(G·Y)/∂(Q, K, V)."""
+    """For every query row of G: the library's (dQ, dK, dV[, dB]) against ∂(G·Y)/∂(Q, K, V[, B])."""
     run = library_forward(pb, b, row_block)
     shape = (*pb.batch, pb.n_q, pb.v.shape[-1])
     where = f"b={b}" + ("" if row_block is None else f" row_block={row_block}")
@@ -217,6 +241,9 @@ def check_reverse(
     for row in np.ndindex(*shape[:-1]):
         g = upstream(shape, row)
         tiled = library_backward(pb, b, run, g, row_block, lse_only)
-        for name, lhs, rhs in zip(("dQ", "dK", "dV"), tiled, pb.spec_gradients(row, g)):
+        wanted = pb.spec_gradients(row, g)
+        if len(tiled) != len(wanted):
+            raise Undecided(f"{where}: {len(tiled)} gradients returned, {len(wanted)} specified")
+        for name, lhs, rhs in zip(("dQ", "dK", "dV", "dB"), tiled, wanted):
             if rhs is not None:  # Q = I at score level: dQ is covered by the full runs
                 check_equal(f"{where} row {list(row)}: tiled {name} vs ∂L/∂{name[1]}", lhs, rhs)

@@ -10,7 +10,9 @@ failing comparison stops it. Verdicts:
 * ``UNDECIDED`` a comparison was not proved but no counterexample was found, or the
   expression left the decidable fragment — counted as a failure;
 * ``FAILED``   the code under test (or the check) raised an exception: recorded with the
-  exception, never a crash of the run — counted as a failure.
+  exception, never a crash of the run — counted as a failure;
+* ``SKIPPED``  the check needs an optional package that is not installed (the reason names
+  the extra): neither proved nor a failure — the certificate says what was not checked.
 
 A *mutant* obligation (``expect_refuted=True``) runs the same check on a deliberately
 broken variant of one step; it passes only when REFUTED.
@@ -33,6 +35,7 @@ from . import numeric, symbolic
 from .coverage import Coverage
 
 PROVED, REFUTED, UNDECIDED, FAILED = "PROVED", "REFUTED", "UNDECIDED", "FAILED"
+SKIPPED = "SKIPPED"
 NO_TARGET = "NO TARGET"  # a mutant whose target is missing from the library
 
 
@@ -44,6 +47,10 @@ class Refuted(Exception):
 
 class Undecided(Exception):
     pass
+
+
+class Skipped(Exception):
+    """The check needs an optional package that is missing (the message names the extra)."""
 
 
 class NoTarget(Exception):
@@ -78,7 +85,9 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        """PROVED; for a mutant, anything but PROVED (it was killed)."""
+        """PROVED (or SKIPPED); for a mutant, anything but PROVED (it was killed)."""
+        if self.status == SKIPPED:
+            return True
         if self.obligation.expect_refuted:
             return self.status not in (PROVED, NO_TARGET)
         return self.status == PROVED
@@ -86,7 +95,7 @@ class Outcome:
     def line(self) -> str:
         ob = self.obligation
         verdict = self.status
-        if ob.expect_refuted:
+        if ob.expect_refuted and self.status != SKIPPED:
             verdict += " (mutant killed)" if self.ok else " (MUTANT NOT KILLED)"
         text = f"{ob.family:<9} {ob.name:<58} {ob.sizes:<28} {self.seconds:7.2f}s  {verdict}"
         if self.counterexample is not None:
@@ -149,6 +158,8 @@ def run(obligations: Iterable[Obligation], stream: TextIO | str | None = "stdout
             outcome = Outcome(ob, err.status, 0.0, detail=str(err))
         except NoTarget as err:
             outcome = Outcome(ob, NO_TARGET, 0.0, detail=str(err))
+        except Skipped as err:
+            outcome = Outcome(ob, SKIPPED, 0.0, detail=str(err))
         except (Undecided, symbolic.Unsupported) as err:
             outcome = Outcome(ob, UNDECIDED, 0.0, detail=str(err))
         except Exception as err:  # the code under test raised: a verdict, not a crash
@@ -171,9 +182,10 @@ def summary(outcomes: list[Outcome], seconds: float) -> str:
     failed = [o for o in outcomes if not o.ok]
     proved = sum(o.status == PROVED for o in outcomes if not o.obligation.expect_refuted)
     mutants = [o for o in outcomes if o.obligation.expect_refuted]
-    killed = sum(o.ok for o in mutants)
+    killed = sum(o.ok and o.status != SKIPPED for o in mutants)
+    skipped = sum(o.status == SKIPPED for o in outcomes)
     verdict = "ALL OK" if not failed else f"{len(failed)} FAILED"
     return (
         f"{len(outcomes)} obligations: {proved} proved, {killed}/{len(mutants)} mutants "
-        f"killed, in {seconds:.1f}s — {verdict}"
+        f"killed{f', {skipped} skipped' if skipped else ''}, in {seconds:.1f}s — {verdict}"
     )

@@ -25,6 +25,11 @@ separate contributions. So splitting the query rows into runs (``row_block``) ch
 row's arithmetic, and dK, dV add up the same terms whatever the split.
 Lemma P (frozen p). ``tile_probabilities(s, m, ℓ) · ℓ e^m = e^s`` (0 off ``A_i``) for any
 frozen ``m, ℓ`` — the forward's, or the torch path's ``m = lse, ℓ = 1``.
+Lemma S (score modification). The library's soft-cap-then-bias tile (``exactattn.scores``)
+maps a score σ to ``σ' = cap·tanh(σ/cap) + B`` and pulls an upstream ``γ' = ∂L/∂σ'`` back
+to ``γ'·∂σ'/∂σ`` with ``dB += γ'·∂σ'/∂B = γ'`` — for every real σ, B, γ' and cap > 0. The
+modification is elementwise, so the induction below runs unchanged on the modified scores
+σ' (any reals), and Lemma S turns its ``∂L/∂σ'`` into ``∂L/∂σ`` and ``∂L/∂B``.
 
 Induction over the tiles (forward), as checked steps. Fix a row i and let ``U_t`` be the
 allowed keys of the first t tiles the loop visits for it. Claim ``H_t``: the state's
@@ -41,13 +46,15 @@ If the loop visits every allowed (b, i, j) exactly once, ``U_T = A_i`` and
 ``Y_i = Σ_{A_i} e^s ρ V / Σ_{A_i} e^s``: exact. Reverse: each visit adds
 ``c γ_ij k_j`` to dQ_i, ``c γ_ij q_i`` to dK_j and ``p_ij ρ_ij G_i`` to dV_j with
 ``p_ij = e^{s_ij}/Σ_{A_i} e^s`` (Lemma P and the forward), δ by Lemma F; by Lemmas D and
-E these are exactly the terms of ``∂L/∂(Q, K, V)``, summed once each: exact.
+E these are exactly the terms of ``∂L/∂(Q, K, V)``, summed once each: exact (with score
+modification, Lemma S gives each visit's ``∂L/∂σ`` and its ``dB_ij`` term).
 
 What holds for all n: the lemmas and the three induction steps (symbolic in every variable,
-with lumped symbols standing for any number of other keys). What holds only at
-enumerated sizes: that the tile iterator visits every allowed pair exactly once
-(the ``tiles`` family, exhaustive for small n; an SMT proof over all n is future work),
-and the end-to-end runs of families 2, 3 and 5.
+with lumped symbols standing for any number of other keys), and — the ``smt`` family —
+that the stated tile loop visits every allowed pair exactly once given the masks'
+contracts, which the built-in masks' formulas meet. What holds only at enumerated sizes:
+that ``tiles()`` is the stated loop (``smt``, n ≤ 6), the whole iterator run against the
+definition (``tiles``), and the end-to-end runs of families 2, 3 and 5.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ import itertools
 import numpy as np
 import sympy
 
-from exactattn import algorithm, masks
+from exactattn import algorithm, masks, scores
 from exactattn.algorithm import Summary
 
 from .context import ProofContext
@@ -160,6 +167,22 @@ def lemma_p() -> None:
     p = algorithm.tile_probabilities(ctx, scores, _arr(m), _arr(l))[0]
     want = [sympy.exp(s[0]), 0, sympy.exp(s[2])]
     check_equal("tile_probabilities · ℓ e^m vs e^s (0 off A_i)", p * l * sympy.exp(m), want)
+
+
+def lemma_s() -> None:
+    ctx, geometry = ProofContext(), masks.Geometry(1, 1)
+    sigma, big_b, gamma = _sym("sigma"), _sym("B"), _sym("gamma")
+    cap = _sym("cap", positive=True)
+    bias = scores.bias(_arr([big_b])).adopt(ctx)
+    tile = scores.chain(scores.softcap(cap), bias).at(
+        ctx, masks.tile_index(ctx, geometry, range(1), range(1)), geometry
+    )
+    modified = cap * sympy.tanh(sigma / cap) + big_b  # the definition
+    check_equal("tile apply vs cap·tanh(σ/cap) + B", tile.apply(_arr([sigma]))[0, 0], modified)
+    grads = {"bias": ctx.zeros((1, 1))}
+    pulled = tile.pullback(_arr([gamma]), grads)[0, 0]
+    check_equal("pullback vs γ'·∂σ'/∂σ", pulled, gamma * sympy.diff(modified, sigma))
+    check_equal("dB vs γ'·∂σ'/∂B", grads["bias"][0, 0], gamma * sympy.diff(modified, big_b))
 
 
 def rows() -> None:
@@ -281,6 +304,9 @@ def obligations(max_n: int = 4) -> list[Obligation]:
         Obligation(FAMILY, "Lemma E: chain rule through c q·k", "d=3", lemma_e),
         Obligation(FAMILY, "Lemma F: δ = G·Y = Σ_j p_j ρ_j G·V_j", "3 keys, v=2", lemma_f),
         Obligation(FAMILY, "Lemma P: p·ℓe^m = e^s for any frozen m, ℓ", "3 keys", lemma_p),
+        Obligation(
+            FAMILY, "Lemma S: softcap then bias, pullback and dB = γ'", "any σ, B, cap", lemma_s
+        ),
         Obligation(FAMILY, "Lemma R: steps are row-local; dK, dV add per row", "2 rows", rows),
         Obligation(FAMILY, "induction base: the loop starts at ⊥, φ(⊥) = 0", "2 rows", base),
         Obligation(

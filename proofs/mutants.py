@@ -8,10 +8,12 @@ original* (a wrapper), so the mutants follow the library through refactors; a ta
 no longer exists is reported, never skipped.
 
 Theorem (of the test harness): with any one mutant applied, the default proof families
-(``forward``, ``reverse``, ``general``, ``overflow``, ``monoid``, ``tiles``, ``dropout``) do
-not all prove: some obligation is REFUTED with a numeric counterexample, or fails. The
-mutants family runs each mutant against those obligations (the likeliest first) and
-stops at the first that does not prove. ``exactattn prove --mutation-tests`` also runs
+(``forward``, ``reverse``, ``scores``, ``general``, ``overflow``, ``monoid``, ``smt``,
+``tiles``, ``dropout``) do not all prove: some obligation is REFUTED with a numeric
+counterexample (or the solver's model), or fails. The mutants family runs each mutant
+against those obligations (the likeliest first) and stops at the first that does not
+prove; a mutant whose probes that ran all proved while some were SKIPPED (z3 missing) is
+SKIPPED, not counted as surviving. ``exactattn prove --mutation-tests`` also runs
 the default test suite against each mutant (:mod:`.mutation`); the certificate's mutation
 table has both verdicts.
 """
@@ -19,6 +21,7 @@ table has both verdicts.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import sys
 from collections.abc import Callable, Iterator
@@ -34,6 +37,7 @@ FAMILY = "mutants"
 ALGORITHM = "exactattn.algorithm"
 MASKS = "exactattn.masks"
 DROPOUT = "exactattn.dropout"
+SCORES = "exactattn.scores"
 
 
 @dataclass(frozen=True)
@@ -343,8 +347,105 @@ def _keep_batch_ignored(original: Callable) -> Callable:
     return lambda self, batch_index, i, j: original(self, batch_index * 0, i, j)
 
 
+def _stop_one_row_short(original: Callable) -> Callable:
+    from exactattn.masks import INT
+
+    def broken(left, right, offset, a, e, n_q, ops=INT):
+        start, stop = original(left, right, offset, a, e, n_q, ops)
+        return start, ops.max(stop - 1, start)
+
+    return broken
+
+
+def _stop_unclamped(original: Callable) -> Callable:
+    """The stop is not clamped to n_q (the shape of the or_masks bug: rows past n_q)."""
+    from exactattn.masks import INT
+
+    def broken(left, right, offset, a, e, n_q, ops=INT):
+        start, stop = original(left, right, offset, a, e, n_q, ops)
+        if left is not None:
+            stop = ops.max(e - offset + left, start)
+        return start, stop
+
+    return broken
+
+
+def _full_one_key_wider(original: Callable) -> Callable:
+    from exactattn.masks import INT
+
+    def broken(left, right, offset, r0, r1, a, e, ops=INT):
+        empty, _ = original(left, right, offset, r0, r1, a, e, ops)
+        return empty, original(left, right, offset, r0, r1, a, e - 1, ops)[1]
+
+    return broken
+
+
+def _empty_one_key_early(original: Callable) -> Callable:
+    from exactattn.masks import INT
+
+    def broken(left, right, offset, r0, r1, a, e, ops=INT):
+        _, full = original(left, right, offset, r0, r1, a, e, ops)
+        return original(left, right, offset, r0, r1, a + 1, e, ops)[0], full
+
+    return broken
+
+
+def _padding_full_one_short(original: Callable) -> Callable:
+    def broken(shortest, longest, a, e):
+        return original(shortest, longest, a, e)[0], original(shortest + 1, longest, a, e)[1]
+
+    return broken
+
+
+def _wider_side(original: Callable) -> Callable:
+    return lambda a, b: original(a, b) if a is None or b is None else max(a, b)
+
+
 def _offset_flipped(original: Callable) -> Callable:
     return lambda *args, **kw: -original(*args, **kw)
+
+
+def _tiles_reversed(method: Callable) -> Callable:
+    """A chain method run over its tiles in the other order."""
+
+    def broken(self, *args):
+        flipped = copy.copy(self)
+        flipped.tiles = self.tiles[::-1]
+        return method(flipped, *args)
+
+    return broken
+
+
+def _cap_not_divided(original: Callable) -> Callable:
+    """``cap·tanh(s)`` instead of ``cap·tanh(s/cap)``."""
+    return lambda self, s: original(self, s * self.cap)
+
+
+class _FirstNotSum:
+    """A context whose ``sum_to`` keeps the first entry along each reduced axis."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+
+    def sum_to(self, x: Any, shape: tuple[int, ...]) -> Any:
+        x = x[(0,) * (x.ndim - len(shape))]
+        picked = tuple(slice(0, 1) if n == 1 else slice(None) for n in shape)
+        return x[picked]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+def _bias_first_not_sum(original: Callable) -> Callable:
+    def broken(self, gamma, grads):
+        real = self.ctx
+        self.ctx = _FirstNotSum(real)
+        try:
+            return original(self, gamma, grads)
+        finally:
+            self.ctx = real
+
+    return broken
 
 
 def _a(step: str) -> tuple[str, ...]:
@@ -352,13 +453,14 @@ def _a(step: str) -> tuple[str, ...]:
 
 
 FWD, REV, GEN, OVF, TIL, DRP = "forward", "reverse", "general", "overflow", "tiles", "dropout"
+SMT, SCO = "smt", "scores"
 
 MUTANTS: list[Mutant] = [
     # the forward
     Mutant("tiles: row runs overlap by one row", "tiles (row_block)", _a("tiles"),
-           _rows_overlapping, (TIL, FWD)),
+           _rows_overlapping, (f"{SMT}/stated loop (same", TIL)),
     Mutant("tiles: row runs skip their first row", "tiles (row_block)", _a("tiles"),
-           _rows_skipping, (TIL, FWD)),
+           _rows_skipping, (f"{SMT}/stated loop (same", TIL)),
     Mutant("tile_scores: scale c dropped", "tile_scores", _a("tile_scores"), _scale_dropped,
            (FWD,)),
     Mutant("tile_scores: mask ignored in the reverse", "tile_scores (reverse)",
@@ -420,7 +522,21 @@ MUTANTS: list[Mutant] = [
            (f"{MASKS}:SlidingWindow.row_span",), _span_one_row_late, (TIL, FWD)),
     Mutant("alignment offset: sign flipped", "alignment offset",
            (f"{MASKS}:alignment_offset", f"{MASKS}:_alignment_offset"), _offset_flipped,
-           (TIL, FWD)),
+           (f"{SMT}/window_allows", TIL, FWD)),
+    Mutant("window_row_span: stop one row short", "window_row_span",
+           (f"{MASKS}:window_row_span",), _stop_one_row_short, (f"{SMT}/window_row_span", TIL)),
+    Mutant("window_row_span: stop not clamped to n_q", "window_row_span",
+           (f"{MASKS}:window_row_span",), _stop_unclamped, (f"{SMT}/window_row_span", TIL)),
+    Mutant("window_tile_kind: FULL one key too wide", "window_tile_kind",
+           (f"{MASKS}:window_tile_kind",), _full_one_key_wider, (f"{SMT}/window_tile_kind", TIL)),
+    Mutant("window_tile_kind: EMPTY one key too early", "window_tile_kind",
+           (f"{MASKS}:window_tile_kind",), _empty_one_key_early,
+           (f"{SMT}/window_tile_kind", TIL)),
+    Mutant("padding_tile_kind: FULL once the shortest length reaches e − 1",
+           "padding_tile_kind", (f"{MASKS}:padding_tile_kind",), _padding_full_one_short,
+           (f"{SMT}/padding_tile_kind", TIL)),
+    Mutant("Band.intersect: the wider window side kept", "Band.intersect (Mask.lower)",
+           (f"{MASKS}:_tighter",), _wider_side, (f"{SMT}/Mask.lower",)),
     Mutant("KeyPadding.tile: j ≤ length", "KeyPadding.tile", (f"{MASKS}:KeyPadding.tile",),
            _one_key_wider, (TIL, FWD)),
     Mutant("KeyPadding.row_span: no row once the shortest length is reached",
@@ -429,11 +545,26 @@ MUTANTS: list[Mutant] = [
     Mutant("KeyPadding.classify: PARTIAL reported FULL", "KeyPadding.classify",
            (f"{MASKS}:KeyPadding.classify",), _kind_swapped("PARTIAL", "FULL"), (TIL, FWD)),
     Mutant("And.classify: FULL if any part is FULL", "And.classify",
-           (f"{MASKS}:And.classify",), _and_full_if_any_full, ("tiles/∧", FWD)),
+           (f"{MASKS}:And.classify",), _and_full_if_any_full, (f"{SMT}/classify", "tiles/∧")),
     Mutant("Or.classify: EMPTY if any part is EMPTY", "Or.classify",
-           (f"{MASKS}:Or.classify",), _or_empty_if_any_empty, ("tiles/∧", FWD)),
+           (f"{MASKS}:Or.classify",), _or_empty_if_any_empty, (f"{SMT}/classify", "tiles/∧")),
     Mutant("Or.row_span: the intersection of the parts' spans", "Or.row_span",
-           (f"{MASKS}:Or.row_span",), _or_span_intersection, ("tiles/∧", FWD)),
+           (f"{MASKS}:Or.row_span",), _or_span_intersection, (f"{SMT}/row_span meet", "tiles/∧")),
+    # score modification
+    Mutant("softcap pullback: the factor 1 − tanh² dropped", "Softcap (reverse)",
+           (f"{SCORES}:_SoftcapTile.pullback",), _keep(lambda self, gamma, grads: gamma),
+           (f"{GEN}/Lemma S", f"{SCO}/reverse (dQ, dK, dV): softcap")),
+    Mutant("softcap: cap·tanh(s) (s not divided by cap)", "Softcap",
+           (f"{SCORES}:_SoftcapTile.apply",), _cap_not_divided, (f"{SCO}/forward: softcap",)),
+    Mutant("chain: softcap applied after the bias", "Chain (score_mod order)",
+           (f"{SCORES}:_ChainTile.apply",), _tiles_reversed,
+           (f"{GEN}/Lemma S", f"{SCO}/forward: softcap then")),
+    Mutant("chain pullback: forward order (dB gets the softcap factor)", "Chain (reverse)",
+           (f"{SCORES}:_ChainTile.pullback",), _tiles_reversed,
+           (f"{GEN}/Lemma S", f"{SCO}/reverse (dQ, dK, dV, dB): softcap then")),
+    Mutant("bias pullback: a broadcast bias's dB takes one entry, not the sum", "Bias (dB)",
+           (f"{SCORES}:_BiasTile.pullback",), _bias_first_not_sum,
+           (f"{SCO}/reverse (dQ, dK, dV, dB): softcap then a bias broadcast",)),
     # dropout
     Mutant("Dropout.factors: 1/(1+p) instead of 1/(1−p)", "Dropout.factors",
            (f"{DROPOUT}:Dropout.factors",), _factor_one_plus_p, (DRP, FWD)),
@@ -454,11 +585,11 @@ class MinContext(overflow.RecordingContext):
 # --- killing a mutant with the proofs ------------------------------------------------------
 def probe_obligations(max_n: int) -> dict[str, list[engine.Obligation]]:
     """The default families' obligations, by family (the mutants' judges)."""
-    from . import dropout, forward, general, monoid, reverse, tiles
+    from . import dropout, forward, general, monoid, reverse, scores, smt, tiles
 
     families = {
-        GEN: general, TIL: tiles, FWD: forward, REV: reverse, OVF: overflow,
-        DRP: dropout, "monoid": monoid,
+        GEN: general, SMT: smt, TIL: tiles, FWD: forward, REV: reverse, SCO: scores,
+        OVF: overflow, DRP: dropout, "monoid": monoid,
     }  # fmt: skip
     return {name: module.obligations(max_n) for name, module in families.items()}
 
@@ -467,13 +598,18 @@ def kill(mutant: Mutant, probes: dict[str, list[engine.Obligation]], baseline: d
     """Run the probes under ``mutant`` until one does not prove; raise its verdict.
 
     A probe that does not prove on the unmutated library either (``baseline`` caches that)
-    judges nothing and is passed over. Returns (the mutant survived) only if every probe
-    that proves unmutated also proved under the mutant.
+    judges nothing and is passed over, and so is a SKIPPED one (z3 missing). Returns (the
+    mutant survived) only if every probe that proves unmutated also proved under the
+    mutant; raises Skipped instead when some probe could not run.
     """
     mutant.resolve()  # a missing target is reported even with no probe to run
+    skipped = []
     for ob in _ordered(mutant, probes):
         with mutant.applied():
             (outcome,) = engine.run([ob], stream=None)
+        if outcome.status == engine.SKIPPED:
+            skipped.append(f"{ob.family} / {ob.name}: {outcome.detail}")
+            continue
         if outcome.status == engine.PROVED or not _proves_unmutated(ob, baseline):
             continue
         where = f"{ob.family} / {ob.name} ({ob.sizes})"
@@ -481,6 +617,8 @@ def kill(mutant: Mutant, probes: dict[str, list[engine.Obligation]], baseline: d
             cex = outcome.counterexample
             raise engine.Refuted(cex.relabelled(f"{where} — {cex.what}"))
         raise engine.Killed(outcome.status, f"{where} — {outcome.detail}")
+    if skipped:  # not judged: its likeliest judges could not run
+        raise engine.Skipped(f"survived the probes that ran; skipped {skipped[0]}")
     return "every probe proved"
 
 
@@ -496,11 +634,27 @@ def _ordered(mutant: Mutant, probes: dict[str, list[engine.Obligation]]):
                 yield ob
 
 
+# Verdicts of obligations already run on the unmutated library in this process (the
+# families that ran before the mutants family), so a probe's baseline is not run twice.
+_UNMUTATED: dict[tuple[str, str, str], bool] = {}
+
+
+def remember(outcomes: list[engine.Outcome]) -> None:
+    """Record verdicts reached with no mutant applied (the runner calls this per family)."""
+    for o in outcomes:
+        if not o.obligation.expect_refuted:
+            ob = o.obligation
+            _UNMUTATED[(ob.family, ob.name, ob.sizes)] = o.status == engine.PROVED
+
+
 def _proves_unmutated(ob: engine.Obligation, baseline: dict) -> bool:
-    if id(ob) not in baseline:
+    key = (ob.family, ob.name, ob.sizes)
+    if key in _UNMUTATED:
+        return _UNMUTATED[key]
+    if key not in baseline:
         (outcome,) = engine.run([ob], stream=None)
-        baseline[id(ob)] = outcome.status == engine.PROVED
-    return baseline[id(ob)]
+        baseline[key] = outcome.status == engine.PROVED
+    return baseline[key]
 
 
 def obligations(max_n: int = 4) -> list[engine.Obligation]:

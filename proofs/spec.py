@@ -8,6 +8,9 @@ the algorithm. What the library computes is compared against
       Y_i = Σ_{j∈A_i} e^{s_ij} ρ_ij V_j / Σ_{j∈A_i} e^{s_ij},   s_ij = c·q_i·k_j,
       e^{lse_i} = Σ_{j∈A_i} e^{s_ij};
 
+  with score modification ``s_ij = cap·tanh(c·q_i·k_j / cap) + B_ij`` (soft-capping first,
+  then the additive bias; a ``B_ij = −∞`` entry excludes the pair, ``e^{−∞} = 0``);
+
   a row with ``A_i = ∅`` has ``Y_i = 0`` and ``lse_i = −∞`` (the ``empty_rows='zero'``
   convention); the reverse is sympy's derivative of ``L = Σ_ia G_ia Y_ia``;
 * **allowed sets** ``A_i`` as inequalities on ``i, j``, the alignment offset ``o`` and the
@@ -150,9 +153,26 @@ def _exp(x: Any) -> np.ndarray:
     return np.vectorize(sympy.exp, otypes=[object])(np.asarray(x, dtype=object))
 
 
-def naive_output(q: Any, k: Any, v: Any, c: Any, allowed: Any = None, rho: Any = None) -> Any:
+def scores(q: Any, k: Any, c: Any, bias: Any = None, cap: Any = None) -> Any:
+    """``s_ij = c·q_i·k_j``, soft-capped to ``cap·tanh(s/cap)``, plus ``B_ij`` (2-D inputs)."""
+    s = (q @ k.T) * c
+    if cap is not None:
+        s = cap * np.vectorize(sympy.tanh, otypes=[object])(s / cap)
+    return s if bias is None else s + bias
+
+
+def naive_output(
+    q: Any,
+    k: Any,
+    v: Any,
+    c: Any,
+    allowed: Any = None,
+    rho: Any = None,
+    bias: Any = None,
+    cap: Any = None,
+) -> Any:
     """``Y`` for 2-D inputs: ``Σ_j e^{s_ij} ρ_ij V_j / Σ_j e^{s_ij}`` over ``A_i``; 0 if empty."""
-    e = _exp((q @ k.T) * c)
+    e = _exp(scores(q, k, c, bias, cap))
     if allowed is not None:
         e = np.where(allowed, e, sympy.S.Zero)
     weights = e if rho is None else e * rho
@@ -164,9 +184,9 @@ def naive_output(q: Any, k: Any, v: Any, c: Any, allowed: Any = None, rho: Any =
     return out
 
 
-def naive_exp_lse(q: Any, k: Any, c: Any, allowed: Any = None) -> Any:
+def naive_exp_lse(q: Any, k: Any, c: Any, allowed: Any = None, bias: Any = None, cap: Any = None):
     """``e^{lse_i} = Σ_{j∈A_i} e^{s_ij}`` (0 for an empty row: ``lse = −∞``)."""
-    e = _exp((q @ k.T) * c)
+    e = _exp(scores(q, k, c, bias, cap))
     if allowed is not None:
         e = np.where(allowed, e, sympy.S.Zero)
     return e.sum(axis=1)
@@ -196,8 +216,10 @@ def at_batch(a: Any, index: tuple[int, ...], ndim_batch: int) -> Any:
 
 
 def gradient(loss: sympy.Expr, wrt: np.ndarray) -> np.ndarray:
-    """``∂loss/∂x`` for every symbol of ``wrt``, same shape."""
+    """``∂loss/∂x`` for every symbol of ``wrt``, same shape (0 at a constant entry, such as
+    a bias's −∞: it is no variable of the loss)."""
     out = np.empty(wrt.shape, dtype=object)
     for index in np.ndindex(wrt.shape):
-        out[index] = sympy.diff(loss, wrt[index])
+        x = wrt[index]
+        out[index] = sympy.diff(loss, x) if isinstance(x, sympy.Symbol) else sympy.S.Zero
     return out

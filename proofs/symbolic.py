@@ -1,11 +1,14 @@
 """The zero test: decide ``lhs = rhs`` for the expressions the sympy backend produces.
 
 Every quantity the tiled code computes over the sympy backend is built from polynomials in
-the input symbols, ``+ − × ÷``, ``exp``, ``log`` and the running max (``Max``, or the free
-max symbols of :class:`proofs.context.ProofContext`), the max occurring only inside
-``exp`` (as a shift) or beside a ``log`` (``lse = m + log ℓ``). The test turns such an
-expression into an element of the rational function field ``ℚ(x, E, L)``:
+the input symbols, ``+ − × ÷``, ``exp``, ``log``, ``tanh`` (soft-capping) and the running
+max (``Max``, or the free max symbols of :class:`proofs.context.ProofContext`), the max
+occurring only inside ``exp`` (as a shift) or beside a ``log`` (``lse = m + log ℓ``). The
+test turns such an expression into an element of the rational function field ``ℚ(x, E, L)``:
 
+0. every ``tanh u`` is read as ``(e^{2u} − 1)/(e^{2u} + 1)`` — an identity of real
+   functions whose denominator is never 0, so the image has the same value at every
+   point (a ``tanh`` inside an exponent is an opaque term of it, below);
 1. every exponent ``t`` is written as ``Σ_k c_k μ_k + Σ n_u log u`` — monomials ``μ_k`` of
    the input symbols (and of the free max symbols; an opaque term such as ``Max(a, b)``
    counts as one symbol) with rational ``c_k``, plus logs with integer ``n_u``; then
@@ -210,6 +213,8 @@ class _Scan:
         elif isinstance(e, sympy.log):
             self.logs[e.args[0]] = None
             self.value(e.args[0])
+        elif isinstance(e, sympy.tanh):
+            self.value(sympy.exp(_double(e.args[0])))
         elif e.is_Add or e.is_Mul:
             for arg in e.args:
                 self.value(arg)
@@ -330,6 +335,10 @@ class _Field:
             return self.exp(e.args[0])
         if isinstance(e, sympy.log):
             return self._gen[("log", e.args[0])], one
+        if isinstance(e, sympy.tanh):
+            exp2 = self(sympy.exp(_double(e.args[0])))
+            minus, plus = (f.add(exp2, (self.ring.const(Fraction(k)), one)) for k in (-1, 1))
+            return f.mul(minus, f.power(plus, -1))
         if e.is_Add:
             out = self(e.args[0])
             for arg in e.args[1:]:
@@ -347,6 +356,11 @@ class _Field:
 
 def _as_expr(x: Any) -> sympy.Expr:
     return sympy.sympify(x)
+
+
+def _double(u: sympy.Expr) -> sympy.Expr:
+    """``2u``, the exponent of ``tanh u = (e^{2u} − 1)/(e^{2u} + 1)`` (step 0)."""
+    return 2 * u
 
 
 def first_difference(lhs: Any, rhs: Any) -> tuple[int, ...] | None:

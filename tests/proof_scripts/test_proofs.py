@@ -1,4 +1,9 @@
-"""The proof machinery: it proves true obligations, kills broken variants, reports, exits."""
+"""The proof machinery: it proves true obligations, kills broken variants, reports, exits.
+
+The proofs are imported as ``exactattn.proofs`` — the package the command runs — so that a
+test's monkeypatch reaches what the command runs (``proofs`` from the checkout would be a
+second copy of the same files).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sympy
-
-from proofs import (
-    cli,
+from exactattn.proofs import (
     context,
     engine,
     forward,
@@ -25,6 +28,8 @@ from proofs import (
     symbolic,
     tiles,
 )
+
+from exactattn.commands import prove
 
 ROOT = Path(__file__).resolve().parents[2]
 S, M = sympy.Symbol("s", real=True), sympy.Symbol("m", real=True)
@@ -162,7 +167,7 @@ def test_a_mutant_whose_target_is_gone_is_a_failure_not_a_kill():
 # --- the command ----------------------------------------------------------------------------
 def test_cli_writes_a_certificate_with_coverage_and_exits_zero(tmp_path):
     report = tmp_path / "cert.md"
-    assert cli.main(["monoid", "general", "--report", str(report)]) == 0
+    assert prove.main(["monoid", "general", "--report", str(report)]) == 0
     text = report.read_text(encoding="utf-8")
     for heading in ("## Theorems", "## Coverage", "⋆ is associative", "induction step"):
         assert heading in text
@@ -178,7 +183,7 @@ def test_cli_exits_nonzero_when_a_mutant_survives(monkeypatch, capsys, tmp_path)
         mutants, "probe_obligations", lambda max_n: {"general": general.obligations()}
     )
     report = tmp_path / "cert.md"
-    assert cli.main(["--mutants", "--report", str(report)]) == 1
+    assert prove.main(["--mutants", "--report", str(report)]) == 1
     assert "MUTANT NOT KILLED" in capsys.readouterr().out
     assert "| not broken at all | merge | **NO** — PROVED" in report.read_text(encoding="utf-8")
 
@@ -189,7 +194,7 @@ def test_cli_exits_nonzero_when_an_obligation_is_not_proved(monkeypatch):
         return [engine.Obligation("monoid", "false", "", lambda: engine.check_equal("", x, x + 1))]
 
     monkeypatch.setattr(monoid, "obligations", broken)
-    assert cli.main(["monoid"]) == 1
+    assert prove.main(["monoid"]) == 1
 
 
 def test_cli_records_an_exception_and_exits_nonzero(monkeypatch, capsys):
@@ -197,14 +202,14 @@ def test_cli_records_an_exception_and_exits_nonzero(monkeypatch, capsys):
         return [engine.Obligation("monoid", "raises", "", lambda: np.zeros(2) + np.zeros(3))]
 
     monkeypatch.setattr(monoid, "obligations", raising)
-    assert cli.main(["monoid", "general"]) == 1
+    assert prove.main(["monoid", "general"]) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "could not be broadcast" in out and "Lemma A" in out
 
 
 def test_cli_usage_errors():
-    assert cli.main(["no-such-family"]) == 2
-    assert cli.main(["--max-n", "0"]) == 2
+    assert prove.main(["no-such-family"]) == 2
+    assert prove.main(["--max-n", "0"]) == 2
 
 
 def test_python_dash_m_proofs_runs_from_the_checkout():
