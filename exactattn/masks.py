@@ -161,6 +161,10 @@ class IntOps:
     def or_(a: Any, b: Any) -> Any:
         return a or b
 
+    @staticmethod
+    def where(cond: Any, a: Any, b: Any) -> Any:
+        return a if cond else b
+
 
 INT = IntOps()
 
@@ -216,6 +220,11 @@ def window_row_span(left, right, offset, a, e, n_q, ops: Any = INT) -> tuple[Any
 def padding_tile_kind(shortest: Any, longest: Any, a: Any, e: Any) -> tuple[Any, Any]:
     """``(empty, full)`` of keys ``[a, e)`` under ``j < length``, lengths in [shortest, longest]."""
     return longest <= a, shortest >= e
+
+
+def padding_row_span(longest: Any, a: Any, n_q: Any, ops: Any = INT) -> tuple[Any, Any]:
+    """``(start, stop)``: every row when some length reaches past ``a``, none otherwise."""
+    return 0, ops.where(longest <= a, 0, n_q)
 
 
 # --- the lowered form the fused kernels take ----------------------------------------------
@@ -417,7 +426,7 @@ class KeyPadding(Mask):
         return TileKind.EMPTY if empty else TileKind.FULL if full else TileKind.PARTIAL
 
     def row_span(self, cols: range, geometry: Geometry) -> range:
-        return range(0 if int(self.lengths.max()) <= cols.start else geometry.n_q)
+        return range(*padding_row_span(int(self.lengths.max()), cols.start, geometry.n_q))
 
     def lower(self, geometry: Geometry) -> Band | None:
         shape = _prefix_of_batch("key_padding lengths", tuple(self.lengths.shape), geometry)

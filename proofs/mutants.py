@@ -397,6 +397,13 @@ def _padding_full_one_short(original: Callable) -> Callable:
     return broken
 
 
+def _padding_rows_dropped_one_early(original: Callable) -> Callable:
+    def broken(longest, a, n_q, ops=None):
+        return original(longest - 1, a, n_q, *(() if ops is None else (ops,)))
+
+    return broken
+
+
 def _wider_side(original: Callable) -> Callable:
     return lambda a, b: original(a, b) if a is None or b is None else max(a, b)
 
@@ -535,6 +542,9 @@ MUTANTS: list[Mutant] = [
     Mutant("padding_tile_kind: FULL once the shortest length reaches e − 1",
            "padding_tile_kind", (f"{MASKS}:padding_tile_kind",), _padding_full_one_short,
            (f"{SMT}/padding_tile_kind", TIL)),
+    Mutant("padding_row_span: rows dropped once the longest length reaches a + 1",
+           "padding_row_span", (f"{MASKS}:padding_row_span",), _padding_rows_dropped_one_early,
+           (f"{SMT}/padding_row_span", TIL)),
     Mutant("Band.intersect: the wider window side kept", "Band.intersect (Mask.lower)",
            (f"{MASKS}:_tighter",), _wider_side, (f"{SMT}/Mask.lower",)),
     Mutant("KeyPadding.tile: j ≤ length", "KeyPadding.tile", (f"{MASKS}:KeyPadding.tile",),

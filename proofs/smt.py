@@ -21,10 +21,8 @@ negation is unsatisfiable (z3), run on the library's own formulas over symbols:
   ``i + o − L ≤ j ≤ i + o + R`` (``o = 0`` top-left, ``n_k − n_q`` bottom-right; every
   side None or any ``≥ 0``); ``window_row_span`` and ``window_tile_kind`` meet the contracts
   for every offset ``o``, ``n_q, n_k ≥ 1``, key interval and row interval;
-* **padding**: ``padding_tile_kind`` meets the kind contract for lengths anywhere in
-  ``[shortest, longest]`` — its EMPTY condition ``longest ≤ a`` is the one
-  ``KeyPadding.row_span`` writes inline for dropping a block's rows (that the method
-  writes the same condition is checked by the ``tiles`` family, not proved here);
+* **padding**: ``padding_tile_kind`` meets the kind contract and ``padding_row_span`` the
+  span contract for lengths anywhere in ``[shortest, longest]``;
 * **compositions**: for every combination of the parts' kinds (1–3 parts, and depth 2),
   ``And``/``Or.classify`` meet the kind contract for ``∧``/``∨`` of parts that meet it; and
   ``And``/``Or.row_span`` meet the span contract for parts that meet it, checked at every
@@ -154,6 +152,22 @@ def padding_kind() -> None:
     show = {"empty": empty, "full": full}
     prove("padding_tile_kind: EMPTY ⇒ j ≥ len[b]", implies(empty, ~allowed), hypotheses, show)
     prove("padding_tile_kind: FULL ⇒ j < len[b]", implies(full, allowed), hypotheses, show)
+
+
+def padding_span() -> None:
+    n_q, n_k, a, e, i, j, longest, length = ints("n_q n_k a e i j longest len_b")
+    start, stop = masks.padding_row_span(longest, a, n_q, Z3)
+    hypotheses = [n_q >= 1, length >= 0, length <= longest, *_block(n_k, a, e)]
+    allowed = load().And(a <= j, j < e, j < length, i >= 0, i < n_q)  # row i sees key j
+    show = {"start": start, "stop": stop}
+    prove(
+        "padding_row_span: an allowed (i, j) with j in the block has i in [start, stop)",
+        implies(allowed, load().And(start <= i, i < stop)), hypotheses, show,
+    )  # fmt: skip
+    prove(
+        "padding_row_span: 0 ≤ start ≤ stop ≤ n_q",
+        load().And(start >= 0, start <= stop, stop <= n_q), hypotheses, show,
+    )  # fmt: skip
 
 
 # --- compositions ----------------------------------------------------------------------------
@@ -502,7 +516,10 @@ WINDOW = (
     "window_row_span holds every row with an allowed key, in [0, n_q)",
     "window_tile_kind: EMPTY ⇒ none allowed, FULL ⇒ all allowed",
 )
-PADDING = ("padding_tile_kind: EMPTY ⇒ none allowed, FULL ⇒ all allowed",)
+PADDING = (
+    "padding_tile_kind: EMPTY ⇒ none allowed, FULL ⇒ all allowed",
+    "padding_row_span holds every row with an allowed key, in [0, n_q)",
+)
 COMPOSITION = (
     "And/Or.classify meet the kind contract (parts' contracts)",
     "And/Or.row_span meet the span contract (parts' contracts)",
@@ -531,14 +548,15 @@ def obligations(max_n: int = 4) -> list[Obligation]:
     every = "all n, offsets, sides"
     sizes = {
         WINDOW[0]: "all n, i, j, sides", WINDOW[1]: every, WINDOW[2]: every + ", rows",
-        PADDING[0]: "all lengths, blocks", COMPOSITION[0]: "1–3 parts, depth 2",
+        PADDING[0]: "all lengths, blocks", PADDING[1]: "all n, lengths, blocks",
+        COMPOSITION[0]: "1–3 parts, depth 2",
         COMPOSITION[1]: "1–3 parts, order types", LOOP[0]: "all s, e, w",
         LOOP[1]: "all n (contracts)", LOWERING: "all n, sides, lengths",
         LOOP[2]: f"n_q, n_k ≤ {LOOP_N}, b=1..n_k+1, row_block ∈ {{-,1,2,3}}",
     }  # fmt: skip
     checks = {
         WINDOW[0]: window_definition, WINDOW[1]: window_span, WINDOW[2]: window_kind,
-        PADDING[0]: padding_kind, COMPOSITION[0]: composition_kinds,
+        PADDING[0]: padding_kind, PADDING[1]: padding_span, COMPOSITION[0]: composition_kinds,
         COMPOSITION[1]: composition_spans, LOOP[0]: loop_partition, LOOP[1]: loop_counts,
         LOWERING: lowering, LOOP[2]: code_is_the_stated_loop,
     }  # fmt: skip

@@ -69,6 +69,10 @@ class Z3Ops:
     def or_(a: Any, b: Any) -> Any:
         return load().Or(a, b)
 
+    @staticmethod
+    def where(cond: Any, a: Any, b: Any) -> Any:
+        return load().If(cond, a, b)
+
 
 Z3 = Z3Ops()
 
