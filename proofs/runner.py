@@ -25,6 +25,7 @@ from . import (
     smt,
     tiles,
 )
+from . import program as program_family
 from .certificate import certificate
 
 FAMILIES: dict[str, ModuleType] = {
@@ -54,12 +55,17 @@ def run(
     report: str | None = None,
     mutation_tests: bool = False,
     command: str = "exactattn prove",
+    program: program_family.Program | None = None,
 ) -> int:
-    """Run ``families`` (names of :data:`FAMILIES`); 0 if every obligation is PROVED (or
-    SKIPPED) and every mutant killed, else 1. ``report`` is a path for the certificate."""
+    """Run ``families`` (names of :data:`FAMILIES`), or a user's ``program`` alone; 0 if
+    every obligation is PROVED (or SKIPPED) and every mutant killed, else 1. ``report`` is a
+    path for the certificate."""
     start = time.perf_counter()
     outcomes: list[engine.Outcome] = []
-    for name in families:
+    if program is not None:
+        families = [program_family.FAMILY]
+        outcomes = engine.run(program_family.obligations_for(program, max_n))
+    for name in families if program is None else []:
         done = engine.run(FAMILIES[name].obligations(max_n))
         mutants.remember(done)  # the unmutated verdicts the mutants family compares with
         outcomes += done
@@ -69,7 +75,8 @@ def run(
     if tested is not None:
         print(mutation.summary(tested))
     if report:
-        theorems = {name: FAMILIES[name].__doc__ or "" for name in families}
+        docs = {**FAMILIES, program_family.FAMILY: program_family}
+        theorems = {name: docs[name].__doc__ or "" for name in families}
         text = certificate(outcomes, seconds, theorems, command, tested)
         with open(report, "w", encoding="utf-8") as fh:
             fh.write(text)
