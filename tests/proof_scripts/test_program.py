@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from unittest import mock
 
+from exactattn.proofs import engine, mutants, program
+
 from exactattn import algorithm
 from exactattn.commands import prove
-from exactattn.proofs import engine, mutants, program
 
 from . import programs
 
