@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -67,24 +68,47 @@ class Arith:
     fmax_s: float = math.inf  # ... of the storage type
 
 
+FP8 = {"e4m3": (2.0**-4, 2.0**-6, 2.0**-9, 448.0), "e5m2": (2.0**-3, 2.0**-14, 2.0**-16, 57344.0)}
+
+
+def _info(name: str) -> tuple[float, float, float, float]:
+    """``(u, smallest normal, smallest subnormal, largest finite)`` of a format name:
+    NumPy float names, ``bfloat16``, FP8 ``e4m3``/``e5m2``, or ``pN`` (N bits, no
+    exponent limits: mpmath)."""
+    if name == "bfloat16":
+        return 2.0**-8, 2.0**-126, 2.0**-133, 3.3895313892515355e38
+    if name in FP8:
+        return FP8[name]
+    if name.startswith("p") and name[1:].isdigit():
+        return 2.0 ** -int(name[1:]), 0.0, 0.0, math.inf
+    fi = np.finfo(np.dtype(name))
+    return float(fi.eps) / 2, float(fi.smallest_normal), float(fi.smallest_subnormal), float(fi.max)
+
+
 def ieee(compute: str, storage: str | None = None, p_cast: str | None = None) -> Arith:
-    """The :class:`Arith` of IEEE types named as NumPy names them (``bfloat16`` too)."""
+    """The :class:`Arith` of formats named as NumPy names them (``bfloat16``, FP8 and
+    ``pN`` too)."""
+    return formats([compute], storage or compute, p_cast)
 
-    def info(name: str) -> tuple[float, float, float, float]:
-        if name == "bfloat16":
-            return 2.0**-8, 2.0**-126, 2.0**-133, 3.3895313892515355e38
-        fi = np.finfo(np.dtype(name))
-        return (
-            float(fi.eps) / 2,
-            float(fi.smallest_normal),
-            float(fi.smallest_subnormal),
-            float(fi.max),
-        )
 
-    u, tiny, _, fmax = info(compute)
-    u_s, _, sub, fmax_s = info(storage or compute)
-    u_p, sub_p = (info(p_cast)[0], info(p_cast)[2] / 2) if p_cast else (0.0, 0.0)
+def formats(compute: list[str], storage: str, p_cast: str | None = None) -> Arith:
+    """The :class:`Arith` of a policy whose scores, statistics and accumulators use the
+    ``compute`` formats (the coarsest decides, a sound simplification), inputs and outputs
+    ``storage``, and ``p`` cast to ``p_cast`` (ignored when no coarser than compute)."""
+    infos = [_info(name) for name in compute]
+    u = max(i[0] for i in infos)
+    tiny = max(i[1] for i in infos)
+    fmax = min(i[3] for i in infos)
+    u_s, _, sub, fmax_s = _info(storage)
+    u_p = sub_p = 0.0
+    if p_cast is not None and _info(p_cast)[0] > u:
+        u_p, sub_p = _info(p_cast)[0], _info(p_cast)[2] / 2
     return Arith(u, u_s, u_p, sub_p, tiny, sub / 2, fmax, fmax_s)
+
+
+def of_claim(claim: Any) -> Arith:
+    """The :class:`Arith` of a resolved :class:`exactattn.targets.Claim`."""
+    return formats([claim.scores, claim.stats, claim.acc], claim.input, claim.p)
 
 
 def binary(prec: int) -> Arith:
@@ -99,13 +123,14 @@ def _gamma(n: float, u: float) -> float:
 
 @dataclass
 class Bounds:
-    """Per-entry absolute error bounds, shaped like y, dq, dk, dv."""
+    """Per-entry absolute error bounds, shaped like y, dq, dk, dv (and lse: per row)."""
 
     y: np.ndarray
     dq: np.ndarray
     dk: np.ndarray
     dv: np.ndarray
     overflow_risk: bool  # an intermediate may exceed the type's range: an error is allowed
+    lse: np.ndarray | None = None
 
 
 def bounds(case: Case, q: np.ndarray, k: np.ndarray, ref: Values, a: Arith) -> Bounds:
@@ -158,7 +183,24 @@ def bounds(case: Case, q: np.ndarray, k: np.ndarray, ref: Values, a: Arith) -> B
     ddv = np.swapaxes(p_err * rho + _gamma(n_q + 2, u) * w, -1, -2) @ ag + a.u_s * np.abs(ref.dv)
     floor = a.sub_s + a.tiny * (n_q + n_k + d + dv_ + 8) * (1 + c)
     risk = _overflow_risk(case, qk, gv, agam, aq, ak, av, ag, ref, a)
-    return Bounds(2 * dy, 2 * ddq + floor, 2 * ddk + floor, 2 * ddv + floor, risk)
+    dlse = _lse_bound(s, m, allowed, E_row, omega_bar, gN, a)
+    return Bounds(2 * dy, 2 * ddq + floor, 2 * ddk + floor, 2 * ddv + floor, risk, 2 * dlse)
+
+
+def _lse_bound(s, m, allowed, E_row, omega_bar, gN, a: Arith) -> np.ndarray:
+    """``lse_i = m_i + log ℓ_i``: the row max moves by at most ``E_i``, ``ℓ`` carries the
+    weights' relative error ``ω̄_i`` and ``γ_N`` from its sum, the log and the final add
+    round once each (``u|log ℓ_i|``, ``u|lse_i|``) and the result is stored (``u_s|lse_i|``)."""
+    finite = np.isfinite(m[..., 0])
+    shift = np.where(finite, m[..., 0], 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ell = np.sum(np.where(allowed, np.exp(s - shift[..., None]), 0.0), axis=-1)
+        log_ell = np.log(np.where(finite, ell, 1.0))
+    lse = shift + log_ell
+    u_out = max(a.u, a.u_s)
+    bound = E_row[..., 0] + omega_bar[..., 0] + gN + 2 * a.u * np.abs(log_ell)
+    bound = bound + (a.u + u_out) * np.abs(lse) + a.tiny
+    return np.where(finite, bound, 0.0)
 
 
 def _overflow_risk(case, qk, gv, agam, aq, ak, av, ag, ref: Values, a: Arith) -> bool:

@@ -1,0 +1,182 @@
+"""What a target is: a callable, its calling convention, what it supports, what it claims.
+
+A :class:`Target` names an attention implementation under test. Its callable is loaded on
+first use (:meth:`Target.load`), so the registry can list torch or transformers targets
+without importing either. :class:`Capabilities` say which cases it takes (every other case
+is skipped with the reason, never passed); :class:`Claim` states its arithmetic — the
+formats of the inputs, the scores ``s``, the statistics ``m, ℓ, lse``, the weights ``p``
+before the ``P·V`` product and the accumulators, and its key-block size ``b`` — from which
+the tolerance is derived (:func:`exactattn.testing.reference.bounds`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+ALIASES = {
+    "fp64": "float64",
+    "double": "float64",
+    "fp32": "float32",
+    "float": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp8-e4m3": "e4m3",
+    "fp8-e5m2": "e5m2",
+}
+CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block")
+NAIVE_BLOCK = 0  # ``block=0``: one block spanning every key (naive attention)
+
+
+def format_name(name: str) -> str:
+    """The canonical name of a number format (``fp16`` → ``float16``; ``pN`` kept)."""
+    from ..precision.formats import get_format
+
+    canonical = ALIASES.get(name, name)
+    if canonical != "longdouble":
+        get_format(canonical)  # raises ValueError naming the accepted formats
+    return canonical
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The arithmetic a target claims; ``None`` formats default to the input's.
+
+    ``input=None`` means "the dtype of the case", so one claim serves a target that runs in
+    several dtypes. ``block=None`` means "not stated": the bound then assumes the worst case,
+    one key per block; ``block=0`` is one block over all keys (naive attention).
+    """
+
+    input: str | None = None
+    scores: str | None = None
+    stats: str | None = None
+    p: str | None = None
+    acc: str | None = None
+    block: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Claim:
+        """``input=fp16,scores=fp32,stats=fp32,p=fp16,acc=fp32,block=128`` (any subset)."""
+        values: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or key not in CLAIM_FIELDS:
+                raise ValueError(
+                    f"--claim item {item!r} is not KEY=VALUE with KEY one of {CLAIM_FIELDS}"
+                )
+            if key == "block":
+                if value in ("naive", "all"):
+                    values[key] = NAIVE_BLOCK
+                    continue
+                if not value.isdigit():
+                    raise ValueError(f"--claim block must be an integer >= 0; got {value!r}")
+                values[key] = int(value)
+            else:
+                values[key] = format_name(value)
+        return cls(**values)
+
+    def resolve(self, dtype: str) -> Claim:
+        """Every format filled in for inputs of ``dtype`` (unstated ones follow the input)."""
+        source = self.input or dtype
+        return replace(
+            self,
+            input=source,
+            scores=self.scores or source,
+            stats=self.stats or source,
+            p=self.p or source,
+            acc=self.acc or source,
+        )
+
+    def bound_block(self, n_k: int) -> int:
+        """The block size the bound assumes for ``n_k`` keys."""
+        if self.block is None:
+            return 1
+        return max(n_k, 1) if self.block == NAIVE_BLOCK else self.block
+
+    def text(self) -> str:
+        parts = [f"{name}={getattr(self, name)}" for name in CLAIM_FIELDS[:-1]]
+        block = {None: "unstated (bound assumes 1)", NAIVE_BLOCK: "all keys"}.get(
+            self.block, str(self.block)
+        )
+        return ", ".join(parts) + f", block={block}"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Which cases a target takes; anything else is skipped and counted with the reason.
+
+    ``grads`` / ``dropout`` / ``lse`` / ``empty_rows``: ``True`` when supported, else a
+    string saying why not. ``dropout=True`` means the target replays exactattn's keep-bits
+    (compared element by element); ``"own"`` means it draws its own (checked by the dropout
+    probe, :mod:`exactattn.testing.probes`). ``max_size`` bounds ``n_q·n_k·(d+v)·batch``
+    for slow number systems.
+    """
+
+    dtypes: tuple[str, ...] = FLOAT_DTYPES
+    devices: tuple[str, ...] = ("cpu",)
+    grads: bool | str = True
+    dropout: bool | str = True
+    lse: bool | str = "the calling convention returns no log-sum-exp"
+    gqa: bool | str = True
+    cross: bool | str = True
+    empty_rows: bool | str = True
+    equal_head_dims: bool = False  # needs v == d
+    batch_dims: tuple[int, ...] = (0, 1, 2)  # leading dims it accepts
+    max_size: int | None = None
+    max_n: int | None = None  # largest n_q, n_k, d, v and batch element count
+    masks: tuple[str, ...] | None = None  # mask kinds taken (None: all the convention can)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A named implementation under test (see the module docstring).
+
+    ``loader`` returns the callable (imported on first use); ``requires`` lists modules
+    that must import for it to be available; ``devices_needed`` says when it needs CUDA.
+    ``options`` are the convention's settings (an SDPA backend, a mask form, a ``ctx``
+    factory for exactattn's own number systems). ``rate``: run on about one case in
+    ``rate`` (slow interpreters). ``family`` groups targets for ``difftest --backends``.
+    """
+
+    name: str
+    convention: str
+    loader: Callable[[], Any]
+    caps: Capabilities
+    claim: Claim
+    description: str = ""
+    requires: tuple[str, ...] = ()
+    needs_cuda: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    family: str = "foreign"
+    rate: int = 1
+
+    def load(self) -> Any:
+        """The callable (imports its module on first use; cached by the loader)."""
+        return self.loader()
+
+    def unavailable(self) -> str | None:
+        """Why this target cannot run here (a missing package, no CUDA device), or None."""
+        for module in self.requires:
+            if importlib.util.find_spec(module.split(".")[0]) is None:
+                return f"{module} is not installed"
+            try:
+                importlib.import_module(module)
+            except Exception as error:
+                return f"importing {module} failed: {type(error).__name__}: {error}"
+        if self.needs_cuda:
+            import torch
+
+            if not torch.cuda.is_available():
+                return "needs a CUDA device (torch.cuda.is_available() is False)"
+        return None
+
+
+def size_of(batch: tuple[int, ...], n_q: int, n_k: int, d: int, v: int) -> int:
+    return math.prod(batch) * n_q * n_k * (d + v)

@@ -1,0 +1,153 @@
+"""The search: hypothesis draws cases, every active unit is judged, failures shrink.
+
+:func:`search` runs one hypothesis search after another over a budget of examples. When a
+unit (a variant, or a difftest target) fails, hypothesis shrinks the case to a minimal one
+and the counterexample is recorded with its case (a replay file); the search then resumes
+without that unit for the remaining budget, so one run reports several independent
+failures. Only the cases drawn before a failure count in the statistics (the shrinker's
+replays do not). Ctrl-C stops the search and returns what was seen (``interrupted``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+
+from ..difftest.cases import Case, Draw, build_case
+from .judge import Finding
+
+PROGRESS_EVERY = 250  # cases between progress lines on stderr
+
+
+class UnitFailed(AssertionError):
+    """A unit disagreed with the reference by more than its arithmetic explains."""
+
+
+@dataclass
+class Report:
+    """What a run saw: per unit, verdict counts, skip reasons, the ok findings (for the
+    error statistics) and the failures (finding + case JSON)."""
+
+    examples: int = 0
+    seconds: float = 0.0
+    interrupted: bool = False
+    counts: dict[str, Counter] = field(default_factory=dict)
+    worst: dict[str, float] = field(default_factory=dict)
+    skips: dict[str, Counter] = field(default_factory=dict)
+    grads_skipped: dict[str, Counter] = field(default_factory=dict)
+    findings: dict[str, list[Finding]] = field(default_factory=dict)
+    failures: list[tuple[Finding, str]] = field(default_factory=list)
+
+    def add(self, findings: list[Finding]) -> None:
+        for f in findings:
+            self.counts.setdefault(f.target, Counter())[f.status] += 1
+            if f.status == "skip":
+                self.skips.setdefault(f.target, Counter())[f.detail] += 1
+                continue
+            if f.grads_skipped:
+                self.grads_skipped.setdefault(f.target, Counter())[f.grads_skipped] += 1
+            if f.status == "ok":
+                self.worst[f.target] = max(self.worst.get(f.target, 0.0), f.worst)
+                self.findings.setdefault(f.target, []).append(f)
+
+    def merge(self, other: Report) -> None:
+        self.examples += other.examples
+        self.interrupted |= other.interrupted
+        for mine, theirs in (
+            (self.counts, other.counts),
+            (self.skips, other.skips),
+            (self.grads_skipped, other.grads_skipped),
+        ):
+            for name, counter in theirs.items():
+                mine.setdefault(name, Counter()).update(counter)
+        for name, value in other.worst.items():
+            self.worst[name] = max(self.worst.get(name, 0.0), value)
+        for name, found in other.findings.items():
+            self.findings.setdefault(name, []).extend(found)
+        self.failures += other.failures
+
+
+def search(
+    judge_case: Callable[[Case, list[Any]], list[Finding]],
+    units: list[Any],
+    strategy: st.SearchStrategy[Draw],
+    examples: int,
+    seed: int,
+    progress: str = "",
+) -> Report:
+    """Search ``examples`` cases in all (see the module docstring). ``judge_case(case,
+    active)`` returns the findings of the active units; a unit is named by ``.name``."""
+    report = Report()
+    active = list(units)
+    budget = examples
+    while budget > 0 and active:
+        failure, ran, interrupted = _search_once(
+            judge_case, active, strategy, budget, seed, report, progress
+        )
+        report.examples += ran
+        if failure is not None:
+            finding, case = failure
+            case.note = f"{finding.target}: {finding.detail}"
+            report.failures.append((finding, case.to_json()))
+        if interrupted:
+            report.interrupted = True
+            break
+        if failure is None:
+            break
+        active = [u for u in active if u.name != finding.target]
+        budget -= min(ran, budget)
+        seed += 1
+    return report
+
+
+def _search_once(judge_case, active, strategy, budget, seed, report, progress):
+    """One hypothesis run: ``(shrunk failure or None, cases counted, interrupted)``."""
+    last: dict[str, tuple[Finding, Case]] = {}
+    state = {"ran": 0, "failing": False}
+    start = time.perf_counter()
+
+    @settings(
+        max_examples=budget,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.generate, Phase.shrink],
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
+    @given(strategy)
+    def property_(draw: Draw) -> None:
+        case = build_case(draw)
+        findings = judge_case(case, active)
+        if not state["failing"]:
+            state["ran"] += 1
+            report.add(findings)
+            ran = state["ran"]
+            if progress and ran % PROGRESS_EVERY == 0:
+                seconds = time.perf_counter() - start
+                print(f"{progress}: {ran} cases, {seconds:.0f} s", file=sys.stderr, flush=True)
+        bad = [f for f in findings if f.status == "fail"]
+        if bad:
+            state["failing"] = True
+            last[bad[0].target] = (bad[0], case)  # the final call is the shrunk case
+            raise UnitFailed(bad[0].target)
+
+    try:
+        hypothesis_seed(seed)(property_)()  # reproducible from --seed
+    except UnitFailed as error:
+        return last[str(error)], state["ran"], False
+    except Unsatisfiable:
+        pass
+    except KeyboardInterrupt:  # keep a failure found before the interrupt (maybe unshrunk)
+        found = next(iter(last.values()), None)
+        return found, state["ran"], True
+    return None, state["ran"], False
