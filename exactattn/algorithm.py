@@ -1,8 +1,9 @@
 """The tiled forward and the block-recomputed reverse, written once against a ``ctx``.
 
-Notation (``shared/ALGORITHM.md``; Dao et al. 2022 §3.1 and App. B.2–B.4; Milakov &
-Gimelshein 2018): scores ``s_ij = c·q_i·k_j`` over the allowed keys ``A_i``, key blocks
-``J_t`` of size ``b``; for a row ``i`` and key set ``I`` the summary is
+Notation (``docs/algorithm.md``; Dao et al. 2022 §3.1 and App. B.2–B.4; Milakov &
+Gimelshein 2018): scores ``s_ij = mod(c·q_i·k_j)`` (``mod``: the optional score
+modifications of :mod:`exactattn.scores`, identity by default) over the allowed keys
+``A_i``, key blocks ``J_t`` of size ``b``; for a row ``i`` and key set ``I`` the summary is
 
     Σ_i(I) = (m, ℓ, z),  m = max_{j∈I} s_ij,
                          ℓ = Σ_{j∈I} e^{s_ij − m},  z = Σ_{j∈I} e^{s_ij − m} V_j
@@ -14,17 +15,20 @@ and the merge ``⋆`` rescales both sides to ``M = max(m1, m2)``:
 ``⊥ = (−∞, 0, 0)`` is the identity. The forward folds ``⋆`` over the blocks,
 ``Y = z / ℓ``, and keeps ``m`` and ``ℓ`` (``lse = m + log ℓ``). The reverse recomputes one
 block's ``p_ij = e^{s_ij − m_i} / ℓ_i`` from the frozen ``m, ℓ``, with ``δ_i = G_i·Y_i``,
-``γ_ij = p_ij (G_i·V_j − δ_i)``, ``dQ += c γ K``, ``dK += c γᵀ Q``, ``dV += pᵀ G``.
+``γ_ij = p_ij (G_i·V_j − δ_i)`` (times ``∂mod/∂s`` through the score modifications),
+``dQ += c γ K``, ``dK += c γᵀ Q``, ``dV += pᵀ G``.
 
 Every step works on a ``(*batch, r, b)`` tile for all query rows at once (``r ≤ n_q``,
 narrowed by the mask's ``row_span``); no ``(n_q, n_k)`` array exists in either pass.
+Grouped-query attention (``enable_gqa``) runs the ``H`` query heads as ``(H_kv, g)`` against
+key/value heads ``(H_kv, 1)``: broadcasting shares each key/value head with its group, and
+the reverse's ``sum_to`` adds the group's dK, dV into it.
 Each step is a module-level function, so the proofs can substitute a deliberately broken
 step (``proofs/`` mutants) and watch the same code path fail.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from .backends.base import Array, ArrayContext
-from .masks import Geometry, Mask, TileKind
+from .masks import Geometry, Mask, TileIndex, TileKind, tile_index
+from .scores import ScoreMod, TileMod
 
 
 @dataclass
@@ -46,13 +51,18 @@ class Summary:
 
 @dataclass(frozen=True)
 class Tile:
-    """One (query rows × key block) tile: positions, and the allowed tile when PARTIAL."""
+    """One (query rows × key block) tile: where it sits, and the allowed tile when PARTIAL."""
 
-    rows: slice
-    cols: slice
-    i: Any  # query positions, shape (r, 1)
-    j: Any  # key positions, shape (1, b)
+    index: TileIndex
     allowed: Any  # boolean (*batch, r, b) or None when every pair is allowed
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.index.rows.start, self.index.rows.stop)
+
+    @property
+    def cols(self) -> slice:
+        return slice(self.index.cols.start, self.index.cols.stop)
 
 
 # --- the pieces of one step ---------------------------------------------------------------
@@ -70,6 +80,7 @@ def tiles(
     keeps them whole. EMPTY tiles are skipped before any score is computed; FULL tiles
     skip the predicate; a PARTIAL tile whose predicate allows nothing is skipped as well.
     """
+    bh = geometry.batch_head(ctx)
     for start in range(0, geometry.n_k, block_size):
         cols = range(start, min(start + block_size, geometry.n_k))
         span = range(geometry.n_q) if mask is None else mask.row_span(cols, geometry)
@@ -79,20 +90,26 @@ def tiles(
             kind = TileKind.FULL if mask is None else mask.classify(rows, cols, geometry)
             if kind is TileKind.EMPTY:
                 continue
-            i = ctx.index(rows.start, rows.stop)[:, None]
-            j = ctx.index(cols.start, cols.stop)[None, :]
+            index = tile_index(ctx, geometry, rows, cols, bh)
             allowed = None
             if kind is TileKind.PARTIAL:
-                allowed = mask.tile(i, j, geometry)
+                allowed = mask.allowed(index, geometry)
                 if not ctx.any(allowed):
                     continue
-            yield Tile(slice(rows.start, rows.stop), slice(cols.start, cols.stop), i, j, allowed)
+            yield Tile(index, allowed)
 
 
-def tile_scores(ctx: ArrayContext, q: Array, k: Array, scale: Any, allowed: Any) -> Array:
-    """``s_ij = c·q_i·k_j`` on the tile, −∞ where ``j ∉ A_i`` (so ``e^{s−m}`` is exactly 0)."""
+def tile_scores(
+    ctx: ArrayContext, q: Array, k: Array, scale: Any, allowed: Any, mod: TileMod | None = None
+) -> Array:
+    """``s_ij = mod(c·q_i·k_j)`` on the tile, −∞ where ``j ∉ A_i`` (so ``e^{s−m}`` is exactly 0).
+
+    The mask comes last, so no modification can turn an excluded pair into a finite score.
+    """
     s = ctx.matmul(q, ctx.transpose(k))
     s *= scale  # in place: s is a fresh tile
+    if mod is not None:
+        s = mod.apply(s)
     if allowed is not None:
         s = ctx.where(allowed, s, ctx.neg_inf)
     return s
@@ -174,16 +191,23 @@ def value_gradient(ctx: ArrayContext, weights: Array, g: Array) -> Array:
 
 
 # --- the two passes -----------------------------------------------------------------------
-def batch_index_of(ctx: ArrayContext, batch: tuple[int, ...]) -> Any:
-    """Flat batch·head index of every leading position, shaped (*batch, 1, 1)."""
-    return ctx.index(0, math.prod(batch)).reshape((*batch, 1, 1))
+def geometry_of(q: Array, k: Array, v: Array, enable_gqa: bool = False) -> Geometry:
+    """Sizes and the logical batch ``(*B, H)``; with ``enable_gqa`` the head axis (−3) of k
+    and v has ``H_kv`` heads for the ``H = g·H_kv`` of q (validated by the caller)."""
+    if enable_gqa:
+        lead = np.broadcast_shapes(tuple(q.shape[:-3]), tuple(k.shape[:-3]), tuple(v.shape[:-3]))
+        h, h_kv = q.shape[-3], k.shape[-3]
+        return Geometry(q.shape[-2], k.shape[-2], (*lead, h), h // h_kv)
+    batch = np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+    return Geometry(n_q=q.shape[-2], n_k=k.shape[-2], batch=tuple(batch))
 
 
-def geometry_of(q: Array, k: Array, v: Array) -> Geometry:
-    batch = tuple(
-        np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
-    )
-    return Geometry(n_q=q.shape[-2], n_k=k.shape[-2], batch=batch)
+def grouped(geometry: Geometry, q: Array, k: Array, v: Array) -> tuple[Array, Array, Array]:
+    """The operands in the tile layout: q ``(…, H_kv, g, n, d)``, k, v ``(…, H_kv, 1, n, ·)``."""
+    if geometry.group == 1:
+        return q, k, v
+    split = (*q.shape[:-3], q.shape[-3] // geometry.group, geometry.group, *q.shape[-2:])
+    return q.reshape(split), k[..., None, :, :], v[..., None, :, :]
 
 
 def forward(
@@ -197,33 +221,59 @@ def forward(
     mask: Mask | None = None,
     dropout: Any = None,
     row_block: int | None = None,
+    score_mod: ScoreMod | None = None,
+    enable_gqa: bool = False,
 ) -> tuple[Array, Summary]:
     """Fold ``⋆`` over the key blocks: returns ``Y`` (compute type) and the final summary.
 
     ``q, k, v`` are in the context's storage type with shapes (..., n_q, d), (..., n_k, d),
     (..., n_k, v); leading dims broadcast. ``dropout`` is ``None`` or an object with
-    ``factors(ctx, batch_index, i, j) -> ρ`` tile. ``row_block``: see :func:`tiles`.
+    ``factors(ctx, flat_index, i, j) -> ρ`` tile. ``row_block``: see :func:`tiles`.
+    ``score_mod``: the score modifications. The summary's ``m, ℓ`` have shape (*batch, n_q)
+    (with GQA, the ``H`` query heads in order).
     """
-    geometry = geometry_of(q, k, v)
-    q = ctx.compute(q)
-    batch, n_q = geometry.batch, geometry.n_q
+    geometry = geometry_of(q, k, v, enable_gqa)
+    q, k, v = grouped(geometry, ctx.compute(q), k, v)
+    rows_shape = (*geometry.tile_batch, geometry.n_q)
     state = Summary(  # ⊥ for every row
-        ctx.full((*batch, n_q), ctx.neg_inf),
-        ctx.zeros((*batch, n_q)),
-        ctx.zeros((*batch, n_q, v.shape[-1])),
+        ctx.full(rows_shape, ctx.neg_inf),
+        ctx.zeros(rows_shape),
+        ctx.zeros((*rows_shape, v.shape[-1])),
     )
-    batch_index = batch_index_of(ctx, batch) if dropout is not None else None
+    flat_index = geometry.flat_index(ctx) if dropout is not None else None
     for tile in tiles(ctx, mask, geometry, block_size, row_block):
-        rows = tile.rows
+        rows, cols = tile.rows, tile.cols
+        mod = None if score_mod is None else score_mod.at(ctx, tile.index, geometry)
         s = tile_scores(
-            ctx, q[..., rows, :], ctx.compute(k[..., tile.cols, :]), scale, tile.allowed
+            ctx, q[..., rows, :], ctx.compute(k[..., cols, :]), scale, tile.allowed, mod
         )
-        rho = None if dropout is None else dropout.factors(ctx, batch_index, tile.i, tile.j)
-        block = block_summary(ctx, s, ctx.compute(v[..., tile.cols, :]), rho)
+        rho = (
+            None
+            if dropout is None
+            else dropout.factors(ctx, flat_index, tile.index.i, tile.index.j)
+        )
+        block = block_summary(ctx, s, ctx.compute(v[..., cols, :]), rho)
         old = Summary(state.m[..., rows], state.l[..., rows], state.z[..., rows, :])
         new = merge(ctx, old, block)
         state.m[..., rows], state.l[..., rows], state.z[..., rows, :] = new.m, new.l, new.z
-    return finalize(ctx, state), state
+    merged = Summary(*(_logical(geometry, x) for x in (state.m, state.l, state.z)))
+    return finalize(ctx, merged), merged
+
+
+def _logical(geometry: Geometry, x: Array) -> Array:
+    """Per-row state (*tile_batch, n_q, ...) back in the logical layout (*batch, n_q, ...)."""
+    if geometry.group == 1:
+        return x
+    lead = len(geometry.tile_batch)
+    return x.reshape((*geometry.batch, *x.shape[lead:]))
+
+
+def _tile_layout(geometry: Geometry, x: Array) -> Array:
+    """Per-row arrays (*batch, n_q, ...) in the tile layout (*tile_batch, n_q, ...)."""
+    if geometry.group == 1:
+        return x
+    lead = len(geometry.batch)
+    return x.reshape((*geometry.tile_batch, *x.shape[lead:]))
 
 
 def backward(
@@ -241,33 +291,45 @@ def backward(
     mask: Mask | None = None,
     dropout: Any = None,
     row_block: int | None = None,
+    score_mod: ScoreMod | None = None,
+    enable_gqa: bool = False,
+    mod_grads: dict[str, Array] | None = None,
 ) -> tuple[Array, Array, Array]:
     """The block-recomputed VJP: ``(dQ, dK, dV)`` in the compute type, shaped like q, k, v.
 
     ``m`` and ``ℓ`` are the forward's frozen statistics (the max is never differentiated);
-    ``y`` is the forward's output and ``g`` the upstream gradient ``G``.
+    ``y`` is the forward's output and ``g`` the upstream gradient ``G``. Gradients of the
+    score modifications' parameters (a bias array's ``∂L/∂B = γ``) are added into the
+    arrays of ``mod_grads`` (name → array shaped like the parameter), when given.
     """
-    geometry = geometry_of(q, k, v)
-    q, g = ctx.compute(q), ctx.compute(g)
-    delta = softmax_delta(ctx, g, ctx.compute(y))
-    batch, n_q = geometry.batch, geometry.n_q
-    dq = ctx.zeros((*batch, n_q, q.shape[-1]))
+    geometry = geometry_of(q, k, v, enable_gqa)
+    q_shape, k_shape, v_shape = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+    q, k, v = grouped(geometry, ctx.compute(q), k, v)
+    g, y, m, l = (_tile_layout(geometry, x) for x in (ctx.compute(g), ctx.compute(y), m, l))
+    delta = softmax_delta(ctx, g, y)
+    dq = ctx.zeros((*geometry.tile_batch, geometry.n_q, q.shape[-1]))
     dk = ctx.zeros(tuple(k.shape))
     dv = ctx.zeros(tuple(v.shape))
-    batch_index = batch_index_of(ctx, batch) if dropout is not None else None
+    grads = {} if mod_grads is None else mod_grads
+    flat_index = geometry.flat_index(ctx) if dropout is not None else None
     for tile in tiles(ctx, mask, geometry, block_size, row_block):
         rows, cols = tile.rows, tile.cols
         q_t, g_t = q[..., rows, :], g[..., rows, :]
         k_b, v_b = ctx.compute(k[..., cols, :]), ctx.compute(v[..., cols, :])
-        s = tile_scores(ctx, q_t, k_b, scale, tile.allowed)
+        mod = None if score_mod is None else score_mod.at(ctx, tile.index, geometry)
+        s = tile_scores(ctx, q_t, k_b, scale, tile.allowed, mod)
         p = tile_probabilities(ctx, s, m[..., rows], l[..., rows])
         dp = ctx.matmul(g_t, ctx.transpose(v_b))
         weights = p
         if dropout is not None:
-            rho = dropout.factors(ctx, batch_index, tile.i, tile.j)
+            rho = dropout.factors(ctx, flat_index, tile.index.i, tile.index.j)
             dp, weights = dp * rho, p * rho
         gamma = tile_gamma(ctx, p, dp, delta[..., rows])
+        if mod is not None:
+            gamma = mod.pullback(gamma, grads)
         dq[..., rows, :] += query_gradient(ctx, gamma, k_b, scale)
         dk[..., cols, :] += ctx.sum_to(key_gradient(ctx, gamma, q_t, scale), dk[..., cols, :].shape)
         dv[..., cols, :] += ctx.sum_to(value_gradient(ctx, weights, g_t), dv[..., cols, :].shape)
-    return ctx.sum_to(dq, tuple(q.shape)), dk, dv
+    if geometry.group != 1:
+        dq, dk, dv = _logical(geometry, dq), dk[..., 0, :, :], dv[..., 0, :, :]
+    return ctx.sum_to(dq, q_shape), ctx.sum_to(dk, k_shape), ctx.sum_to(dv, v_shape)

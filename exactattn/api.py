@@ -15,6 +15,9 @@ from .backends import resolve_backend
 from .backends.base import Array, ArrayContext
 from .dropout import make_dropout
 from .masks import Geometry, Mask, as_mask
+from .scores import ScoreMod, chain
+from .scores import bias as as_bias
+from .scores import softcap as as_softcap
 
 DEFAULT_BLOCK_SIZE = 256  # within ~10% of the fastest b on the NumPy benchmark, half the tile
 # memory of b = 512; any b >= 1 gives the same exact result
@@ -44,8 +47,20 @@ class _Call:
     block_size: int
     mask: Mask | None
     dropout: Any
+    score_mod: ScoreMod | None
+    enable_gqa: bool
     empty_rows: str
     check_finite: bool
+
+    def keywords(self) -> dict[str, Any]:
+        """The keywords the tiled and naive passes share."""
+        return dict(
+            scale=self.scale,
+            mask=self.mask,
+            dropout=self.dropout,
+            score_mod=self.score_mod,
+            enable_gqa=self.enable_gqa,
+        )
 
 
 def _prepare(
@@ -57,6 +72,9 @@ def _prepare(
     mask: Any,
     dropout_p: Any,
     seed: Any,
+    bias: Any,
+    softcap: Any,
+    enable_gqa: Any,
     empty_rows: str,
     check_finite: bool,
 ) -> _Call:
@@ -72,14 +90,24 @@ def _prepare(
         except TypeError as error:
             raise TypeError(f"{name}: {error}") from None
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
-    geometry = validation.check_qkv(q, k, v)
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool; got {enable_gqa!r}")
+    geometry = validation.check_qkv(q, k, v, enable_gqa)
     mask = as_mask(mask)
     if mask is not None:
         mask = mask.adopt(ctx)
         mask.validate(geometry)
+    score_mod = chain(
+        None if softcap is None else as_softcap(validation.check_softcap(ctx, softcap)),
+        None if bias is None else as_bias(bias).adopt(ctx),
+    )
+    if score_mod is not None:
+        score_mod.validate(geometry)
     if check_finite:
         for name, x in arrays.items():
             validation.check_finite(ctx, name, x)
+        if score_mod is not None:
+            score_mod.check_finite(ctx)
     return _Call(
         ctx=ctx,
         arrays=arrays,
@@ -88,6 +116,8 @@ def _prepare(
         block_size=validation.check_block_size(block_size, DEFAULT_BLOCK_SIZE),
         mask=mask,
         dropout=make_dropout(dropout_p, seed),
+        score_mod=score_mod,
+        enable_gqa=enable_gqa,
         empty_rows=empty_rows,
         check_finite=check_finite,
     )
@@ -96,7 +126,7 @@ def _prepare(
 def _forward(call: _Call, run: Any) -> tuple[Array, Stats]:
     ctx = call.ctx
     y, m, l = run(call)
-    validation.check_empty_rows(ctx, m, call.empty_rows, call.mask, call.geometry)
+    validation.check_empty_rows(ctx, m, call.empty_rows, call.mask, call.geometry, call.score_mod)
     if call.check_finite:
         validation.check_output(ctx, "y", y)
     return ctx.output(y), Stats(m, l, algorithm.log_sum_exp(ctx, m, l))
@@ -105,60 +135,34 @@ def _forward(call: _Call, run: Any) -> tuple[Array, Stats]:
 def _tiled_forward(call: _Call) -> tuple[Array, Array, Array]:
     a = call.arrays
     y, state = algorithm.forward(
-        call.ctx,
-        a["q"],
-        a["k"],
-        a["v"],
-        scale=call.scale,
-        block_size=call.block_size,
-        mask=call.mask,
-        dropout=call.dropout,
+        call.ctx, a["q"], a["k"], a["v"], block_size=call.block_size, **call.keywords()
     )
     return y, state.m, state.l
 
 
 def _naive_forward(call: _Call) -> tuple[Array, Array, Array]:
     a = call.arrays
-    return reference.naive_forward(
-        call.ctx, a["q"], a["k"], a["v"], scale=call.scale, mask=call.mask, dropout=call.dropout
-    )
+    return reference.naive_forward(call.ctx, a["q"], a["k"], a["v"], **call.keywords())
 
 
-def _tiled_backward(call: _Call, m: Array, l: Array) -> tuple[Array, Array, Array]:
+def _tiled_backward(call: _Call, m: Array, l: Array, grads: dict) -> tuple[Array, Array, Array]:
     a = call.arrays
     return algorithm.backward(
-        call.ctx,
-        a["q"],
-        a["k"],
-        a["v"],
-        a["y"],
-        m,
-        l,
-        a["grad_y"],
-        scale=call.scale,
-        block_size=call.block_size,
-        mask=call.mask,
-        dropout=call.dropout,
-    )
+        call.ctx, a["q"], a["k"], a["v"], a["y"], m, l, a["grad_y"],
+        block_size=call.block_size, mod_grads=grads, **call.keywords(),
+    )  # fmt: skip
 
 
-def _naive_backward(call: _Call, m: Array, l: Array) -> tuple[Array, Array, Array]:
+def _naive_backward(call: _Call, m: Array, l: Array, grads: dict) -> tuple[Array, Array, Array]:
     a = call.arrays
     return reference.naive_backward(
-        call.ctx,
-        a["q"],
-        a["k"],
-        a["v"],
-        a["grad_y"],
-        scale=call.scale,
-        mask=call.mask,
-        dropout=call.dropout,
+        call.ctx, a["q"], a["k"], a["v"], a["grad_y"], mod_grads=grads, **call.keywords()
     )
 
 
 def _check_backward_inputs(call: _Call, stats: Stats) -> tuple[Array, Array]:
     ctx, a, geo = call.ctx, call.arrays, call.geometry
-    y_shape = (*geo.batch, geo.n_q, a["v"].shape[-1])
+    y_shape = (*geo.batch, geo.n_q, a["v"].shape[-1])  # the logical batch (heads unsplit)
     validation.check_same_shape("y", a["y"], y_shape)
     validation.check_same_shape("grad_y", a["grad_y"], y_shape)
     if not isinstance(stats, Stats):
@@ -166,17 +170,17 @@ def _check_backward_inputs(call: _Call, stats: Stats) -> tuple[Array, Array]:
     m, l = ctx.as_compute(stats.m), ctx.as_compute(stats.l)
     validation.check_same_shape("stats.m", m, y_shape[:-1])
     validation.check_same_shape("stats.l", l, y_shape[:-1])
-    if call.check_finite and not ctx.exact:
+    if call.check_finite:
         validation.check_stats(ctx, m, l)
-    validation.check_empty_rows(ctx, m, call.empty_rows, call.mask, call.geometry)
+    validation.check_empty_rows(ctx, m, call.empty_rows, call.mask, call.geometry, call.score_mod)
     return m, l
 
 
-def _finish_backward(call: _Call, grads: tuple[Array, Array, Array]) -> tuple[Array, ...]:
+def _finish_backward(call: _Call, grads: dict[str, Array]) -> tuple[Array, ...]:
     if call.check_finite:
-        for name, grad in zip(("dq", "dk", "dv"), grads):
+        for name, grad in grads.items():
             validation.check_output(call.ctx, name, grad)
-    return tuple(call.ctx.output(grad) for grad in grads)
+    return tuple(call.ctx.output(grad) for grad in grads.values())
 
 
 _DEFAULTS = dict(
@@ -185,6 +189,9 @@ _DEFAULTS = dict(
     mask=None,
     dropout_p=0.0,
     seed=None,
+    bias=None,
+    softcap=None,
+    enable_gqa=False,
     backend=None,
     empty_rows="error",
     check_finite=True,
@@ -201,19 +208,28 @@ def attention(
     mask: Any = None,
     dropout_p: float = 0.0,
     seed: int | None = None,
+    bias: Any = None,
+    softcap: Any = None,
+    enable_gqa: bool = False,
     return_stats: bool = False,
     backend: Any = None,
     empty_rows: str = "error",
     check_finite: bool = True,
 ) -> Any:
-    """Exact tiled softmax attention ``Y_i = Σ_{j∈A_i} softmax_j(c·q_i·k_j) V_j``.
+    """Exact tiled softmax attention ``Y_i = Σ_{j∈A_i} softmax_j(s_ij) V_j``.
 
-    Shapes ``q (..., n_q, d)``, ``k (..., n_k, d)``, ``v (..., n_k, v)``; leading dims
-    broadcast. ``scale`` is ``c`` (default ``1/sqrt(d)``), ``block_size`` is ``b`` (any
-    ``b >= 1`` gives the same exact result), ``mask`` a :class:`~exactattn.masks.Mask`, a
-    boolean array or a predicate ``(i, j) -> bool``. Returns ``y`` or ``(y, stats)`` with
-    ``stats.m``, ``stats.l``, ``stats.lse``. ``empty_rows='zero'`` gives ``y = 0`` and
-    ``lse = −∞`` for rows with no allowed key (default: ``ValueError``).
+    Scores ``s_ij = c·q_i·k_j``, soft-capped to ``cap·tanh(s/cap)`` when ``softcap`` is
+    given, plus ``bias_ij`` when ``bias`` is given (an array broadcastable to
+    ``(*batch, n_q, n_k)``, ``−inf`` entries excluded, or ``fn(b, h, i, j)`` evaluated per
+    tile). Shapes ``q (..., n_q, d)``, ``k (..., n_k, d)``, ``v (..., n_k, v)``; leading
+    dims broadcast; with ``enable_gqa`` axis −3 is the head axis and ``H_kv`` key/value
+    heads serve ``H = g·H_kv`` query heads (head ``h`` reads ``h // g``). ``scale`` is ``c``
+    (default ``1/sqrt(d)``), ``block_size`` is ``b`` (any ``b >= 1`` gives the same exact
+    result), ``mask`` a :class:`~exactattn.masks.Mask`, a boolean array, a predicate
+    ``(i, j) -> bool`` or a ``mask_mod(b, h, i, j)``. ``dropout_p > 0`` needs ``seed``.
+    Returns ``y`` or ``(y, stats)`` with ``stats.m``, ``stats.l``, ``stats.lse``.
+    ``empty_rows='zero'`` gives ``y = 0`` and ``lse = −∞`` for rows with no allowed key
+    (default: ``ValueError``).
     """
     keywords = dict(
         block_size=block_size,
@@ -221,6 +237,9 @@ def attention(
         mask=mask,
         dropout_p=dropout_p,
         seed=seed,
+        bias=bias,
+        softcap=softcap,
+        enable_gqa=enable_gqa,
         backend=backend,
         empty_rows=empty_rows,
         check_finite=check_finite,
@@ -230,14 +249,24 @@ def attention(
 
 
 def attention_backward(
-    q: Any, k: Any, v: Any, y: Any, stats: Stats, grad_y: Any, **keywords: Any
-) -> tuple[Array, Array, Array]:
+    q: Any,
+    k: Any,
+    v: Any,
+    y: Any,
+    stats: Stats,
+    grad_y: Any,
+    *,
+    bias_grad: bool = False,
+    **keywords: Any,
+) -> tuple[Array, ...]:
     """The block-recomputed VJP ``(dq, dk, dv)`` of :func:`attention` at ``grad_y``.
 
     Takes the forward's ``y`` and ``stats`` and the same keywords as :func:`attention`.
+    ``bias_grad=True`` (with a bias array) also returns ``dbias = ∂L/∂bias``, shaped like
+    the bias: ``(dq, dk, dv, dbias)``.
     """
     inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
-    return _call_backward(inputs, stats, keywords, _tiled_backward)
+    return _call_backward(inputs, stats, keywords, _tiled_backward, bias_grad)
 
 
 def naive_attention(q: Any, k: Any, v: Any, *, return_stats: bool = False, **keywords: Any):
@@ -247,11 +276,19 @@ def naive_attention(q: Any, k: Any, v: Any, *, return_stats: bool = False, **key
 
 
 def naive_attention_backward(
-    q: Any, k: Any, v: Any, y: Any, stats: Stats, grad_y: Any, **keywords: Any
-) -> tuple[Array, Array, Array]:
+    q: Any,
+    k: Any,
+    v: Any,
+    y: Any,
+    stats: Stats,
+    grad_y: Any,
+    *,
+    bias_grad: bool = False,
+    **keywords: Any,
+) -> tuple[Array, ...]:
     """The exact VJP of naive attention (softmax Jacobian on the whole ``P``)."""
     inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
-    return _call_backward(inputs, stats, keywords, _naive_backward)
+    return _call_backward(inputs, stats, keywords, _naive_backward, bias_grad)
 
 
 def self_attention(x: Any, **keywords: Any) -> Any:
@@ -280,13 +317,23 @@ def _call_forward(
 
 
 def _call_backward(
-    inputs: dict[str, Any], stats: Stats, keywords: dict[str, Any], run: Any
+    inputs: dict[str, Any], stats: Stats, keywords: dict[str, Any], run: Any, bias_grad: bool
 ) -> tuple[Array, ...]:
     ctx, keywords = _context(inputs, keywords)
     with ctx.scope():
         call = _prepare(ctx, inputs, **keywords)
         m, l = _check_backward_inputs(call, stats)
-        return _finish_backward(call, run(call, m, l))
+        mod_grads = _bias_gradient(call) if bias_grad else {}
+        dq, dk, dv = run(call, m, l, mod_grads)
+        return _finish_backward(call, {"dq": dq, "dk": dk, "dv": dv, **mod_grads})
+
+
+def _bias_gradient(call: _Call) -> dict[str, Array]:
+    """A zero ``dbias`` accumulator for ``bias_grad=True`` (which needs a bias array)."""
+    shapes = {} if call.score_mod is None else call.score_mod.gradients()
+    if "bias" not in shapes:
+        raise ValueError("bias_grad=True needs bias=<array> (a bias function has no gradient)")
+    return {"bias": call.ctx.zeros(shapes["bias"])}
 
 
 def _context(

@@ -1,14 +1,27 @@
 """Allowed-key sets ``A_i`` read on demand, one (query rows × key block) tile at a time.
 
-A mask is a predicate ``allowed(i, j)``, evaluated by :meth:`Mask.tile` on integer
-positions ``i`` of shape ``(r, 1)`` and ``j`` of shape ``(1, b)``; the result broadcasts
-to ``(*batch, r, b)``. No ``(n_q, n_k)`` array is ever built from a predicate (a
-caller-owned dense mask is input storage and is only sliced).
+A mask is a predicate: FlexAttention's ``mask_mod(b, h, i, j)``, evaluated by
+:meth:`Mask.allowed` on broadcast index arrays — batch ``b`` and head ``h`` of shape
+``(*batch, 1, 1)``, query positions ``i`` of shape ``(r, 1)``, key positions ``j`` of shape
+``(1, c)`` — giving a boolean tile that broadcasts to ``(*batch, r, c)``. A mask that does
+not depend on ``b`` and ``h`` only defines :meth:`Mask.tile` ``(i, j)``. No ``(n_q, n_k)``
+array is ever built from a predicate (a caller-owned dense mask is input storage and is only
+sliced); :func:`create_mask` materialises one on purpose, for the naive reference.
 
-:meth:`Mask.classify` tells whether a tile is EMPTY (skipped: its scores are never
-computed), FULL (the predicate is not evaluated) or PARTIAL, the way FlexAttention's
-block mask does; :meth:`Mask.row_span` narrows a key block to the query rows that can
-attend to it (for a causal mask, block ``J_t`` matters only to rows ``i ≥ (t−1)b``).
+Batch and heads: the leading dims of the inputs are ``(*B, H)``: ``h`` indexes the last of
+them and ``b`` the flattened others (no leading dims: ``b = h = 0``). With grouped-query
+attention the algorithm runs the heads as ``(H_kv, g)`` (:attr:`Geometry.group` ``= g``);
+``h = h_kv·g + g_i`` is still the logical head, and masks holding arrays over the logical
+batch split their head axis with :meth:`Geometry.split_heads`.
+
+Structure, the way FlexAttention's block mask has it: :meth:`Mask.classify` tells whether a
+tile is EMPTY (skipped: its scores are never computed), FULL (the predicate is not
+evaluated) or PARTIAL, for every batch element and head at once; :meth:`Mask.row_span`
+narrows a key block to the query rows that can attend to it (for a causal mask, block ``J_t``
+matters only to rows ``i ≥ (t−1)b``); :meth:`Mask.lower` gives the fused kernels' form of the
+mask (:class:`Band`) or ``None`` (the generic path only). The integer formulas behind the
+structure of the built-in masks are module functions over an integer-operations namespace
+(:class:`IntOps`), so a proof can run the very same formulas over SMT integers.
 
 Alignment when ``n_q ≠ n_k``: ``"top-left"`` (torch SDPA's ``is_causal``) lets query ``i``
 see keys ``j ≤ i``; ``"bottom-right"`` (flash-attn) lets it see ``j ≤ i + n_k − n_q``, so
@@ -18,6 +31,8 @@ the last query sees every key.
 from __future__ import annotations
 
 import enum
+import inspect
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,29 +49,230 @@ class TileKind(enum.Enum):
     FULL = "full"
 
 
+# --- sizes and indices -------------------------------------------------------------------
 @dataclass(frozen=True)
 class Geometry:
-    """Sizes a predicate may depend on: ``n_q``, ``n_k`` and the leading batch shape."""
+    """Sizes a mask may depend on: ``n_q``, ``n_k``, the batch ``(*B, H)`` and the GQA group.
+
+    ``batch`` is the logical leading shape (heads last). ``group = g > 1`` means the
+    algorithm runs the heads as ``(H_kv, g)`` with ``H = H_kv·g`` (grouped-query attention):
+    tiles then have the leading shape :attr:`tile_batch`.
+    """
 
     n_q: int
     n_k: int
-    batch: tuple[int, ...]
+    batch: tuple[int, ...] = ()
+    group: int = 1
+
+    @property
+    def heads(self) -> int:
+        """``H``, the size of the head axis (1 without leading dims)."""
+        return self.batch[-1] if self.batch else 1
+
+    @property
+    def tile_batch(self) -> tuple[int, ...]:
+        """Leading shape of the tiles: ``batch``, with ``H`` split into ``(H_kv, g)`` for GQA."""
+        if self.group == 1:
+            return self.batch
+        return (*self.batch[:-1], self.heads // self.group, self.group)
+
+    def split_heads(self, x: Any) -> Any:
+        """An array aligned with ``(*batch, r, c)`` (size-1 axes broadcast) in the tile layout.
+
+        Pads ``x`` to the full number of dims and, for GQA, splits its head axis ``H`` into
+        ``(H_kv, g)`` (a broadcast head axis of size 1 becomes ``(1, 1)``).
+        """
+        ndim = len(self.batch) + 2
+        shape = tuple(x.shape)
+        if len(shape) < ndim:
+            shape = (1,) * (ndim - len(shape)) + shape
+        if self.group != 1:
+            h = shape[-3]
+            split = (1, 1) if h == 1 else (h // self.group, self.group)
+            shape = (*shape[:-3], *split, *shape[-2:])
+        return x.reshape(shape)
+
+    def merge_heads(self, x: Any) -> Any:
+        """A tile-layout array ``(*tile_batch, r, c)`` back in the logical layout."""
+        if self.group == 1:
+            return x
+        shape = tuple(x.shape)
+        return x.reshape((*shape[:-4], shape[-4] * shape[-3], *shape[-2:]))
+
+    def flat_index(self, ctx: Any) -> Any:
+        """``b·H + h`` at every leading position, shaped ``(*tile_batch, 1, 1)``."""
+        flat = ctx.index(0, math.prod(self.batch)).reshape((*self.batch, 1, 1))
+        return self.split_heads(flat)
+
+    def batch_head(self, ctx: Any) -> tuple[Any, Any]:
+        """Index arrays ``(b, h)``, each shaped ``(*tile_batch, 1, 1)``."""
+        flat = self.flat_index(ctx)
+        return flat // self.heads, flat % self.heads
 
 
+@dataclass(frozen=True)
+class TileIndex:
+    """Where a tile sits: index arrays ``b, h`` (*tile_batch, 1, 1), ``i`` (r, 1), ``j`` (1, c),
+    and the same query rows and key columns as ranges."""
+
+    b: Any
+    h: Any
+    i: Any
+    j: Any
+    rows: range
+    cols: range
+
+
+def tile_index(ctx: Any, geometry: Geometry, rows: range, cols: range, bh: Any = None):
+    """The :class:`TileIndex` of rows × cols (``bh``: precomputed :meth:`Geometry.batch_head`)."""
+    b, h = geometry.batch_head(ctx) if bh is None else bh
+    i = ctx.index(rows.start, rows.stop)[:, None]
+    j = ctx.index(cols.start, cols.stop)[None, :]
+    return TileIndex(b, h, i, j, rows, cols)
+
+
+# --- integer formulas of the built-in structure ------------------------------------------
+class IntOps:
+    """Integer operations the structure formulas use: Python ints here; a proof passes SMT
+    terms (``max``/``min``/``where`` as if-then-else, ``and_``/``or_`` as connectives)."""
+
+    @staticmethod
+    def max(a: Any, b: Any) -> Any:
+        return a if a >= b else b
+
+    @staticmethod
+    def min(a: Any, b: Any) -> Any:
+        return a if a <= b else b
+
+    @staticmethod
+    def and_(a: Any, b: Any) -> Any:
+        return a and b
+
+    @staticmethod
+    def or_(a: Any, b: Any) -> Any:
+        return a or b
+
+
+INT = IntOps()
+
+
+def alignment_offset(alignment: str, n_q: Any, n_k: Any) -> Any:
+    """``o`` in ``j ≤ i + o``: 0 for top-left, ``n_k − n_q`` for bottom-right."""
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"alignment must be one of {ALIGNMENTS}; got {alignment!r}")
+    return 0 if alignment == "top-left" else n_k - n_q
+
+
+def window_allows(left: Any, right: Any, offset: Any, i: Any, j: Any, ops: Any = INT) -> Any:
+    """``(left is None or j ≥ i + o − left) and (right is None or j ≤ i + o + right)``."""
+    ok = True
+    if left is not None:
+        ok = j >= i + offset - left
+    if right is not None:
+        hi = j <= i + offset + right
+        ok = hi if left is None else ops.and_(ok, hi)
+    return ok
+
+
+def window_tile_kind(left, right, offset, r0, r1, a, e, ops: Any = INT) -> tuple[Any, Any]:
+    """``(empty, full)`` of the tile rows ``[r0, r1)`` × keys ``[a, e)`` (both nonempty).
+
+    The window moves right with ``i``: the tile is empty when the last row's window ends
+    before ``a`` or the first row's starts after ``e − 1``; full when the first row's window
+    reaches ``e − 1`` and the last row's starts at or before ``a`` (``left, right ≥ 0``).
+    """
+    empty = False
+    if right is not None:
+        empty = (r1 - 1) + offset + right < a
+    if left is not None:
+        after = r0 + offset - left > e - 1
+        empty = after if right is None else ops.or_(empty, after)
+    full = True
+    if right is not None:
+        full = r0 + offset + right >= e - 1
+    if left is not None:
+        starts = (r1 - 1) + offset - left <= a
+        full = starts if right is None else ops.and_(full, starts)
+    return empty, full
+
+
+def window_row_span(left, right, offset, a, e, n_q, ops: Any = INT) -> tuple[Any, Any]:
+    """``(start, stop)`` with ``start ≤ stop``: the rows ``i`` in ``[0, n_q)`` whose window
+    meets keys ``[a, e)``, i.e. ``a − o − right ≤ i ≤ e − 1 − o + left``."""
+    start = 0 if right is None else ops.min(ops.max(a - offset - right, 0), n_q)
+    stop = n_q if left is None else ops.max(ops.min(e - offset + left, n_q), start)
+    return start, stop
+
+
+def padding_tile_kind(shortest: Any, longest: Any, a: Any, e: Any) -> tuple[Any, Any]:
+    """``(empty, full)`` of keys ``[a, e)`` under ``j < length``, lengths in [shortest, longest]."""
+    return longest <= a, shortest >= e
+
+
+# --- the lowered form the fused kernels take ----------------------------------------------
+@dataclass(frozen=True)
+class Band:
+    """A mask as the fused kernels express it: ``window_allows(left, right, o)`` and
+    ``j < kv_lengths[b]``; ``kv_lengths`` has shape ``(B,)`` or ``(1,)`` (None: no padding)."""
+
+    alignment: str = "top-left"
+    left: int | None = None
+    right: int | None = None
+    kv_lengths: Any = None
+
+    @property
+    def has_window(self) -> bool:
+        return self.left is not None or self.right is not None
+
+    def intersect(self, other: Band) -> Band | None:
+        """The band allowing what both allow, or None when one band cannot say it."""
+        if self.has_window and other.has_window and self.alignment != other.alignment:
+            return None
+        if self.kv_lengths is not None and other.kv_lengths is not None:
+            return None
+        alignment = self.alignment if self.has_window else other.alignment
+        lengths = self.kv_lengths if self.kv_lengths is not None else other.kv_lengths
+        return Band(
+            alignment, _tighter(self.left, other.left), _tighter(self.right, other.right), lengths
+        )
+
+
+def _tighter(a: int | None, b: int | None) -> int | None:
+    """The smaller window side (None: unbounded)."""
+    return b if a is None else a if b is None else min(a, b)
+
+
+# --- masks ---------------------------------------------------------------------------------
 class Mask:
-    """Base class: a predicate ``allowed(i, j)`` with optional block structure."""
+    """Base class: a predicate with optional block structure.
+
+    A subclass defines :meth:`tile` (``(i, j)``) or, when it depends on the batch element or
+    head, :meth:`allowed` (``(b, h, i, j)``); :meth:`classify`, :meth:`row_span` and
+    :meth:`lower` are optional refinements (the defaults are always correct).
+    """
 
     def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:
-        """Boolean tile for query positions ``i`` (r, 1) and key positions ``j`` (1, b)."""
-        raise NotImplementedError
+        """Boolean tile for query positions ``i`` (r, 1) and key positions ``j`` (1, c)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} defines neither tile(i, j, geometry) "
+            "nor allowed(index, geometry)"
+        )
+
+    def allowed(self, index: TileIndex, geometry: Geometry) -> Any:
+        """Boolean tile broadcastable to ``(*tile_batch, r, c)`` at ``index``."""
+        return self.tile(index.i, index.j, geometry)
 
     def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
-        """EMPTY / FULL when known from the structure alone; PARTIAL otherwise."""
+        """EMPTY / FULL when known from the structure alone (for every b, h); else PARTIAL."""
         return TileKind.PARTIAL
 
     def row_span(self, cols: range, geometry: Geometry) -> range:
         """Query rows that may have an allowed key in ``cols`` (a superset is fine)."""
         return range(geometry.n_q)
+
+    def lower(self, geometry: Geometry) -> Band | None:
+        """This mask as the fused kernels' :class:`Band`, or None (generic path only)."""
+        return None
 
     def validate(self, geometry: Geometry) -> None:
         """Raise ValueError if the mask cannot apply to these sizes."""
@@ -65,17 +281,15 @@ class Mask:
         """This mask with its caller-owned arrays in ``ctx``'s array system (and device)."""
         return self
 
-    def __and__(self, other: Mask) -> Mask:
+    def __and__(self, other: Any) -> Mask:
         return and_masks(self, other)
 
-    def __or__(self, other: Mask) -> Mask:
+    def __or__(self, other: Any) -> Mask:
         return or_masks(self, other)
 
 
-def _alignment_offset(alignment: str, geometry: Geometry) -> int:
-    if alignment not in ALIGNMENTS:
-        raise ValueError(f"alignment must be one of {ALIGNMENTS}; got {alignment!r}")
-    return 0 if alignment == "top-left" else geometry.n_k - geometry.n_q
+def _range_of(start: int, stop: int) -> range:
+    return range(start, max(start, stop))
 
 
 @dataclass(frozen=True)
@@ -97,40 +311,48 @@ class SlidingWindow(Mask):
                 isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0
             ):
                 raise ValueError(f"{side} must be a non-negative integer or None; got {value!r}")
+            if value is not None:
+                object.__setattr__(self, side, int(value))
         if self.alignment not in ALIGNMENTS:
             raise ValueError(f"alignment must be one of {ALIGNMENTS}; got {self.alignment!r}")
 
-    def _bounds(self, i: Any, geometry: Geometry) -> tuple[Any, Any]:
-        centre = i + _alignment_offset(self.alignment, geometry)
-        lo = None if self.left is None else centre - self.left
-        hi = None if self.right is None else centre + self.right
-        return lo, hi
+    def _offset(self, geometry: Geometry) -> int:
+        return alignment_offset(self.alignment, geometry.n_q, geometry.n_k)
 
     def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:
-        lo, hi = self._bounds(i, geometry)
-        ok = (j >= 0) if lo is None else (j >= lo)
-        return ok if hi is None else ok & (j <= hi)
+        ok = window_allows(self.left, self.right, self._offset(geometry), i, j, _ARRAY_OPS)
+        return (j >= 0) & (i >= 0) if ok is True else ok
 
     def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
-        first_lo, first_hi = self._bounds(rows.start, geometry)
-        last_lo, last_hi = self._bounds(rows.stop - 1, geometry)
-        # The window moves right with i: the tile is empty when the last row's window ends
-        # before the block or the first row's starts after it.
-        if (last_hi is not None and last_hi < cols.start) or (
-            first_lo is not None and first_lo > cols.stop - 1
-        ):
-            return TileKind.EMPTY
-        covers_first = first_hi is None or first_hi >= cols.stop - 1
-        covers_last = last_lo is None or last_lo <= cols.start
-        return TileKind.FULL if covers_first and covers_last else TileKind.PARTIAL
+        empty, full = window_tile_kind(
+            self.left, self.right, self._offset(geometry),
+            rows.start, rows.stop, cols.start, cols.stop,
+        )  # fmt: skip
+        return TileKind.EMPTY if empty else TileKind.FULL if full else TileKind.PARTIAL
 
     def row_span(self, cols: range, geometry: Geometry) -> range:
-        offset = _alignment_offset(self.alignment, geometry)
-        # Row i sees the block iff i + o − left ≤ cols.stop − 1 and i + o + right ≥ cols.start.
-        start = 0 if self.right is None else cols.start - offset - self.right
-        stop = geometry.n_q if self.left is None else cols.stop - 1 - offset + self.left + 1
-        start, stop = max(start, 0), min(stop, geometry.n_q)
-        return range(start, max(start, stop))
+        start, stop = window_row_span(
+            self.left, self.right, self._offset(geometry), cols.start, cols.stop, geometry.n_q
+        )
+        return range(start, stop)
+
+    def lower(self, geometry: Geometry) -> Band:
+        return Band(self.alignment, self.left, self.right)
+
+
+class _ArrayOps:
+    """Elementwise connectives on boolean arrays (NumPy or torch)."""
+
+    @staticmethod
+    def and_(a: Any, b: Any) -> Any:
+        return a & b
+
+    @staticmethod
+    def or_(a: Any, b: Any) -> Any:
+        return a | b
+
+
+_ARRAY_OPS = _ArrayOps()
 
 
 def causal(alignment: str = "top-left") -> SlidingWindow:
@@ -145,29 +367,30 @@ def sliding_window(
     return SlidingWindow(left=left, right=right, alignment=alignment)
 
 
+def _prefix_of_batch(name: str, shape: tuple[int, ...], geometry: Geometry) -> tuple[int, ...]:
+    """``shape`` padded on the right with 1s to the batch's rank (it aligns left)."""
+    prefix = geometry.batch[: len(shape)]
+    if len(shape) > len(geometry.batch) or any(a != b and a != 1 for a, b in zip(shape, prefix)):
+        raise ValueError(
+            f"{name} have shape {shape}, which is not a prefix of the batch shape "
+            f"{geometry.batch}; give one per batch element (and head)"
+        )
+    return shape + (1,) * (len(geometry.batch) - len(shape))
+
+
 @dataclass(frozen=True, eq=False)
 class KeyPadding(Mask):
     """Allowed iff ``j < lengths[b]``: each batch element has its own number of real keys.
 
-    ``lengths`` has the leading batch shape or a prefix of it (aligned left: ``(B,)``
-    for inputs ``(B, H, n, d)`` means one length per batch element for every head).
+    ``lengths`` has the leading batch shape or a prefix of it (aligned left: ``(B,)`` for
+    inputs ``(B, H, n, d)`` means one length per batch element for every head).
     """
 
     lengths: Any
 
     def _lengths(self, geometry: Geometry) -> Any:
-        lengths = self.lengths
-        shape = tuple(lengths.shape)
-        prefix = geometry.batch[: len(shape)]
-        if len(shape) > len(geometry.batch) or any(
-            a != b and a != 1 for a, b in zip(shape, prefix)
-        ):
-            raise ValueError(
-                f"key_padding lengths have shape {shape}, which is not a prefix of the "
-                f"batch shape {geometry.batch}; give one length per batch element"
-            )
-        trailing = (1,) * (len(geometry.batch) - len(shape))
-        return lengths.reshape((*shape, *trailing, 1, 1))
+        shape = _prefix_of_batch("key_padding lengths", tuple(self.lengths.shape), geometry)
+        return geometry.split_heads(self.lengths.reshape((*shape, 1, 1)))
 
     def validate(self, geometry: Geometry) -> None:
         self._lengths(geometry)
@@ -179,12 +402,19 @@ class KeyPadding(Mask):
         return j < self._lengths(geometry)
 
     def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
-        lengths = self.lengths
-        if int(lengths.max()) <= cols.start:
-            return TileKind.EMPTY
-        if int(lengths.min()) >= cols.stop:
-            return TileKind.FULL
-        return TileKind.PARTIAL
+        empty, full = padding_tile_kind(
+            int(self.lengths.min()), int(self.lengths.max()), cols.start, cols.stop
+        )
+        return TileKind.EMPTY if empty else TileKind.FULL if full else TileKind.PARTIAL
+
+    def row_span(self, cols: range, geometry: Geometry) -> range:
+        return range(0 if int(self.lengths.max()) <= cols.start else geometry.n_q)
+
+    def lower(self, geometry: Geometry) -> Band | None:
+        shape = _prefix_of_batch("key_padding lengths", tuple(self.lengths.shape), geometry)
+        if len(shape) != 2 or shape[1] != 1:  # the kernels take (B, H) inputs, one length per b
+            return None
+        return Band(kv_lengths=self.lengths.reshape((shape[0],)))
 
 
 def key_padding(lengths: Any) -> KeyPadding:
@@ -206,32 +436,32 @@ def key_padding(lengths: Any) -> KeyPadding:
 class Dense(Mask):
     """A caller-owned boolean array broadcastable to ``(*batch, n_q, n_k)``; only sliced."""
 
-    allowed: Any
+    mask: Any
 
     def adopt(self, ctx: Any) -> Dense:
-        return Dense(ctx.adopt(self.allowed))
+        return Dense(ctx.adopt(self.mask))
 
     def validate(self, geometry: Geometry) -> None:
-        shape = tuple(self.allowed.shape)
-        target = (*geometry.batch, geometry.n_q, geometry.n_k)
-        try:
-            np.broadcast_shapes(shape, target)
-            ok = len(shape) <= len(target) and np.broadcast_shapes(shape, target) == target
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"mask has shape {shape}, which does not broadcast to (*batch, n_q, n_k) = {target}"
-            )
+        _check_broadcasts("mask", tuple(self.mask.shape), geometry)
 
-    def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:
-        rows = slice(int(i[0, 0]), int(i[-1, 0]) + 1)
-        cols = slice(int(j[0, 0]), int(j[0, -1]) + 1)
-        allowed = self.allowed
+    def allowed(self, index: TileIndex, geometry: Geometry) -> Any:
+        mask = self.mask
         # A broadcast (size-1) axis is not sliced.
-        row_sel = rows if allowed.shape[-2] != 1 else slice(None)
-        col_sel = cols if allowed.shape[-1] != 1 else slice(None)
-        return allowed[..., row_sel, col_sel]
+        rows = slice(index.rows.start, index.rows.stop) if mask.shape[-2] != 1 else slice(None)
+        cols = slice(index.cols.start, index.cols.stop) if mask.shape[-1] != 1 else slice(None)
+        return geometry.split_heads(mask[..., rows, cols])
+
+
+def _check_broadcasts(name: str, shape: tuple[int, ...], geometry: Geometry) -> None:
+    target = (*geometry.batch, geometry.n_q, geometry.n_k)
+    try:
+        ok = len(shape) <= len(target) and np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name} has shape {shape}, which does not broadcast to (*batch, n_q, n_k) = {target}"
+        )
 
 
 def dense(allowed: Any) -> Dense:
@@ -245,34 +475,59 @@ def dense(allowed: Any) -> Dense:
     return Dense(allowed)
 
 
+def check_tile_shape(shape: tuple[int, ...], what: str, index: TileIndex, geometry: Geometry):
+    """Raise ValueError unless ``shape`` broadcasts to the tile ``(*tile_batch, r, c)``."""
+    target = (*geometry.tile_batch, len(index.rows), len(index.cols))
+    try:
+        ok = np.broadcast_shapes(tuple(shape), target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{what} returned shape {tuple(shape)} for the tile rows {index.rows.start}.."
+            f"{index.rows.stop - 1} × keys {index.cols.start}..{index.cols.stop - 1}; "
+            f"it must broadcast to {target}"
+        )
+
+
+def check_same_library(out: Any, what: str, index: TileIndex) -> None:
+    """Raise TypeError unless ``out`` is an array of the index arrays' library."""
+    if not hasattr(out, "shape") or _library(out) != _library(index.i):
+        raise TypeError(
+            f"{what} returned a {type(out).__name__} for index arrays of type "
+            f"{type(index.i).__name__}; return an array of the same library"
+        )
+
+
+def _checked_tile(out: Any, what: str, index: TileIndex, geometry: Geometry) -> Any:
+    """A predicate's result: boolean, broadcastable to the tile, of the index arrays' library."""
+    dtype = str(getattr(out, "dtype", type(out).__name__))
+    if "bool" not in dtype:
+        raise TypeError(f"{what} must return a boolean array; got dtype {dtype}")
+    check_tile_shape(tuple(getattr(out, "shape", ())), what, index, geometry)
+    check_same_library(out, what, index)
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class Predicate(Mask):
     """An arbitrary vectorised predicate ``fn(i, j) -> bool tile``."""
 
     fn: Callable[[Any, Any], Any]
 
-    def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:
-        out = self.fn(i, j)
-        shape = tuple(getattr(out, "shape", ()))
-        dtype = str(getattr(out, "dtype", type(out).__name__))
-        if "bool" not in dtype:
-            raise TypeError(f"mask predicate must return a boolean array; got dtype {dtype}")
-        target = (*geometry.batch, i.shape[0], j.shape[1])
-        try:
-            ok = np.broadcast_shapes(shape, target) == target
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"mask predicate returned shape {shape} for i of shape {tuple(i.shape)} and "
-                f"j of shape {tuple(j.shape)}; it must broadcast to {target}"
-            )
-        if _library(out) != _library(i):
-            raise TypeError(
-                f"mask predicate returned a {type(out).__name__} for index arrays of type "
-                f"{type(i).__name__}; return an array of the same library"
-            )
-        return out
+    def allowed(self, index: TileIndex, geometry: Geometry) -> Any:
+        return _checked_tile(self.fn(index.i, index.j), "mask predicate", index, geometry)
+
+
+@dataclass(frozen=True, eq=False)
+class MaskMod(Mask):
+    """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> bool``, on broadcast index arrays."""
+
+    fn: Callable[[Any, Any, Any, Any], Any]
+
+    def allowed(self, index: TileIndex, geometry: Geometry) -> Any:
+        out = self.fn(index.b, index.h, index.i, index.j)
+        return _checked_tile(out, "mask_mod", index, geometry)
 
 
 def _library(x: Any) -> str:
@@ -280,14 +535,23 @@ def _library(x: Any) -> str:
 
 
 def predicate(fn: Callable[[Any, Any], Any]) -> Predicate:
-    """Wrap a vectorised ``fn(i, j)``: ``i`` has shape (r, 1), ``j`` (1, b)."""
+    """Wrap a vectorised ``fn(i, j)``: ``i`` has shape (r, 1), ``j`` (1, c)."""
     if not callable(fn):
         raise TypeError(f"predicate needs a callable fn(i, j); got {type(fn).__name__}")
     return Predicate(fn)
 
 
+def from_mask_mod(fn: Callable[[Any, Any, Any, Any], Any]) -> MaskMod:
+    """Wrap FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``, evaluated per tile."""
+    if not callable(fn):
+        raise TypeError(f"from_mask_mod needs a callable mask_mod(b, h, q_idx, kv_idx); got {fn!r}")
+    return MaskMod(fn)
+
+
 @dataclass(frozen=True)
-class And(Mask):
+class _Combination(Mask):
+    """``parts`` combined elementwise by :attr:`op` (``&`` for And, ``|`` for Or)."""
+
     parts: tuple[Mask, ...]
 
     def adopt(self, ctx: Any) -> Mask:
@@ -297,57 +561,80 @@ class And(Mask):
         for part in self.parts:
             part.validate(geometry)
 
-    def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:
-        out = self.parts[0].tile(i, j, geometry)
+    def allowed(self, index: TileIndex, geometry: Geometry) -> Any:
+        out = self.parts[0].allowed(index, geometry)
         for part in self.parts[1:]:
-            out = out & part.tile(i, j, geometry)
+            out = self.combine(out, part.allowed(index, geometry))
         return out
 
+    def _kinds(self, rows: range, cols: range, geometry: Geometry) -> set[TileKind]:
+        return {part.classify(rows, cols, geometry) for part in self.parts}
+
+    def _spans(self, cols: range, geometry: Geometry) -> list[range]:
+        return [part.row_span(cols, geometry) for part in self.parts]
+
+    @staticmethod
+    def combine(a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class And(_Combination):
+    """Allowed where every part allows."""
+
+    @staticmethod
+    def combine(a: Any, b: Any) -> Any:
+        return a & b
+
     def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
-        kinds = {part.classify(rows, cols, geometry) for part in self.parts}
+        kinds = self._kinds(rows, cols, geometry)
         if TileKind.EMPTY in kinds:
             return TileKind.EMPTY
         return TileKind.FULL if kinds == {TileKind.FULL} else TileKind.PARTIAL
 
     def row_span(self, cols: range, geometry: Geometry) -> range:
-        spans = [part.row_span(cols, geometry) for part in self.parts]
-        start, stop = max(s.start for s in spans), min(s.stop for s in spans)
-        return range(start, max(start, stop))
+        spans = self._spans(cols, geometry)
+        return _range_of(max(s.start for s in spans), min(s.stop for s in spans))
+
+    def lower(self, geometry: Geometry) -> Band | None:
+        band: Band | None = Band()
+        for part in self.parts:
+            lowered = part.lower(geometry)
+            if lowered is None or band is None:
+                return None
+            band = band.intersect(lowered)
+        return band
 
 
 @dataclass(frozen=True)
-class Or(Mask):
-    parts: tuple[Mask, ...]
+class Or(_Combination):
+    """Allowed where any part allows."""
 
-    def adopt(self, ctx: Any) -> Mask:
-        return type(self)(tuple(part.adopt(ctx) for part in self.parts))
-
-    def validate(self, geometry: Geometry) -> None:
-        for part in self.parts:
-            part.validate(geometry)
-
-    def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:
-        out = self.parts[0].tile(i, j, geometry)
-        for part in self.parts[1:]:
-            out = out | part.tile(i, j, geometry)
-        return out
+    @staticmethod
+    def combine(a: Any, b: Any) -> Any:
+        return a | b
 
     def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
-        kinds = {part.classify(rows, cols, geometry) for part in self.parts}
+        kinds = self._kinds(rows, cols, geometry)
         if TileKind.FULL in kinds:
             return TileKind.FULL
         return TileKind.EMPTY if kinds == {TileKind.EMPTY} else TileKind.PARTIAL
 
     def row_span(self, cols: range, geometry: Geometry) -> range:
-        spans = [part.row_span(cols, geometry) for part in self.parts]
-        start, stop = min(s.start for s in spans), max(s.stop for s in spans)
-        return range(start, max(start, stop))
+        # The hull of the parts' spans; a part with no row contributes nothing.
+        spans = [s for s in self._spans(cols, geometry) if len(s)]
+        if not spans:
+            return range(0)
+        return _range_of(min(s.start for s in spans), max(s.stop for s in spans))
 
 
 def _as_masks(masks: tuple[Any, ...], combinator: str) -> tuple[Mask, ...]:
     if not masks:
         raise ValueError(f"{combinator} needs at least one mask")
-    return tuple(as_mask(m) for m in masks)
+    parts = tuple(as_mask(m) for m in masks)
+    if any(p is None for p in parts):
+        raise TypeError(f"{combinator} takes masks; got None among {masks!r}")
+    return parts
 
 
 def and_masks(*masks: Any) -> Mask:
@@ -360,15 +647,41 @@ def or_masks(*masks: Any) -> Mask:
     return Or(_as_masks(masks, "or_masks"))
 
 
+def _positional_arity(fn: Callable) -> int | None:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds for p in params)
+
+
 def as_mask(mask: Any) -> Mask | None:
-    """Accept ``None``, a :class:`Mask`, a boolean array (dense) or a callable predicate."""
+    """Accept ``None``, a :class:`Mask`, a boolean array (dense) or a callable: a predicate
+    ``(i, j)``, or FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)`` (four arguments)."""
     if mask is None or isinstance(mask, Mask):
         return mask
     if callable(mask):
-        return predicate(mask)
+        return from_mask_mod(mask) if _positional_arity(mask) == 4 else predicate(mask)
     if hasattr(mask, "shape") or isinstance(mask, (list, tuple)):
         return dense(mask)
     raise TypeError(
         f"mask must be None, an exactattn.masks.Mask, a boolean array or a callable "
-        f"predicate(i, j); got {type(mask).__name__}"
+        f"predicate(i, j) / mask_mod(b, h, q_idx, kv_idx); got {type(mask).__name__}"
     )
+
+
+def create_mask(mask: Any, geometry: Geometry, ctx: Any = None) -> Any:
+    """The mask on the whole grid, broadcast to ``(*tile_batch, n_q, n_k)`` (FlexAttention's
+    ``create_mask``): the naive reference's materialisation, in ``ctx``'s arrays (NumPy by
+    default). ``None`` gives all-True."""
+    if ctx is None:
+        from .backends import NumpyContext
+
+        ctx = NumpyContext()
+    shape = (*geometry.tile_batch, geometry.n_q, geometry.n_k)
+    mask = as_mask(mask)
+    if mask is None:
+        return ctx.broadcast_to(ctx.index(0, 1) >= 0, shape)
+    index = tile_index(ctx, geometry, range(geometry.n_q), range(geometry.n_k))
+    return ctx.broadcast_to(mask.adopt(ctx).allowed(index, geometry), shape)

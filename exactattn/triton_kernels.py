@@ -4,10 +4,19 @@ The same algorithm as ``exactattn.algorithm`` (ALGORITHM.md), fused into GPU ker
 style of Triton's tutorial ``06-fused-attention.py``; it exists to be compared against the
 generic code and the naive reference, never to replace them.
 
+Scores, with the score modification of ``exactattn.scores`` in its order (soft-capping,
+then the additive bias, then the mask)::
+
+    s_ij = cap * tanh(c * <Q_i, K_j> / cap) + b_ij  (-inf where j is not in A_i)
+
+(without a cap the first term is c * <Q_i, K_j> itself; without a bias b_ij = 0). The
+bias is a caller-owned tensor broadcastable to (B, H, n_q, n_k), read per tile through its
+strides (stride 0 on broadcast axes, as flash-attn's Triton kernel reads its bias) and
+added in float32; an entry -inf excludes that pair like the mask does.
+
 Forward (Dao, FlashAttention-2, Alg. 1; Milakov & Gimelshein 2018), per query row i, over
 key blocks ``J_t`` restricted to the allowed set ``A_i``::
 
-    s_ij   = c * <Q_i, K_j>                         (-inf where j is not in A_i)
     m_new  = max(m_i, max_j s_ij)
     alpha  = exp(m_i - m_new)                       (rescale of the old state)
     p_ij   = exp(s_ij - m_new)
@@ -19,8 +28,18 @@ Reverse (FlashAttention-2, Alg. 2; ALGORITHM.md "Reverse"), with the frozen stat
 
     delta_i  = sum_a dO_ia O_ia                     (preprocess kernel)
     p_ij     = exp(s_ij - lse_i)
-    gamma_ij = p_ij * (sum_a dO_ia V_ja - delta_i)
+    gamma_ij = p_ij * (sum_a dO_ia V_ja - delta_i)  (= dL/ds_ij = dL/db_ij)
+    gamma_ij *= 1 - tanh^2(c <Q_i, K_j> / cap)      (softcap: tanh recomputed from the tile)
     dQ_i    += c * gamma_ij K_j,  dK_j += c * gamma_ij Q_i,  dV_j += p_ij dO_i
+
+The bias gradient dbias = dL/db is gamma before the softcap factor (the bias is added after
+the cap), summed over the bias's broadcast axes. The dK/dV kernel produces it: each of its
+programs owns one key block of one (batch, head) and visits every query block, so it sums
+over a size-1 query axis in registers and writes each tile of a full one directly. Sums
+across programs (a batch or head axis of size 1 < B or H, a key axis of size 1) are float32
+atomic adds, whose order, hence the last bits, may vary between GPU runs. Extra memory
+besides dbias itself: none when no sum crosses programs, or for a float32 bias; otherwise
+one float32 array of the bias's own shape. No array larger than the bias is ever made.
 
 Masks are predicates evaluated per tile (never a stored n_q x n_k mask), with i the query
 index, j the key index (0-based) and o the alignment offset (0 for "top-left",
@@ -32,8 +51,9 @@ n_k - n_q for "bottom-right"):
 
 combined with AND. Key (query) blocks that no row (column) of the tile may see are skipped
 by the loop bounds; blocks that every entry may see run without the predicate; only the
-partial blocks on the edges evaluate it. Rows with an empty allowed set get O = 0,
-lse = -inf and zero gradients.
+partial blocks on the edges evaluate it. The bias never lets a block be skipped (its -inf
+entries are data, not structure). Rows with an empty allowed set (after the bias's -inf
+entries) get O = 0, lse = -inf and zero gradients.
 
 Precision policy (FlashAttention-2): scores, m, l, acc, delta and every gradient
 accumulator in float32; P and gamma are cast to the input dtype before their dot products.
@@ -46,7 +66,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from numbers import Integral
+from numbers import Integral, Real
 
 import torch
 import triton
@@ -157,16 +177,101 @@ def _query_blocks(start_n, n_q, key_end, offset, left, right,
     return lo, full_lo, full_hi, hi
 
 
+# ----------------------------------------------------------------------------- score modification
+
+
+@triton.jit
+def _tanh(x):
+    """tanh(x) in float32 from exp alone (Cephes ``tanhf``, S. L. Moshier): an odd
+    polynomial for |x| < 0.625, ``1 - 2 / (exp(2|x|) + 1)`` beyond; relative error below
+    3 * 2^-24 where exp is exact. The same code runs on the GPU and in the interpreter,
+    which has no libdevice."""
+    a = tl.abs(x)
+    z = a * a
+    poly = ((((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z
+             + 1.33314422036e-1) * z - 3.33332819422e-1) * z * a + a  # fmt: skip
+    # exp(2|x|) = inf for |x| > 44 gives 1 - 0 = 1 exactly
+    t = tl.where(a < 0.625, poly, 1.0 - 2.0 / (tl.exp(a + a) + 1.0))
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _modify(s, BIAS, rows, cols, stride_rows, stride_cols, n_rows, n_cols, softcap,
+            HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr):  # fmt: skip
+    """The score modification of one tile, before the mask: s -> cap * tanh(s / cap) + b.
+
+    rows and cols index the tile's two axes (queries and keys, or keys and queries in the
+    transposed dK/dV layout), with the bias's strides along them. Returns (s', t) with
+    t = tanh(s / cap) (t = s without a cap), which the reverse needs for the factor 1 - t^2.
+    Bias entries outside the n_rows x n_cols range load as 0: those rows or keys are masked
+    or never stored.
+    """
+    t = s
+    if HAS_SOFTCAP:
+        t = _tanh(s / softcap)
+        s = softcap * t
+    if HAS_BIAS:
+        ptrs = (BIAS + rows[:, None].to(tl.int64) * stride_rows
+                + cols[None, :].to(tl.int64) * stride_cols)  # fmt: skip
+        in_range = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+        s = s + tl.load(ptrs, mask=in_range, other=0.0).to(tl.float32)
+    return s, t
+
+
+@triton.jit
+def _dbias_add(DB, gamma_t, db_rows, offs_n, offs_m, stride_dbn, stride_dbm, n_q, n_k,
+               SUM_Q: tl.constexpr, SUM_K: tl.constexpr, ATOMIC: tl.constexpr):  # fmt: skip
+    """Add gamma^T (keys x queries) of one tile to dbias = dL/db, reduced to the bias's shape.
+
+    SUM_Q (the bias's query axis has size 1): the tile's column sums join db_rows, the
+    running sum of this program's key block, stored once after the query loop. SUM_K (key
+    axis of size 1): the row sums go to dbias[i], shared by every key block. ATOMIC: other
+    programs add to the same entries.
+    """
+    if SUM_Q:
+        db_rows += tl.sum(gamma_t, 1)
+    else:
+        if SUM_K:
+            ptrs = DB + offs_m.to(tl.int64) * stride_dbm
+            value = tl.sum(gamma_t, 0)
+            in_range = offs_m < n_q
+        else:
+            ptrs = (DB + offs_n[:, None].to(tl.int64) * stride_dbn
+                    + offs_m[None, :].to(tl.int64) * stride_dbm)  # fmt: skip
+            value = gamma_t
+            in_range = (offs_n[:, None] < n_k) & (offs_m[None, :] < n_q)
+        if ATOMIC:
+            tl.atomic_add(ptrs, value, mask=in_range)
+        else:
+            tl.store(ptrs, value.to(DB.dtype.element_ty), mask=in_range)
+    return db_rows
+
+
+@triton.jit
+def _dbias_store_rows(DB, db_rows, offs_n, stride_dbn, n_k,
+                      SUM_K: tl.constexpr, ATOMIC: tl.constexpr):  # fmt: skip
+    """Write the query-summed dbias of one key block (the SUM_Q case), summed over the keys
+    as well when the bias's key axis has size 1."""
+    if SUM_K:
+        tl.atomic_add(DB, tl.sum(db_rows, 0))
+    elif ATOMIC:
+        tl.atomic_add(DB + offs_n.to(tl.int64) * stride_dbn, db_rows, mask=offs_n < n_k)
+    else:
+        tl.store(DB + offs_n.to(tl.int64) * stride_dbn, db_rows.to(DB.dtype.element_ty),
+                 mask=offs_n < n_k)  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- forward
 
 
 @triton.jit
-def _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, lo, hi,
-                    stride_kn, stride_kd, stride_vn, stride_vd,
-                    scale, n_q, n_k, key_end, offset, left, right,
+def _attn_fwd_inner(acc, l_i, m_i, q, K, V, BIAS, offs_m, lo, hi,
+                    stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                    scale, softcap, n_q, n_k, key_end, offset, left, right,
                     D: tl.constexpr, DV: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
     """Fold the key blocks [lo, hi) into the running state (m_i, l_i, acc)."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -177,6 +282,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, lo, hi,
         k = tl.load(K + rows_n * stride_kn + offs_d[None, :] * stride_kd,
                     mask=(offs_n[:, None] < n_k) & (offs_d[None, :] < D), other=0.0)  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (BLOCK_M, BLOCK_N)
+        s, _ = _modify(s, BIAS, offs_m, offs_n, stride_bm, stride_bn, n_q, n_k, softcap,
+                       HAS_BIAS, HAS_SOFTCAP)  # fmt: skip
         if MASKED:
             allowed = _allowed(offs_m[:, None], offs_n[None, :], n_q, key_end, offset, left,
                                right, HAS_LEFT, HAS_RIGHT)  # fmt: skip
@@ -197,16 +304,18 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, lo, hi,
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE, KV_LEN,
+def _attn_fwd(Q, K, V, O, LSE, KV_LEN, BIAS,
               stride_qb, stride_qh, stride_qn, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
               stride_ob, stride_oh, stride_on, stride_od,
-              scale, n_q, n_k, H, GROUP, offset, left, right,
+              stride_bb, stride_bh, stride_bm, stride_bn,
+              scale, softcap, n_q, n_k, H, GROUP, offset, left, right,
               D: tl.constexpr, DV: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KV_LEN: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
               DOT_PRECISION: tl.constexpr):  # fmt: skip
     """O and lse for one block of BLOCK_M query rows of one (batch, head)."""
     start_m = tl.program_id(0) * BLOCK_M
@@ -224,6 +333,7 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LEN,
     K += off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
     V += off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
     O += off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+    BIAS += off_b.to(tl.int64) * stride_bb + off_h.to(tl.int64) * stride_bh
     LSE += pid_bh.to(tl.int64) * n_q
 
     q = tl.load(Q + rows_m * stride_qn + offs_d[None, :] * stride_qd,
@@ -234,21 +344,24 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LEN,
 
     lo, full_lo, full_hi, hi = _key_blocks(start_m, n_q, key_end, offset, left, right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)  # fmt: skip
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, lo, full_lo,
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, BIAS, offs_m, lo, full_lo,
                                     stride_kn, stride_kd, stride_vn, stride_vd,
-                                    scale, n_q, n_k, key_end, offset, left, right,
+                                    stride_bm, stride_bn,
+                                    scale, softcap, n_q, n_k, key_end, offset, left, right,
                                     D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT,
-                                    True, DOT_PRECISION)  # fmt: skip
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, full_lo, full_hi,
+                                    HAS_BIAS, HAS_SOFTCAP, True, DOT_PRECISION)  # fmt: skip
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, BIAS, offs_m, full_lo, full_hi,
                                     stride_kn, stride_kd, stride_vn, stride_vd,
-                                    scale, n_q, n_k, key_end, offset, left, right,
+                                    stride_bm, stride_bn,
+                                    scale, softcap, n_q, n_k, key_end, offset, left, right,
                                     D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT,
-                                    False, DOT_PRECISION)  # fmt: skip
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, full_hi, hi,
+                                    HAS_BIAS, HAS_SOFTCAP, False, DOT_PRECISION)  # fmt: skip
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, BIAS, offs_m, full_hi, hi,
                                     stride_kn, stride_kd, stride_vn, stride_vd,
-                                    scale, n_q, n_k, key_end, offset, left, right,
+                                    stride_bm, stride_bn,
+                                    scale, softcap, n_q, n_k, key_end, offset, left, right,
                                     D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT,
-                                    True, DOT_PRECISION)  # fmt: skip
+                                    HAS_BIAS, HAS_SOFTCAP, True, DOT_PRECISION)  # fmt: skip
 
     # epilogue: O = acc / l, lse = m + log l; an empty row (l = 0) gets O = 0, lse = -inf.
     empty = l_i == 0.0
@@ -287,14 +400,19 @@ def _attn_bwd_preprocess(O, DO, DELTA,
 
 
 @triton.jit
-def _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, lo, hi,
+def _attn_bwd_dkdv_inner(dk, dv, db_rows, k, v, Q, DO, LSE, DELTA, BIAS, DB, offs_n, lo, hi,
                          stride_qn, stride_qd, stride_don, stride_dod,
-                         scale, n_q, key_end, offset, left, right,
+                         stride_bm, stride_bn, stride_dbm, stride_dbn,
+                         scale, softcap, n_q, n_k, key_end, offset, left, right,
                          D: tl.constexpr, DV: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                         BIAS_GRAD: tl.constexpr, DB_SUM_Q: tl.constexpr,
+                         DB_SUM_K: tl.constexpr, DB_ATOMIC: tl.constexpr,
                          MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
-    """Add the query blocks [lo, hi) to dK (without the factor c) and dV of one key block."""
+    """Add the query blocks [lo, hi) to dK (without the factor c), dV and dbias of one key
+    block."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_m in range(lo, hi, BLOCK_M):
@@ -305,6 +423,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, lo, hi,
         lse = tl.load(LSE + offs_m, mask=offs_m < n_q, other=0.0)
         # s^T and p^T: (BLOCK_N, BLOCK_M), keys along rows, the layout dK and dV need.
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * scale
+        s_t, t_t = _modify(s_t, BIAS, offs_n, offs_m, stride_bn, stride_bm, n_k, n_q, softcap,
+                           HAS_BIAS, HAS_SOFTCAP)  # fmt: skip
         if MASKED:
             allowed_t = _allowed(offs_m[None, :], offs_n[:, None], n_q, key_end, offset, left,
                                  right, HAS_LEFT, HAS_RIGHT)  # fmt: skip
@@ -318,25 +438,36 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, lo, hi,
         delta = tl.load(DELTA + offs_m, mask=offs_m < n_q, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (dO V^T)^T
         gamma_t = p_t * (dp_t - delta[None, :])
+        if BIAS_GRAD:  # dL/db = gamma: the bias is added after the cap
+            db_rows = _dbias_add(DB, gamma_t, db_rows, offs_n, offs_m, stride_dbn, stride_dbm,
+                                 n_q, n_k, DB_SUM_Q, DB_SUM_K, DB_ATOMIC)  # fmt: skip
+        if HAS_SOFTCAP:  # d(cap tanh(s / cap))/ds = 1 - t^2
+            gamma_t = gamma_t * ((1.0 - t_t) * (1.0 + t_t))
         dk = tl.dot(gamma_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
-    return dk, dv
+    return dk, dv, db_rows
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, KV_LEN,
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, KV_LEN, BIAS, DB,
                    stride_qb, stride_qh, stride_qn, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_dob, stride_doh, stride_don, stride_dod,
                    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                   scale, n_q, n_k, H, GROUP, offset, left, right,
+                   stride_bb, stride_bh, stride_bm, stride_bn,
+                   stride_dbb, stride_dbh, stride_dbm, stride_dbn,
+                   scale, softcap, n_q, n_k, H, GROUP, offset, left, right,
                    D: tl.constexpr, DV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KV_LEN: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                   BIAS_GRAD: tl.constexpr, DB_SUM_Q: tl.constexpr,
+                   DB_SUM_K: tl.constexpr, DB_ATOMIC: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):  # fmt: skip
-    """dK, dV of one block of BLOCK_N keys from one query head (GQA sums heads outside)."""
+    """dK, dV (and dbias) of one block of BLOCK_N keys from one query head (GQA sums heads
+    outside)."""
     start_n = tl.program_id(0) * BLOCK_N
     off_b = tl.program_id(1)
     off_h = tl.program_id(2)
@@ -354,6 +485,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, KV_LEN,
     DO += off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
     DK += off_b.to(tl.int64) * stride_dkb + off_h.to(tl.int64) * stride_dkh
     DV_OUT += off_b.to(tl.int64) * stride_dvb + off_h.to(tl.int64) * stride_dvh
+    BIAS += off_b.to(tl.int64) * stride_bb + off_h.to(tl.int64) * stride_bh
+    DB += off_b.to(tl.int64) * stride_dbb + off_h.to(tl.int64) * stride_dbh
     LSE += pid_bh.to(tl.int64) * n_q
     DELTA += pid_bh.to(tl.int64) * n_q
 
@@ -363,39 +496,55 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, KV_LEN,
     v = tl.load(V + rows_n * stride_vn + offs_dv[None, :] * stride_vd, mask=mask_v, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    db_rows = tl.zeros([BLOCK_N], tl.float32)  # sum_i gamma_ij, when the bias has n_q = 1
 
     lo, full_lo, full_hi, hi = _query_blocks(start_n, n_q, key_end, offset, left, right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, lo, full_lo,
-                                  stride_qn, stride_qd, stride_don, stride_dod,
-                                  scale, n_q, key_end, offset, left, right,
-                                  D, DV, BLOCK_M, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT,
-                                  True, DOT_PRECISION)  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, full_lo, full_hi,
-                                  stride_qn, stride_qd, stride_don, stride_dod,
-                                  scale, n_q, key_end, offset, left, right,
-                                  D, DV, BLOCK_M, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT,
-                                  False, DOT_PRECISION)  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, full_hi, hi,
-                                  stride_qn, stride_qd, stride_don, stride_dod,
-                                  scale, n_q, key_end, offset, left, right,
-                                  D, DV, BLOCK_M, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT,
-                                  True, DOT_PRECISION)  # fmt: skip
+    dk, dv, db_rows = _attn_bwd_dkdv_inner(dk, dv, db_rows, k, v, Q, DO, LSE, DELTA, BIAS, DB,
+                                           offs_n, lo, full_lo,
+                                           stride_qn, stride_qd, stride_don, stride_dod,
+                                           stride_bm, stride_bn, stride_dbm, stride_dbn,
+                                           scale, softcap, n_q, n_k, key_end, offset, left,
+                                           right, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV,
+                                           HAS_LEFT, HAS_RIGHT, HAS_BIAS, HAS_SOFTCAP,
+                                           BIAS_GRAD, DB_SUM_Q, DB_SUM_K, DB_ATOMIC,
+                                           True, DOT_PRECISION)  # fmt: skip
+    dk, dv, db_rows = _attn_bwd_dkdv_inner(dk, dv, db_rows, k, v, Q, DO, LSE, DELTA, BIAS, DB,
+                                           offs_n, full_lo, full_hi,
+                                           stride_qn, stride_qd, stride_don, stride_dod,
+                                           stride_bm, stride_bn, stride_dbm, stride_dbn,
+                                           scale, softcap, n_q, n_k, key_end, offset, left,
+                                           right, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV,
+                                           HAS_LEFT, HAS_RIGHT, HAS_BIAS, HAS_SOFTCAP,
+                                           BIAS_GRAD, DB_SUM_Q, DB_SUM_K, DB_ATOMIC,
+                                           False, DOT_PRECISION)  # fmt: skip
+    dk, dv, db_rows = _attn_bwd_dkdv_inner(dk, dv, db_rows, k, v, Q, DO, LSE, DELTA, BIAS, DB,
+                                           offs_n, full_hi, hi,
+                                           stride_qn, stride_qd, stride_don, stride_dod,
+                                           stride_bm, stride_bn, stride_dbm, stride_dbn,
+                                           scale, softcap, n_q, n_k, key_end, offset, left,
+                                           right, D, DV, BLOCK_M, BLOCK_D, BLOCK_DV,
+                                           HAS_LEFT, HAS_RIGHT, HAS_BIAS, HAS_SOFTCAP,
+                                           BIAS_GRAD, DB_SUM_Q, DB_SUM_K, DB_ATOMIC,
+                                           True, DOT_PRECISION)  # fmt: skip
 
     dk = dk * scale  # dK_j = c * sum_i gamma_ij Q_i
     tl.store(DK + rows_n * stride_dkn + offs_d[None, :] * stride_dkd,
              dk.to(DK.dtype.element_ty), mask=mask_k)  # fmt: skip
     tl.store(DV_OUT + rows_n * stride_dvn + offs_dv[None, :] * stride_dvd,
              dv.to(DV_OUT.dtype.element_ty), mask=mask_v)  # fmt: skip
+    if BIAS_GRAD and DB_SUM_Q:
+        _dbias_store_rows(DB, db_rows, offs_n, stride_dbn, n_k, DB_SUM_K, DB_ATOMIC)
 
 
 @triton.jit
-def _attn_bwd_dq_inner(dq, q, do, lse_shift, delta, K, V, offs_m, lo, hi,
-                       stride_kn, stride_kd, stride_vn, stride_vd,
-                       scale, n_q, n_k, key_end, offset, left, right,
+def _attn_bwd_dq_inner(dq, q, do, lse_shift, delta, K, V, BIAS, offs_m, lo, hi,
+                       stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                       scale, softcap, n_q, n_k, key_end, offset, left, right,
                        D: tl.constexpr, DV: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                        MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
     """Add the key blocks [lo, hi) to dQ (without the factor c) of one query block."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -408,6 +557,8 @@ def _attn_bwd_dq_inner(dq, q, do, lse_shift, delta, K, V, offs_m, lo, hi,
         v = tl.load(V + rows_n * stride_vn + offs_dv[None, :] * stride_vd,
                     mask=(offs_n[:, None] < n_k) & (offs_dv[None, :] < DV), other=0.0)  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+        s, t = _modify(s, BIAS, offs_m, offs_n, stride_bm, stride_bn, n_q, n_k, softcap,
+                       HAS_BIAS, HAS_SOFTCAP)  # fmt: skip
         if MASKED:
             allowed = _allowed(offs_m[:, None], offs_n[None, :], n_q, key_end, offset, left,
                                right, HAS_LEFT, HAS_RIGHT)  # fmt: skip
@@ -415,22 +566,26 @@ def _attn_bwd_dq_inner(dq, q, do, lse_shift, delta, K, V, offs_m, lo, hi,
         p = tl.exp(s - lse_shift[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dO V^T
         gamma = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:  # d(cap tanh(s / cap))/ds = 1 - t^2
+            gamma = gamma * ((1.0 - t) * (1.0 + t))
         dq = tl.dot(gamma.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
     return dq
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LEN,
+def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LEN, BIAS,
                  stride_qb, stride_qh, stride_qn, stride_qd,
                  stride_kb, stride_kh, stride_kn, stride_kd,
                  stride_vb, stride_vh, stride_vn, stride_vd,
                  stride_dob, stride_doh, stride_don, stride_dod,
                  stride_dqb, stride_dqh, stride_dqn, stride_dqd,
-                 scale, n_q, n_k, H, GROUP, offset, left, right,
+                 stride_bb, stride_bh, stride_bm, stride_bn,
+                 scale, softcap, n_q, n_k, H, GROUP, offset, left, right,
                  D: tl.constexpr, DV: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KV_LEN: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                  DOT_PRECISION: tl.constexpr):  # fmt: skip
     """dQ of one block of BLOCK_M query rows of one (batch, head)."""
     start_m = tl.program_id(0) * BLOCK_M
@@ -449,6 +604,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LEN,
     V += off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
     DO += off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
     DQ += off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+    BIAS += off_b.to(tl.int64) * stride_bb + off_h.to(tl.int64) * stride_bh
     LSE += pid_bh.to(tl.int64) * n_q
     DELTA += pid_bh.to(tl.int64) * n_q
 
@@ -463,21 +619,21 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_LEN,
 
     lo, full_lo, full_hi, hi = _key_blocks(start_m, n_q, key_end, offset, left, right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)  # fmt: skip
-    dq = _attn_bwd_dq_inner(dq, q, do, lse_shift, delta, K, V, offs_m, lo, full_lo,
-                            stride_kn, stride_kd, stride_vn, stride_vd,
-                            scale, n_q, n_k, key_end, offset, left, right,
+    dq = _attn_bwd_dq_inner(dq, q, do, lse_shift, delta, K, V, BIAS, offs_m, lo, full_lo,
+                            stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                            scale, softcap, n_q, n_k, key_end, offset, left, right,
                             D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT,
-                            True, DOT_PRECISION)  # fmt: skip
-    dq = _attn_bwd_dq_inner(dq, q, do, lse_shift, delta, K, V, offs_m, full_lo, full_hi,
-                            stride_kn, stride_kd, stride_vn, stride_vd,
-                            scale, n_q, n_k, key_end, offset, left, right,
+                            HAS_BIAS, HAS_SOFTCAP, True, DOT_PRECISION)  # fmt: skip
+    dq = _attn_bwd_dq_inner(dq, q, do, lse_shift, delta, K, V, BIAS, offs_m, full_lo, full_hi,
+                            stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                            scale, softcap, n_q, n_k, key_end, offset, left, right,
                             D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT,
-                            False, DOT_PRECISION)  # fmt: skip
-    dq = _attn_bwd_dq_inner(dq, q, do, lse_shift, delta, K, V, offs_m, full_hi, hi,
-                            stride_kn, stride_kd, stride_vn, stride_vd,
-                            scale, n_q, n_k, key_end, offset, left, right,
+                            HAS_BIAS, HAS_SOFTCAP, False, DOT_PRECISION)  # fmt: skip
+    dq = _attn_bwd_dq_inner(dq, q, do, lse_shift, delta, K, V, BIAS, offs_m, full_hi, hi,
+                            stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                            scale, softcap, n_q, n_k, key_end, offset, left, right,
                             D, DV, BLOCK_N, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT,
-                            True, DOT_PRECISION)  # fmt: skip
+                            HAS_BIAS, HAS_SOFTCAP, True, DOT_PRECISION)  # fmt: skip
 
     dq = dq * scale  # dQ_i = c * sum_j gamma_ij K_j
     tl.store(DQ + rows_m * stride_dqn + offs_d[None, :] * stride_dqd,
@@ -502,6 +658,33 @@ class _MaskSpec:
     has_left: bool
     has_right: bool
     kv_lengths: torch.Tensor | None  # int32 (B,), clamped to [0, n_k]
+
+
+@dataclass(frozen=True)
+class _ScoreSpec:
+    """The score modification as kernel arguments.
+
+    ``view`` is the caller's bias expanded to (B, H, n_q, n_k) (stride 0 on its broadcast
+    axes, no copy); ``softcap`` is the cap, None for no soft-capping.
+    """
+
+    bias: torch.Tensor | None
+    view: torch.Tensor | None
+    softcap: float | None
+
+
+@dataclass(frozen=True)
+class _DbiasPlan:
+    """Where the backward accumulates dbias and how the dK/dV kernel reduces into it.
+
+    ``acc`` has the bias's shape padded to 4 dims with leading 1s: float32 when programs add
+    into shared entries (``atomic``), else the bias's dtype, written once per entry.
+    """
+
+    acc: torch.Tensor
+    sum_q: bool  # the bias's query axis has size 1: sum gamma over the rows
+    sum_k: bool  # its key axis has size 1: sum gamma over the keys
+    atomic: bool  # several programs add into one entry (batch, head or key axis shared)
 
 
 @dataclass(frozen=True)
@@ -704,6 +887,57 @@ def _mask_spec(
     return _MaskSpec(offset, left, right, has_left, has_right, lengths)
 
 
+def _score_spec(bias: object, softcap: object, q: torch.Tensor, n_k: int) -> _ScoreSpec:
+    """Check the bias and the cap; see the module docstring."""
+    batch, heads, n_q, _ = q.shape
+    target = (batch, heads, n_q, n_k)
+    view = None
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if bias.dtype not in _DTYPES:
+            raise TypeError(
+                f"bias must be float16, bfloat16 or float32 (it is added in float32), "
+                f"got {bias.dtype}"
+            )
+        if bias.device != q.device:
+            raise ValueError(f"bias must be on q's device {q.device}, got {bias.device}")
+        shape = tuple(bias.shape)
+        fits = all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+        if not (2 <= len(shape) <= 4 and fits):
+            raise ValueError(
+                f"bias must broadcast to (B, H, n_q, n_k) = {target} with 2 to 4 dims, each "
+                f"the size above or 1, got shape {shape}"
+            )
+        view = bias.expand(target)
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, Real):
+            raise TypeError(f"softcap must be a real number or None, got {type(softcap).__name__}")
+        if not (math.isfinite(softcap) and softcap > 0):
+            raise ValueError(f"softcap must be positive and finite, got {softcap}")
+        softcap = float(softcap)
+    return _ScoreSpec(bias, view, softcap)
+
+
+def _score_args(score: _ScoreSpec, dummy: torch.Tensor) -> tuple[tuple[object, ...], dict]:
+    """(BIAS pointer, its four strides, the cap) and the score constexprs of a launch."""
+    view = score.view if score.view is not None else dummy
+    strides = score.view.stride() if score.view is not None else (0, 0, 0, 0)
+    consts = {"HAS_BIAS": score.view is not None, "HAS_SOFTCAP": score.softcap is not None}
+    cap = score.softcap if score.softcap is not None else 1.0  # unread without HAS_SOFTCAP
+    return (view, strides, cap), consts
+
+
+def _dbias_plan(bias: torch.Tensor, target: tuple[int, int, int, int]) -> _DbiasPlan:
+    """The dbias accumulator for a bias broadcast to target = (B, H, n_q, n_k)."""
+    shape = (1,) * (4 - bias.dim()) + tuple(bias.shape)
+    sum_q, sum_k = shape[2] == 1, shape[3] == 1
+    spread = any(s == 1 < t for s, t in zip(shape[:2], target[:2]))
+    atomic = spread or sum_k
+    dtype = torch.float32 if atomic else bias.dtype
+    return _DbiasPlan(torch.zeros(shape, dtype=dtype, device=bias.device), sum_q, sum_k, atomic)
+
+
 def _mask_args(mask: _MaskSpec, dummy: torch.Tensor) -> tuple[tuple[object, ...], dict]:
     """(KV_LEN pointer, band ints) and the mask constexprs of a kernel launch."""
     kv_len = mask.kv_lengths if mask.kv_lengths is not None else dummy
@@ -725,19 +959,22 @@ def triton_forward(
     window: tuple[int | None, int | None] | None = None,
     kv_lengths: torch.Tensor | Sequence[int] | None = None,
     alignment: str | None = None,
+    bias: torch.Tensor | None = None,
+    softcap: float | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked softmax attention O = softmax(c Q K^T + mask) V and its log-sum-exp.
+    """Masked softmax attention O = softmax(mod(c Q K^T) + mask) V and its log-sum-exp.
 
-    For each batch b, head h and query row i, with A_i the allowed keys::
+    For each batch b, head h and query row i, with A_i the allowed keys less those whose
+    bias is -inf::
 
-        s_ij  = c * sum_r Q_ir K_jr,       j in A_i
+        s_ij  = cap * tanh(c * sum_r Q_ir K_jr / cap) + bias_bhij,    j in A_i
         lse_i = log sum_{j in A_i} exp(s_ij)
         O_i   = sum_{j in A_i} exp(s_ij - lse_i) V_j
 
-    computed blockwise with the online softmax (FlashAttention-2). A row with A_i empty
-    gets O_i = 0 and lse_i = -inf.
+    (no tanh without softcap, no bias term without bias) computed blockwise with the online
+    softmax (FlashAttention-2). A row with A_i empty gets O_i = 0 and lse_i = -inf.
 
     Args:
         q: (B, H, n_q, d) queries; float16, bfloat16 or float32; any strides.
@@ -752,6 +989,11 @@ def triton_forward(
             j < kv_lengths[b].
         alignment: "top-left" (o = 0, the default) or "bottom-right" (o = n_k - n_q) for
             the window when causal is None; must agree with causal when both are given.
+        bias: None or an additive score bias broadcastable to (B, H, n_q, n_k) (2 to 4
+            dims, size-1 axes broadcast), float16, bfloat16 or float32, any strides; added
+            in float32 after the cap, before the mask. An entry -inf excludes that pair;
+            NaN or +inf entries give NaN rows.
+        softcap: None or the cap > 0 of the logit soft-capping cap * tanh(s / cap).
         block_m, block_n: tile sizes (powers of two >= 16); default by head dim and dtype.
 
     Returns:
@@ -763,6 +1005,7 @@ def triton_forward(
     batch, heads, n_q, d = q.shape
     heads_kv, n_k, dv = k.shape[1], k.shape[2], v.shape[3]
     mask = _mask_spec(causal, window, alignment, kv_lengths, q, n_k)
+    score = _score_spec(bias, softcap, q, n_k)
     o = torch.empty((batch, heads, n_q, dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
@@ -770,15 +1013,16 @@ def triton_forward(
     consts = _head_consts(d, dv, q.dtype)
     blocks, fixed = _blocks(max(consts["BLOCK_D"], consts["BLOCK_DV"]), q.dtype, block_m, block_n)
     (kv_len, band), mask_consts = _mask_args(mask, lse)
+    (bias_view, bias_strides, cap), score_consts = _score_args(score, lse)
 
     def launch(cfg: _Blocks) -> None:
         grid = (triton.cdiv(n_q, cfg.block_m), batch, heads)
         _attn_fwd[grid](
-            q, k, v, o, lse, kv_len,
-            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            scale, n_q, n_k, heads, heads // heads_kv, *band,
+            q, k, v, o, lse, kv_len, bias_view,
+            *q.stride(), *k.stride(), *v.stride(), *o.stride(), *bias_strides,
+            scale, cap, n_q, n_k, heads, heads // heads_kv, *band,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **consts, **mask_consts,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **score_consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
 
     _launch(launch, blocks, fixed)
@@ -798,17 +1042,22 @@ def triton_backward(
     window: tuple[int | None, int | None] | None = None,
     kv_lengths: torch.Tensor | Sequence[int] | None = None,
     alignment: str | None = None,
+    bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+    bias_grad: bool = False,
     block_m: int | None = None,
     block_n: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Vector-Jacobian product of triton_forward: (dQ, dK, dV) for the upstream dO.
+) -> tuple[torch.Tensor, ...]:
+    """Vector-Jacobian product of triton_forward: (dQ, dK, dV[, dbias]) for the upstream dO.
 
-    With the frozen statistic lse from the forward (never differentiated)::
+    With the frozen statistic lse from the forward (never differentiated) and s_ij the
+    modified scores of triton_forward::
 
         delta_i  = sum_a dO_ia O_ia
         p_ij     = exp(s_ij - lse_i),                  j in A_i (0 elsewhere)
-        gamma_ij = p_ij * (sum_a dO_ia V_ja - delta_i)
-        dQ_i = c sum_j gamma_ij K_j,  dK_j = c sum_i gamma_ij Q_i,  dV_j = sum_i p_ij dO_i
+        gamma_ij = p_ij * (sum_a dO_ia V_ja - delta_i)                = dL/dbias_bhij
+        dS_ij    = gamma_ij * (1 - tanh^2(c sum_r Q_ir K_jr / cap))   (gamma_ij without cap)
+        dQ_i = c sum_j dS_ij K_j,  dK_j = c sum_i dS_ij Q_i,  dV_j = sum_i p_ij dO_i
 
     Under GQA dK and dV of a key/value head sum the contributions of its query heads.
     Rows with an empty allowed set contribute nothing (their dQ row is 0).
@@ -818,11 +1067,18 @@ def triton_backward(
         o: (B, H, n_q, dv) the forward output, same dtype as q.
         lse: (B, H, n_q) the forward log-sum-exp (float32).
         do: (B, H, n_q, dv) the upstream gradient dL/dO; converted to q's dtype.
-        scale, causal, window, kv_lengths, alignment, block_m, block_n: as for the
-            forward, and they must be the same values.
+        scale, causal, window, kv_lengths, alignment, bias, softcap, block_m, block_n:
+            as for the forward, and they must be the same values.
+        bias_grad: also return dbias = dL/dbias, gamma summed over the bias's broadcast
+            axes. Extra memory: none when no two (batch, head) pairs or key blocks share a
+            bias entry (the bias's batch and head axes full, its key axis n_k), or for a
+            float32 bias; else one float32 array of the bias's shape. Its float32 sums over
+            a shared batch, head or key axis are atomic adds: on a GPU their order, hence
+            the last bits, may differ between runs.
 
     Returns:
-        (dq, dk, dv) with the shapes and dtype of q, k and v.
+        (dq, dk, dv) with the shapes and dtype of q, k and v, and dbias with the shape and
+        dtype of bias when bias_grad is true.
     """
     _validate_qkv(q, k, v)
     scale = _validate_scale(scale)
@@ -847,6 +1103,12 @@ def triton_backward(
     do = do.to(q.dtype)
     lse = lse.to(torch.float32).contiguous()
     mask = _mask_spec(causal, window, alignment, kv_lengths, q, n_k)
+    score = _score_spec(bias, softcap, q, n_k)
+    if not isinstance(bias_grad, bool):
+        raise TypeError(f"bias_grad must be a bool, got {type(bias_grad).__name__}")
+    if bias_grad and score.bias is None:
+        raise ValueError("bias_grad=True needs a bias tensor, got bias=None")
+    db = _dbias_plan(score.bias, (batch, heads, n_q, n_k)) if bias_grad else None
     group = heads // heads_kv
 
     run = batch * heads * n_q * n_k > 0
@@ -862,10 +1124,21 @@ def triton_backward(
             max(consts["BLOCK_D"], consts["BLOCK_DV"]), q.dtype, block_m, block_n
         )
         (kv_len, band), mask_consts = _mask_args(mask, lse)
+        (bias_view, bias_strides, cap), score_consts = _score_args(score, lse)
+        db_view = db.acc.expand(batch, heads, n_q, n_k) if db is not None else lse
+        db_consts = {
+            "BIAS_GRAD": db is not None,
+            "DB_SUM_Q": db is not None and db.sum_q,
+            "DB_SUM_K": db is not None and db.sum_k,
+            "DB_ATOMIC": db is not None and db.atomic,
+        }
+        db_strides = db_view.stride() if db is not None else (0, 0, 0, 0)
         delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-        common = (scale, n_q, n_k, heads, group, *band)
+        common = (scale, cap, n_q, n_k, heads, group, *band)
 
         def launch(cfg: _Blocks) -> None:
+            if db is not None:  # a retry after an out-of-resources error starts over
+                db.acc.zero_()
             # launch options only; the preprocess kernel has no mask or dot
             options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
             grid_m = (triton.cdiv(n_q, cfg.block_m), batch, heads)
@@ -875,19 +1148,24 @@ def triton_backward(
             )  # fmt: skip
             grid_n = (triton.cdiv(n_k, cfg.block_n), batch, heads)
             _attn_bwd_dkdv[grid_n](
-                q, k, v, do, lse, delta, dk, dv_, kv_len,
+                q, k, v, do, lse, delta, dk, dv_, kv_len, bias_view, db_view,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-                *dk.stride(), *dv_.stride(), *common,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **consts, **mask_consts, **options,
+                *dk.stride(), *dv_.stride(), *bias_strides, *db_strides, *common,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **consts, **mask_consts,
+                **score_consts, **db_consts, **options,
             )  # fmt: skip
             _attn_bwd_dq[grid_m](
-                q, k, v, do, lse, delta, dq, kv_len,
-                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *common,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **consts, **mask_consts, **options,
+                q, k, v, do, lse, delta, dq, kv_len, bias_view,
+                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+                *bias_strides, *common,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **consts, **mask_consts,
+                **score_consts, **options,
             )  # fmt: skip
 
         _launch(launch, blocks, fixed)
     if group > 1:
         dk = dk.view(batch, heads_kv, group, n_k, d).sum(2).to(q.dtype)
         dv_ = dv_.view(batch, heads_kv, group, n_k, dv).sum(2).to(q.dtype)
-    return dq, dk, dv_
+    if db is None:
+        return dq, dk, dv_
+    return dq, dk, dv_, db.acc.to(score.bias.dtype).reshape(score.bias.shape)

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from .backends.base import Array, ArrayContext
-from .masks import Geometry, Mask
+from .masks import Geometry, Mask, tile_index
+from .scores import ScoreMod
 
 EMPTY_ROW_POLICIES = ("error", "zero")
 
@@ -18,8 +19,12 @@ def check_ndim(name: str, x: Array) -> None:
         raise ValueError(f"{name} must have shape (..., n, features) with ndim >= 2; got {x.shape}")
 
 
-def check_qkv(q: Array, k: Array, v: Array) -> Geometry:
-    """Shapes (..., n_q, d), (..., n_k, d), (..., n_k, v) with broadcastable leading dims."""
+def check_qkv(q: Array, k: Array, v: Array, enable_gqa: bool = False) -> Geometry:
+    """Shapes (..., n_q, d), (..., n_k, d), (..., n_k, v) with broadcastable leading dims.
+
+    With ``enable_gqa`` axis −3 is the head axis: ``H`` query heads, ``H_kv`` key/value
+    heads, ``H_kv`` dividing ``H``.
+    """
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_ndim(name, x)
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
@@ -29,10 +34,22 @@ def check_qkv(q: Array, k: Array, v: Array) -> Geometry:
         raise ValueError(f"the head dim d must be >= 1; got {shapes}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same number of keys n_k (axis -2); got {shapes}")
+    lead = 3 if enable_gqa else 2
+    if enable_gqa:
+        if min(q.ndim, k.ndim, v.ndim) < 3:
+            raise ValueError(f"enable_gqa needs a head axis (..., H, n, d); got {shapes}")
+        h, h_kv = q.shape[-3], k.shape[-3]
+        if v.shape[-3] != h_kv or h_kv == 0 or h % h_kv:
+            raise ValueError(
+                "enable_gqa needs k and v with H_kv heads (axis -3) where H_kv divides the "
+                f"H query heads; got {shapes}"
+            )
     try:
-        batch = np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+        batch = np.broadcast_shapes(*(tuple(x.shape[:-lead]) for x in (q, k, v)))
     except ValueError:
         raise ValueError(f"the leading (batch/head) dims do not broadcast: {shapes}") from None
+    if enable_gqa:
+        return Geometry(q.shape[-2], k.shape[-2], (*batch, q.shape[-3]), h // h_kv)
     return Geometry(n_q=q.shape[-2], n_k=k.shape[-2], batch=tuple(batch))
 
 
@@ -47,38 +64,23 @@ def check_block_size(block_size: Any, default: int) -> int:
 
 
 def check_scale(ctx: ArrayContext, scale: Any, d: int) -> Any:
-    if scale is None:
-        return ctx.default_scale(d)
-    if isinstance(scale, bool):
-        raise TypeError(f"scale must be a real number; got {scale!r}")
-    if ctx.exact:
-        return ctx.scalar(scale)
-    if not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number; got {type(scale).__name__}")
-    if not np.isfinite(float(scale)):
-        raise ValueError(f"scale must be finite; got {scale}")
-    converted = ctx.scalar(scale)
-    if not np.isfinite(float(converted)):
-        raise FloatingPointError(f"scale {scale} overflows {ctx.name}; use a wider compute dtype")
-    return converted
-
-
-def _has_nonfinite(ctx: ArrayContext, x: Array) -> bool:
-    # One reduction first: a NaN or ±inf entry makes the sum NaN or ±inf, so a finite sum
-    # clears the whole array; only a non-finite sum (or a sum that overflowed) is searched.
-    if not ctx.exact and not ctx.any(ctx.nonfinite(ctx.rowsum(x.reshape(-1)))):
-        return False
-    return ctx.any(ctx.nonfinite(x))
+    return ctx.default_scale(d) if scale is None else ctx.scalar_arg("scale", scale)
 
 
 def check_finite(ctx: ArrayContext, name: str, x: Array) -> None:
-    if _has_nonfinite(ctx, x):
-        bad = ctx.nonfinite(x)
-        where = np.argwhere(np.asarray(_to_numpy(bad)))[:3].tolist()
+    if not ctx.all_finite(x):
+        where = np.argwhere(np.asarray(_to_numpy(ctx.nonfinite(x))))[:3].tolist()
         raise ValueError(
             f"{name} contains NaN or inf (first at indices {where}); "
             "pass check_finite=False to compute anyway"
         )
+
+
+def check_softcap(ctx: ArrayContext, softcap: Any) -> Any:
+    cap = ctx.scalar_arg("softcap", softcap)
+    if ctx.any(ctx.nonpositive(ctx.full((1,), cap))):
+        raise ValueError(f"softcap must be > 0; got {softcap!r}")
+    return cap
 
 
 def check_policy(empty_rows: str) -> None:
@@ -87,19 +89,24 @@ def check_policy(empty_rows: str) -> None:
 
 
 def check_empty_rows(
-    ctx: ArrayContext, m: Array, empty_rows: str, mask: Mask | None, geometry: Geometry
+    ctx: ArrayContext,
+    m: Array,
+    empty_rows: str,
+    mask: Mask | None,
+    geometry: Geometry,
+    score_mod: ScoreMod | None = None,
 ) -> None:
     """Rows still at ⊥ (``m = −∞``) have an empty allowed set ``A_i`` — or overflowed.
 
     In rounded arithmetic a score ``c·q·k`` can overflow to −∞, the value reserved for
     ``j ∉ A_i``; a row whose every score did so would pass for an empty row. So each such
-    row is checked against the mask (one row of the predicate, only for these rows).
+    row is checked against the mask and the score modifications' −∞ entries (one row of
+    each, only for these rows).
     """
     empty = ctx.is_neg_inf(m)
     if not ctx.any(empty):
         return
-    if not ctx.exact:
-        _check_not_overflowed(ctx, empty, mask, geometry)
+    _check_not_overflowed(ctx, empty, mask, geometry, score_mod)
     if empty_rows == "error":
         rows = np.argwhere(np.asarray(_to_numpy(empty)))[:5].tolist()
         raise ValueError(
@@ -110,21 +117,27 @@ def check_empty_rows(
         )
 
 
-def _check_not_overflowed(
-    ctx: ArrayContext, empty: Array, mask: Mask | None, geometry: Geometry
-) -> None:
+def _row_has_keys(ctx, i: int, mask, geometry: Geometry, score_mod) -> np.ndarray:
+    """Whether row ``i`` allows some key, per batch element and head: shape (*batch,)."""
+    index = tile_index(ctx, geometry, range(i, i + 1), range(geometry.n_k))
+    allowed = ctx.index(0, geometry.n_k) >= 0
+    if mask is not None:
+        allowed = allowed & mask.allowed(index, geometry)
+    if score_mod is not None:
+        excluded = score_mod.at(ctx, index, geometry).excluded()
+        if excluded is not None:
+            allowed = allowed & ~excluded
+    whole = ctx.broadcast_to(allowed, (*geometry.tile_batch, 1, geometry.n_k))
+    return np.asarray(_to_numpy(geometry.merge_heads(whole))).any(axis=-1)[..., 0]
+
+
+def _check_not_overflowed(ctx, empty: Array, mask, geometry: Geometry, score_mod) -> None:
     empty = np.asarray(_to_numpy(empty))
-    positions = np.argwhere(empty)
     overflowed = []
-    for i in np.unique(positions[:, -1]):
-        if mask is None:
-            has_keys = np.full(empty.shape[:-1], geometry.n_k > 0)
-        else:
-            row = ctx.index(int(i), int(i) + 1)[:, None]
-            keys = ctx.index(0, geometry.n_k)[None, :]
-            tile = _to_numpy(mask.tile(row, keys, geometry))
-            has_keys = np.broadcast_to(np.asarray(tile).any(axis=-1), (*empty.shape[:-1], 1))
-            has_keys = has_keys[..., 0]
+    for i in np.unique(np.argwhere(empty)[:, -1]):
+        has_keys = np.broadcast_to(
+            _row_has_keys(ctx, int(i), mask, geometry, score_mod), empty.shape[:-1]
+        )
         overflowed += [tuple(p) for p in np.argwhere(empty[..., i] & has_keys)]
     if overflowed:
         raise FloatingPointError(
@@ -139,7 +152,7 @@ def check_stats(ctx: ArrayContext, m: Array, l: Array) -> None:
     bottom = ctx.is_neg_inf(m)
     if ctx.any(ctx.nonfinite(m) & ~bottom):
         raise ValueError("stats.m contains NaN or +inf; pass the Stats the forward returned")
-    if ctx.any(~bottom & (ctx.nonfinite(l) | (l <= 0))):
+    if ctx.any(~bottom & (ctx.nonfinite(l) | ctx.nonpositive(l))):
         raise ValueError(
             "stats.l must be finite and > 0 on rows with an allowed key; "
             "pass the Stats the forward returned"
@@ -148,9 +161,7 @@ def check_stats(ctx: ArrayContext, m: Array, l: Array) -> None:
 
 def check_output(ctx: ArrayContext, name: str, x: Array) -> None:
     """A finite input whose result is not finite overflowed the working precision."""
-    if ctx.exact:
-        return
-    if _has_nonfinite(ctx, x):
+    if not ctx.all_finite(x):
         raise FloatingPointError(
             f"{name} is not finite although the inputs are: the arithmetic of {ctx.name} "
             "overflowed (scores beyond its range); use a wider compute dtype"

@@ -142,6 +142,4 @@ def every_mask_check(n: int, run: Callable[[np.ndarray, int], None]) -> Callable
 
 def dense_of(mask: masks.Mask, n_q: int, n_k: int, batch: tuple[int, ...] = ()) -> np.ndarray:
     """The mask on the whole (n_q, n_k) grid (the proofs' naive side needs it)."""
-    geometry = masks.Geometry(n_q=n_q, n_k=n_k, batch=batch)
-    i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
-    return np.broadcast_to(mask.tile(i, j, geometry), (*batch, n_q, n_k))
+    return masks.create_mask(mask, masks.Geometry(n_q=n_q, n_k=n_k, batch=batch))

@@ -89,16 +89,16 @@ def value_gradient_zero(ctx: Any, weights: Any, g: Any) -> Any:
     return ctx.zeros((weights.shape[-1], g.shape[-1]))
 
 
-def tile_scores_unmasked(ctx: Any, q: Any, k: Any, scale: Any, allowed: Any) -> Any:
-    return ORIGINAL_TILE_SCORES(ctx, q, k, scale, None)
+def tile_scores_unmasked(
+    ctx: Any, q: Any, k: Any, scale: Any, allowed: Any, mod: Any = None
+) -> Any:
+    return ORIGINAL_TILE_SCORES(ctx, q, k, scale, None, mod)
 
 
 class MinContext(overflow.RecordingContext):
     """The recording sympy context with ``sympy.Min`` where the max belongs."""
 
-    @property
-    def _max(self) -> np.ufunc:
-        return np.frompyfunc(sympy.Min, 2, 1)
+    _max2 = staticmethod(sympy.Min)
 
 
 @contextlib.contextmanager

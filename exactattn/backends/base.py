@@ -1,18 +1,35 @@
 """The number-system protocol (``ctx``) that the tiled algorithm is written against.
 
-Modelled on mpmath's contexts: the algorithm in :mod:`exactattn.algorithm` and the naive
-reference in :mod:`exactattn.reference` call only the methods below, so the same code runs
-over IEEE floats, arbitrary-precision mpf numbers, arb balls and exact sympy expressions.
+Modelled on mpmath's contexts: the algorithm (:mod:`exactattn.algorithm`), the naive
+reference (:mod:`exactattn.reference`), the score modifications (:mod:`exactattn.scores`),
+the masks and the input checks call only the methods below, so the same code runs over IEEE
+floats, arbitrary-precision mpf numbers, arb balls, emulated formats and exact sympy
+expressions.
 
-:class:`ArrayContext` implements the protocol for NumPy arrays (any dtype, object arrays
-included); a backend module is a thin subclass that fixes the element type, the working
-precision and the few elementwise functions that differ.
+The protocol, 30 methods in all:
+
+* converting — ``asarray``, ``compute``, ``output``, ``round_p`` (the precision policy's
+  three element types, see :class:`ArrayContext`), ``as_compute``, ``adopt``;
+* numbers — ``scalar``, ``scalar_arg``, ``default_scale``, ``neg_inf``;
+* building — ``full``, ``zeros``, ``index``, ``broadcast_to``;
+* the algorithm's arithmetic — ``matmul``, ``transpose``, ``exp``, ``exp_shifted``, ``log``,
+  ``tanh``, ``maximum``, ``rowmax``, ``rowsum``, ``where``, ``sum_to``;
+* tests the checks need — ``is_neg_inf``, ``nonfinite``, ``all_finite``, ``nonpositive``,
+  ``any``;
+* scoping — ``scope`` (precision for one public call).
+
+``+ − × ÷`` and indexing are the arrays' own operators. :class:`ArrayContext` implements
+everything for NumPy arrays (any dtype, object arrays included); a backend module is a thin
+subclass that fixes the element type, the working precision and the few elementwise
+functions that differ. Two contexts are equal when they are the same number system at the
+same precision (type and :attr:`name`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import numbers
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,16 +50,21 @@ class ArrayContext:
     """
 
     name: str = "abstract"
-    exact: bool = False  # True when ⋆, exp and + introduce no rounding at all (sympy)
+    compute_dtype: Any = None
 
-    # --- construction -----------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.name))
+
+    def __repr__(self) -> str:
+        return f"<exactattn backend {self.name}>"
+
+    # --- converting -------------------------------------------------------------------
     def asarray(self, x: Any) -> Array:
         """Convert a caller's array to this system's storage type."""
         raise NotImplementedError
-
-    def as_compute(self, x: Any) -> Array:
-        """Convert a caller's array straight to the compute type (retained statistics)."""
-        return self.compute(self.asarray(x))
 
     def compute(self, x: Array) -> Array:
         """Cast a storage array to the compute type (no copy when they agree)."""
@@ -56,9 +78,31 @@ class ArrayContext:
         """Round ``p`` as the precision policy prescribes before the ``p·V`` product."""
         return p
 
+    def as_compute(self, x: Any) -> Array:
+        """Convert a caller's array straight to the compute type (retained statistics)."""
+        return self.compute(self.asarray(x))
+
+    def adopt(self, x: Any) -> np.ndarray:
+        """A caller-owned array (a dense mask, key lengths) as this system's array, dtype kept."""
+        if hasattr(x, "detach"):  # a torch tensor, possibly on a GPU
+            x = x.detach().cpu().numpy()
+        return np.asarray(x)
+
+    # --- numbers ------------------------------------------------------------------------
     def scalar(self, x: Any) -> Any:
         """A number of the compute type (the scale ``c``, constants)."""
         raise NotImplementedError
+
+    def scalar_arg(self, name: str, x: Any) -> Any:
+        """A caller's real scalar argument (``scale``, ``softcap``) checked and converted."""
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise TypeError(f"{name} must be a real number; got {type(x).__name__} {x!r}")
+        if not np.isfinite(float(x)):
+            raise ValueError(f"{name} must be finite; got {x}")
+        converted = self.scalar(x)
+        if not np.isfinite(float(converted)):
+            raise FloatingPointError(f"{name} {x} overflows {self.name}; use a wider compute type")
+        return converted
 
     def default_scale(self, d: int) -> Any:
         """The default score scale ``c = 1/sqrt(d)``."""
@@ -69,6 +113,7 @@ class ArrayContext:
         """−∞ of the compute type: the ``m`` of the empty summary ⊥."""
         raise NotImplementedError
 
+    # --- building -----------------------------------------------------------------------
     def full(self, shape: tuple[int, ...], value: Any) -> Array:
         out = np.empty(shape, dtype=self.compute_dtype)
         out.fill(value)
@@ -77,17 +122,14 @@ class ArrayContext:
     def zeros(self, shape: tuple[int, ...]) -> Array:
         return self.full(shape, self.scalar(0))
 
-    def adopt(self, x: Any) -> np.ndarray:
-        """A caller-owned array (a dense mask, key lengths) as this system's array, dtype kept."""
-        if hasattr(x, "detach"):  # a torch tensor, possibly on a GPU
-            x = x.detach().cpu().numpy()
-        return np.asarray(x)
-
     def index(self, start: int, stop: int) -> np.ndarray:
-        """Integer positions ``start..stop-1`` for evaluating mask predicates."""
-        return np.arange(start, stop)
+        """Integer positions ``start..stop-1`` (int64) for masks, dropout and score mods."""
+        return np.arange(start, stop, dtype=np.int64)
 
-    # --- arithmetic the algorithm needs -----------------------------------------------
+    def broadcast_to(self, x: Array, shape: tuple[int, ...]) -> Array:
+        return np.broadcast_to(x, shape)
+
+    # --- the algorithm's arithmetic ----------------------------------------------------
     def matmul(self, a: Array, b: Array) -> Array:
         return a @ b
 
@@ -98,12 +140,15 @@ class ArrayContext:
     def exp(self, x: Array) -> Array:
         return np.exp(x)
 
-    def log(self, x: Array) -> Array:
-        return np.log(x)
-
     def exp_shifted(self, s: Array, shift: Array) -> Array:
         """``exp(s − shift[..., None])``; may overwrite ``s`` (it is a scratch tile)."""
         return self.exp(s - shift[..., None])
+
+    def log(self, x: Array) -> Array:
+        return np.log(x)
+
+    def tanh(self, x: Array) -> Array:
+        return np.tanh(x)
 
     def maximum(self, a: Array, b: Array) -> Array:
         return np.maximum(a, b)
@@ -120,12 +165,6 @@ class ArrayContext:
     def where(self, cond: Array, a: Any, b: Any) -> Array:
         return np.where(cond, a, b)
 
-    def is_neg_inf(self, x: Array) -> np.ndarray:
-        return np.isneginf(x)
-
-    def any(self, x: Array) -> bool:
-        return bool(np.any(x))
-
     def sum_to(self, x: Array, shape: tuple[int, ...]) -> Array:
         """Sum ``x`` over the leading axes that broadcasting added to reach ``shape``."""
         extra = x.ndim - len(shape)
@@ -134,33 +173,58 @@ class ArrayContext:
         axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
         return np.sum(x, axis=axes, keepdims=True) if axes else x
 
-    def broadcast_to(self, x: Array, shape: tuple[int, ...]) -> Array:
-        return np.broadcast_to(x, shape)
+    # --- tests the checks need ---------------------------------------------------------
+    def is_neg_inf(self, x: Array) -> np.ndarray:
+        return np.isneginf(x)
 
-    # --- checks and scoping ------------------------------------------------------------
     def nonfinite(self, x: Array) -> np.ndarray:
         """Boolean mask of entries that are NaN or ±∞."""
         return ~np.isfinite(x)
 
+    def all_finite(self, x: Array) -> bool:
+        """No NaN or ±∞ in ``x``.
+
+        One reduction first: a NaN or ±inf entry makes the sum NaN or ±inf, so a finite sum
+        clears the whole array; only a non-finite sum (or one that overflowed) is searched.
+        """
+        if not self.any(self.nonfinite(self.rowsum(x.reshape(-1)))):
+            return True
+        return not self.any(self.nonfinite(x))
+
+    def nonpositive(self, x: Array) -> Array:
+        """Boolean mask of entries provably ``≤ 0``."""
+        return x <= 0
+
+    def any(self, x: Array) -> bool:
+        return bool(np.any(x))
+
+    # --- scoping -----------------------------------------------------------------------
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
         """Precision scope for one public call (restored on exit); a no-op for IEEE."""
         yield
 
-    compute_dtype: Any = None
 
-    def __repr__(self) -> str:
-        return f"<exactattn backend {self.name}>"
+def elementwise(fn: Callable[[Any], Any], x: np.ndarray) -> np.ndarray:
+    """``fn`` on every entry of an object array (the numbers' own functions)."""
+    return np.asarray(np.frompyfunc(fn, 1, 1)(x), dtype=object)
 
 
 class ObjectContext(ArrayContext):
     """Numbers that ride in NumPy object arrays (mpf, arb, sympy expressions).
 
     ``@``, ``+``, ``*``, ``np.where`` and ``np.sum`` work on object arrays as they are;
-    the subclass supplies the elementwise ``exp``, ``log`` and ``max`` of its number type.
+    the subclass supplies the elementwise ``exp``, ``log``, ``tanh``, the max and the
+    finiteness test of its number type (as ``_exp``, ``_log``, ``_tanh``, ``_max2``,
+    ``_finite``).
     """
 
     compute_dtype = object
+    _exp: Callable[[Any], Any]
+    _log: Callable[[Any], Any]
+    _tanh: Callable[[Any], Any]
+    _max2: Callable[[Any, Any], Any] = staticmethod(max)
+    _finite: Callable[[Any], bool]
 
     def _convert(self, x: Any) -> Any:
         raise NotImplementedError
@@ -169,24 +233,33 @@ class ObjectContext(ArrayContext):
         arr = np.asarray(x, dtype=object)
         return np.frompyfunc(self._convert, 1, 1)(arr).astype(object, copy=False)
 
-    def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
-        return self.full(shape, self.scalar(0))
+    def exp(self, x: np.ndarray) -> np.ndarray:
+        return elementwise(self._exp, x)
 
-    def exp_shifted(self, s: Array, shift: Array) -> Array:
-        return self.exp(s - shift[..., None])
+    def log(self, x: np.ndarray) -> np.ndarray:
+        return elementwise(self._log, x)
+
+    def tanh(self, x: np.ndarray) -> np.ndarray:
+        return elementwise(self._tanh, x)
 
     def is_neg_inf(self, x: Array) -> np.ndarray:
         neg_inf = self.neg_inf
         return np.frompyfunc(lambda e: bool(e == neg_inf), 1, 1)(x).astype(bool)
 
+    def nonfinite(self, x: np.ndarray) -> np.ndarray:
+        finite = self._finite
+        return np.frompyfunc(lambda e: not finite(e), 1, 1)(x).astype(bool)
+
+    def all_finite(self, x: Array) -> bool:
+        return not self.any(self.nonfinite(x))
+
+    def nonpositive(self, x: Array) -> Array:
+        return np.frompyfunc(lambda e: bool(e <= 0), 1, 1)(x).astype(bool)
+
     def rowmax(self, x: Array) -> Array:
         if x.shape[-1] == 0:
             return self.full(x.shape[:-1], self.neg_inf)
-        return self._max.reduce(x, axis=-1)
+        return np.frompyfunc(self._max2, 2, 1).reduce(x, axis=-1)
 
     def maximum(self, a: Array, b: Array) -> Array:
-        return self._max(a, b)
-
-    @property
-    def _max(self) -> np.ufunc:
-        return np.frompyfunc(max, 2, 1)
+        return np.frompyfunc(self._max2, 2, 1)(a, b)

@@ -9,7 +9,7 @@ inside :meth:`FlintContext.scope` and restored in ``finally``.
 
 The running max ``m``. The tiled forward needs ``m`` only as the *shift* in
 ``e^{s − m}``; ``Y = z/ℓ`` and ``lse = m + log ℓ`` are the same exact numbers for every
-shift, because ``(ℓ·e^m, z·e^m)`` does not depend on it (ALGORITHM.md: the homomorphism of
+shift, because ``(ℓ·e^m, z·e^m)`` does not depend on it (docs/algorithm.md: the homomorphism of
 ⋆ into addition). So ``m`` may be *any* representative, provided the same value is used in
 both passes: the reverse reads the forward's ``m`` (and the ``ℓ`` computed against it), so
 ``p = e^{s − m}/ℓ`` encloses the exact softmax weight. We take an *exact* representative,
@@ -54,12 +54,6 @@ class FlintContext(ObjectContext):
             raise ValueError(f"prec must be an integer >= 2 bits; got {prec!r}")
         self.prec = prec
         self.name = f"flint[prec={prec}]"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, FlintContext) and other.prec == self.prec
-
-    def __hash__(self) -> int:
-        return hash(self.name)
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
@@ -108,11 +102,10 @@ class FlintContext(ObjectContext):
         return _NEG_INF
 
     # --- elementwise ----------------------------------------------------------------------
-    def exp(self, x: np.ndarray) -> np.ndarray:
-        return _elementwise(arb.exp, x)
-
-    def log(self, x: np.ndarray) -> np.ndarray:
-        return _elementwise(arb.log, x)
+    _exp = staticmethod(arb.exp)
+    _log = staticmethod(arb.log)
+    _tanh = staticmethod(arb.tanh)
+    _finite = staticmethod(arb.is_finite)
 
     def exp_shifted(self, s: np.ndarray, shift: np.ndarray) -> np.ndarray:
         """``e^{s − shift}`` in one pass over the tile (no (rows × b) temporary for s − m)."""
@@ -128,12 +121,6 @@ class FlintContext(ObjectContext):
     def maximum(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Elementwise exact representative of ``max(a, b)`` (larger rounded midpoint)."""
         return _from_float(np.maximum(_to_float(a), _to_float(b)))
-
-    def is_neg_inf(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(_IS_NEG_INF(x), dtype=bool)
-
-    def nonfinite(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(_NONFINITE(x), dtype=bool)
 
     # --- the native product ---------------------------------------------------------------
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -179,13 +166,7 @@ def _as_arb_mat(tile: np.ndarray, cache: dict[tuple, arb_mat]) -> arb_mat:
     return cache[key]
 
 
-def _elementwise(fn: Any, x: np.ndarray) -> np.ndarray:
-    return np.asarray(np.frompyfunc(fn, 1, 1)(x), dtype=object)
-
-
 _EXP_SHIFTED = np.frompyfunc(lambda s, m: (s - m).exp(), 2, 1)
-_IS_NEG_INF = np.frompyfunc(lambda e: e == _NEG_INF, 1, 1)
-_NONFINITE = np.frompyfunc(lambda e: not e.is_finite(), 1, 1)
 _TO_FLOAT = np.frompyfunc(_representative, 1, 1)
 _FROM_FLOAT = np.frompyfunc(arb, 1, 1)
 

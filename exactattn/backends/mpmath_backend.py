@@ -32,12 +32,6 @@ class MpmathContext(ObjectContext):
         self.prec = prec
         self.name = f"mpmath[prec={prec}]"
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, MpmathContext) and other.prec == self.prec
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
         with mpmath.workprec(self.prec):
@@ -58,15 +52,7 @@ class MpmathContext(ObjectContext):
     def neg_inf(self) -> mpmath.mpf:
         return mpmath.mpf("-inf")
 
-    def exp(self, x: np.ndarray) -> np.ndarray:
-        return _elementwise(mpmath.exp, x)
-
-    def log(self, x: np.ndarray) -> np.ndarray:
-        return _elementwise(mpmath.log, x)
-
-    def nonfinite(self, x: np.ndarray) -> np.ndarray:
-        return _elementwise(lambda e: not mpmath.isfinite(e), x).astype(bool)
-
-
-def _elementwise(fn: Any, x: np.ndarray) -> np.ndarray:
-    return np.asarray(np.frompyfunc(fn, 1, 1)(x), dtype=object)
+    _exp = staticmethod(mpmath.exp)
+    _log = staticmethod(mpmath.log)
+    _tanh = staticmethod(mpmath.tanh)
+    _finite = staticmethod(mpmath.isfinite)

@@ -42,12 +42,6 @@ class NumpyContext(ArrayContext):
             parts.append(f"p_cast={self.p_cast_dtype.name}")
         self.name = "numpy[" + ",".join(parts) + "]"
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NumpyContext) and self.name == other.name
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
     def asarray(self, x: Any) -> np.ndarray:
         return np.asarray(x).astype(self.storage_dtype, copy=False)
 

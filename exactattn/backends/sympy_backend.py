@@ -17,20 +17,18 @@ import numpy as np
 import sympy
 
 from .base import ObjectContext
-from .mpmath_backend import _elementwise
+
+_NON_FINITE = (sympy.nan, sympy.oo, -sympy.oo, sympy.zoo)
 
 
 class SympyContext(ObjectContext):
-    """Exact symbolic arithmetic (no rounding, ``exact = True``)."""
+    """Exact symbolic arithmetic: nothing is rounded."""
 
     name = "sympy"
-    exact = True
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SympyContext)
-
-    def __hash__(self) -> int:
-        return hash(self.name)
+    _exp = staticmethod(sympy.exp)
+    _log = staticmethod(sympy.log)
+    _tanh = staticmethod(sympy.tanh)
+    _max2 = staticmethod(sympy.Max)
 
     def _convert(self, x: Any) -> sympy.Expr:
         if isinstance(x, (np.floating, np.integer)):
@@ -43,6 +41,18 @@ class SympyContext(ObjectContext):
     def scalar(self, x: Any) -> sympy.Expr:
         return self._convert(x)
 
+    def scalar_arg(self, name: str, x: Any) -> sympy.Expr:
+        """Any real expression (a symbol ``c`` too), finite."""
+        if isinstance(x, bool):
+            raise TypeError(f"{name} must be a real number; got {x!r}")
+        try:
+            expr = self._convert(x)
+        except (TypeError, sympy.SympifyError) as error:
+            raise TypeError(f"{name} must be a real number or expression; got {x!r}") from error
+        if not self._finite(expr):
+            raise ValueError(f"{name} must be finite; got {expr}")
+        return expr
+
     def default_scale(self, d: int) -> sympy.Expr:
         return 1 / sympy.sqrt(d)
 
@@ -50,16 +60,10 @@ class SympyContext(ObjectContext):
     def neg_inf(self) -> sympy.Expr:
         return sympy.S.NegativeInfinity
 
-    def exp(self, x: np.ndarray) -> np.ndarray:
-        return _elementwise(sympy.exp, x)
+    @staticmethod
+    def _finite(e: sympy.Expr) -> bool:
+        return not any(e.has(b) for b in _NON_FINITE)
 
-    def log(self, x: np.ndarray) -> np.ndarray:
-        return _elementwise(sympy.log, x)
-
-    @property
-    def _max(self) -> np.ufunc:
-        return np.frompyfunc(sympy.Max, 2, 1)
-
-    def nonfinite(self, x: np.ndarray) -> np.ndarray:
-        bad = (sympy.nan, sympy.oo, -sympy.oo, sympy.zoo)
-        return _elementwise(lambda e: any(e.has(b) for b in bad), x).astype(bool)
+    def nonpositive(self, x: np.ndarray) -> np.ndarray:
+        """Entries sympy can prove ``≤ 0`` (sums of exponentials are positive)."""
+        return np.frompyfunc(lambda e: e.is_nonpositive is True, 1, 1)(x).astype(bool)

@@ -80,12 +80,6 @@ class TorchContext(ArrayContext):
         self.name = "torch[" + ",".join(parts) + "]"
         self._constants: dict[Any, torch.Tensor] = {}
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TorchContext) and self.name == other.name
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
     # --- construction -----------------------------------------------------------------
     def asarray(self, x: Any) -> torch.Tensor:
         return torch.as_tensor(x, device=self.device).to(self.storage_dtype)
@@ -146,6 +140,9 @@ class TorchContext(ArrayContext):
 
     def log(self, x: torch.Tensor) -> torch.Tensor:
         return torch.log(x)
+
+    def tanh(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
 
     def exp_shifted(self, s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         # In place: the score tile is scratch, and one fewer (rows × b) temporary matters.

@@ -103,8 +103,6 @@ def allowed_matrix(mask: Any, n_q: int, n_k: int) -> np.ndarray | None:
     """The dense allowed set of a mask, for the bound only (the sweep's sizes are small)."""
     if mask is None:
         return None
-    from ..masks import Geometry
+    from ..masks import Geometry, create_mask
 
-    i = np.arange(n_q)[:, None]
-    j = np.arange(n_k)[None, :]
-    return np.broadcast_to(mask.tile(i, j, Geometry(n_q, n_k, ())), (n_q, n_k))
+    return create_mask(mask, Geometry(n_q, n_k))

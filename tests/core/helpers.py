@@ -22,9 +22,7 @@ def dense_of(mask, batch, n_q, n_k):
     if mask is None:
         return np.ones((*batch, n_q, n_k), dtype=bool)
     mask = masks.as_mask(mask)
-    geometry = Geometry(n_q, n_k, tuple(batch))
-    tile = mask.tile(np.arange(n_q)[:, None], np.arange(n_k)[None, :], geometry)
-    return np.broadcast_to(tile, (*batch, n_q, n_k))
+    return masks.create_mask(mask, Geometry(n_q, n_k, tuple(batch)))
 
 
 def every_mask(rng, batch, n_q, n_k):

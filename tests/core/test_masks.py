@@ -64,9 +64,9 @@ def test_causal_mask_at_n_equals_b_squared_skips_the_upper_blocks():
     calls = []
     real = algorithm.tile_scores
 
-    def counting(ctx, q, k, scale, allowed):
+    def counting(ctx, q, k, scale, allowed, mod=None):
         calls.append((q.shape[-2], k.shape[-2], allowed is None))
-        return real(ctx, q, k, scale, allowed)
+        return real(ctx, q, k, scale, allowed, mod)
 
     with mock.patch.object(algorithm, "tile_scores", counting):
         ea.self_attention(x, block_size=8, mask=masks.causal())
@@ -82,9 +82,9 @@ def test_a_block_no_row_may_see_is_never_scored():
     calls = []
     real = algorithm.tile_scores
 
-    def counting(ctx, q_, k_, scale, allowed_tile):
+    def counting(ctx, q_, k_, scale, allowed_tile, mod=None):
         calls.append(k_.shape[-2])
-        return real(ctx, q_, k_, scale, allowed_tile)
+        return real(ctx, q_, k_, scale, allowed_tile, mod)
 
     with mock.patch.object(algorithm, "tile_scores", counting):
         ea.attention(q, k, v, block_size=2, mask=allowed)

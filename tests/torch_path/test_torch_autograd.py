@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import exactattn  # noqa: E402
 import exactattn.torch as et  # noqa: E402
 from exactattn import masks  # noqa: E402
+from exactattn.torch import passes  # noqa: E402
 
 from .helpers import assert_close, qkv, randn  # noqa: E402
 
@@ -19,8 +20,8 @@ from .helpers import assert_close, qkv, randn  # noqa: E402
 @pytest.fixture
 def small_tiles(monkeypatch):
     """Split rows into blocks of 2 so the row-block path is exercised at tiny sizes."""
-    monkeypatch.setattr(et, "MIN_ROW_BLOCK", 2)
-    monkeypatch.setitem(et.TILE_ELEMENTS, "cpu", 1)
+    monkeypatch.setattr(passes, "MIN_ROW_BLOCK", 2)
+    monkeypatch.setitem(passes.TILE_ELEMENTS, "cpu", 1)
 
 
 PADDING = masks.key_padding(torch.tensor([6, 2]))
@@ -140,7 +141,7 @@ def test_empty_rows_give_zero_output_and_gradients():
 def test_saves_only_q_k_v_y_and_lse():
     q, k, v = qkv((2, 3, 7, 4), (2, 3, 9, 4), (2, 3, 9, 5), seed=4, grad=True)
     y = et.attention(q, k, v)
-    saved = y.grad_fn.saved_tensors
+    saved = [x for x in y.grad_fn.saved_tensors if x is not None]  # no mask, bias or seed
     assert [tuple(x.shape) for x in saved] == [
         (2, 3, 7, 4),
         (2, 3, 9, 4),
@@ -154,12 +155,17 @@ def test_saves_only_q_k_v_y_and_lse():
 
 
 def test_builds_no_graph_inside_the_block_loop():
-    """The only autograd node between the inputs and y is the Function itself."""
+    """The only autograd node between the inputs and y is the op's Function (or, for a
+    predicate mask, the non-op Function) itself."""
     q, k, v = qkv((1, 2, 40, 4), (1, 2, 40, 4), seed=5, grad=True)
-    y = et.attention(q, k, v, block_size=4, is_causal=True)
-    assert type(y.grad_fn).__name__ == "_TiledAttentionBackward"
-    parents = [fn for fn, _ in y.grad_fn.next_functions]
-    assert [type(fn).__name__ for fn in parents] == ["AccumulateGrad"] * 3
+    for mask, node in (
+        (None, "AttentionFunctionBackward"),
+        (masks.predicate(lambda i, j: j <= i), "TiledAttentionBackward"),
+    ):
+        y = et.attention(q, k, v, block_size=4, is_causal=True, mask=mask)
+        assert type(y.grad_fn).__name__ == node
+        parents = [fn for fn, _ in y.grad_fn.next_functions if fn is not None]
+        assert [type(fn).__name__ for fn in parents] == ["AccumulateGrad"] * 3
 
 
 class _LargestTensor(TorchDispatchMode):
@@ -185,7 +191,7 @@ def test_no_nq_by_nk_tensor_in_either_pass(block_size):
         y = et.attention(q, k, v, block_size=block_size)
     with _LargestTensor() as backward:
         y.backward(torch.ones_like(y))
-    row_block = max(et.MIN_ROW_BLOCK, et.TILE_ELEMENTS["cpu"] // (batch * block_size))
+    row_block = max(passes.MIN_ROW_BLOCK, passes.TILE_ELEMENTS["cpu"] // (batch * block_size))
     tile = batch * min(n, row_block) * block_size
     for name, mode in (("forward", forward), ("backward", backward)):
         assert mode.largest <= max(tile, batch * n * 8), f"{name}: {mode.largest} elements"

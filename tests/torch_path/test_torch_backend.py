@@ -153,7 +153,7 @@ def test_masks_evaluate_on_torch_index_tensors(kind):
     _, mask = _mask_pair(kind, 6, 9)
     ctx = TorchContext(torch.float64)
     geometry = masks.Geometry(n_q=6, n_k=9, batch=(2, 3))
-    allowed = mask.tile(ctx.index(0, 6)[:, None], ctx.index(0, 9)[None, :], geometry)
+    allowed = masks.create_mask(mask, geometry, ctx)
     assert isinstance(allowed, torch.Tensor) and allowed.dtype == torch.bool
 
 

@@ -8,29 +8,30 @@ torch = pytest.importorskip("torch")
 
 import exactattn.torch as et  # noqa: E402
 from exactattn import masks  # noqa: E402
+from exactattn.backends.torch_backend import TorchContext  # noqa: E402
+from exactattn.torch import dispatch  # noqa: E402
 
 from .helpers import qkv  # noqa: E402
 
 N_Q, N_K, BATCH = 6, 9, (2, 3)
 
 
-def _kernel_allowed(args: et.KernelArgs) -> torch.Tensor:
-    """The kernels' documented predicate (triton_kernels module docstring), densely."""
+GEOMETRY = masks.Geometry(n_q=N_Q, n_k=N_K, batch=BATCH)
+
+
+def _band_allowed(band: masks.Band) -> torch.Tensor:
+    """The kernels' documented predicate (``masks.Band``), densely: (*BATCH, n_q, n_k)."""
     i = torch.arange(N_Q)[:, None]
     j = torch.arange(N_K)[None, :]
-    alignment = args.causal or args.alignment or "top-left"
-    centre = i + (N_K - N_Q if alignment == "bottom-right" else 0)
+    centre = i + (N_K - N_Q if band.alignment == "bottom-right" else 0)
     allowed = torch.ones(BATCH[0], N_Q, N_K, dtype=torch.bool)
-    if args.causal is not None:
-        allowed = allowed & (j <= centre)
-    if args.window is not None:
-        left, right = args.window
-        if left is not None:
-            allowed = allowed & (j >= centre - left)
-        if right is not None:
-            allowed = allowed & (j <= centre + right)
-    if args.kv_lengths is not None:
-        allowed = allowed & (j < args.kv_lengths[:, None, None])
+    if band.left is not None:
+        allowed = allowed & (j >= centre - band.left)
+    if band.right is not None:
+        allowed = allowed & (j <= centre + band.right)
+    if band.kv_lengths is not None:
+        lengths = torch.as_tensor(band.kv_lengths).expand(BATCH[0])
+        allowed = allowed & (j < lengths[:, None, None])
     return allowed[:, None].expand(*BATCH, N_Q, N_K)
 
 
@@ -44,34 +45,33 @@ EXPRESSIBLE = {
     "padding-broadcast": masks.key_padding(torch.tensor([5])),
     "padding-per-batch-column": masks.key_padding(torch.tensor([[7], [3]])),
     "causal-and-padding": masks.and_masks(masks.causal(), masks.key_padding(torch.tensor([9, 2]))),
+    "two-windows": masks.and_masks(masks.causal(), masks.sliding_window(2, 2)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(EXPRESSIBLE))
-def test_kernel_arguments_express_the_same_mask(name):
+def test_the_lowered_band_allows_what_the_mask_allows(name):
     mask = EXPRESSIBLE[name]
-    args = et.kernel_args(mask, BATCH)
-    assert args is not None
-    geometry = masks.Geometry(n_q=N_Q, n_k=N_K, batch=BATCH)
-    want = (
-        torch.ones(*BATCH, N_Q, N_K, dtype=torch.bool)
-        if mask is None
-        else mask.tile(torch.arange(N_Q)[:, None], torch.arange(N_K)[None, :], geometry)
-    )
-    assert torch.equal(_kernel_allowed(args), want.expand(*BATCH, N_Q, N_K))
+    band = masks.Band() if mask is None else mask.lower(GEOMETRY)
+    assert band is not None
+    want = masks.create_mask(mask, GEOMETRY, TorchContext(torch.float32))
+    assert torch.equal(_band_allowed(band), want)
 
 
-def test_causal_maps_to_the_causal_argument():
-    assert et.kernel_args(masks.causal(), BATCH).causal == "top-left"
-    assert et.kernel_args(masks.causal("bottom-right"), BATCH).causal == "bottom-right"
-    assert et.kernel_args(masks.sliding_window(3, 0), BATCH).window == (3, 0)
+def test_causal_and_windows_lower_to_their_band_edges():
+    assert masks.causal().lower(GEOMETRY) == masks.Band("top-left", None, 0)
+    assert masks.causal("bottom-right").lower(GEOMETRY) == masks.Band("bottom-right", None, 0)
+    both = masks.causal() & masks.sliding_window(3, 2)
+    assert both.lower(GEOMETRY) == masks.Band("top-left", 3, 0)
 
 
 INEXPRESSIBLE = {
     "dense": masks.dense(torch.ones(N_Q, N_K, dtype=torch.bool)),
     "predicate": masks.predicate(lambda i, j: j != i),
     "or": masks.or_masks(masks.causal(), masks.sliding_window(0, 1)),
-    "two-windows": masks.and_masks(masks.causal(), masks.sliding_window(2, 2)),
+    "windows-of-two-alignments": masks.and_masks(
+        masks.causal(), masks.sliding_window(2, 2, "bottom-right")
+    ),
     "padding-per-head": masks.key_padding(torch.tensor([[9, 4, 3], [1, 2, 3]])),
     "and-with-dense": masks.and_masks(
         masks.causal(), masks.dense(torch.ones(N_Q, N_K, dtype=torch.bool))
@@ -81,14 +81,14 @@ INEXPRESSIBLE = {
 
 @pytest.mark.parametrize("name", sorted(INEXPRESSIBLE))
 def test_other_masks_take_the_generic_path(name):
-    assert et.kernel_args(INEXPRESSIBLE[name], BATCH) is None
+    assert INEXPRESSIBLE[name].lower(GEOMETRY) is None
 
 
 def test_cpu_auto_never_touches_triton(monkeypatch):
     def fail():
         raise AssertionError("the CPU path imported the Triton kernels")
 
-    monkeypatch.setattr(et, "_triton", fail)
+    monkeypatch.setattr(dispatch, "triton", fail)
     q, k, v = qkv((1, 2, 5, 4), (1, 2, 5, 4), seed=0)
     et.attention(q, k, v, is_causal=True)
 

@@ -1,0 +1,323 @@
+"""``exactattn::attention``: the tiled attention as a real torch operator.
+
+Two custom operators (:func:`torch.library.custom_op`), opaque to ``torch.compile``,
+``torch.export`` and ``torch.func`` alike:
+
+* ``exactattn::attention(q, k, v, allowed, bias, kv_lengths, seed, scale, left, right,
+  alignment, dropout_p, softcap, enable_gqa, block_size, impl) -> (Y, lse)``
+* ``exactattn::attention_backward(G, q, k, v, Y, lse, <the same>, bias_grad)
+  -> (dQ, dK, dV, dB)``
+
+An operator's schema takes tensors and plain scalars, so the mask crosses it lowered: the
+window of a :class:`~exactattn.masks.Band` (``left``, ``right``, ``alignment``: causal is
+``right = 0``), per-batch key lengths ``kv_lengths`` (``j < L_b``), a caller-owned boolean
+``allowed`` (True = attend), all ANDed; the additive bias ``B_ij`` as a tensor (``−∞``
+excludes a pair); dropout's keep-bits ``r(seed, b·H + h, i, j)`` from an int64 ``seed``
+tensor (a tensor, so drawing it from torch's generator stays in the traced graph; the
+reverse replays the same bits). Python predicates and bias functions cannot cross: those
+calls take :mod:`exactattn.torch.function` instead.
+
+Each operator has a fake (meta) implementation giving the output shapes, so tracing never
+runs the algorithm, and a batching rule (``vmap``). The forward's autograd formula is
+registered with ``register_autograd`` (for callers of ``torch.ops.exactattn.attention``),
+and the same ``setup_context``/``backward`` pair also forms :class:`AttentionFunction`,
+which the public functions call: ``torch.func.grad`` rejects the wrapper that
+``register_autograd`` generates in torch ≤ 2.13 (pytorch/pytorch#170834) but accepts an
+``autograd.Function`` with ``setup_context``.
+
+The operators check nothing that depends on values (no graph break when traced): the
+callers validate shapes and dtypes, and rows with no allowed key give ``Y = 0``,
+``lse = −∞`` and zero gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import algorithm
+from ..backends.torch_backend import HALF_DTYPES
+from ..dropout import Dropout
+from ..masks import And, Band, Dense, KeyPadding, Mask, SlidingWindow
+from ..scores import Bias, Softcap, chain
+from . import dispatch, passes
+
+OPTIONS = (
+    "scale", "left", "right", "alignment", "dropout_p", "softcap", "enable_gqa", "block_size",
+    "impl",
+)  # fmt: skip
+N_TENSORS = 7  # q, k, v, allowed, bias, kv_lengths, seed
+
+
+@torch.library.custom_op("exactattn::attention", mutates_args=())
+def attention_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    kv_lengths: Tensor | None,
+    seed: Tensor | None,
+    scale: float | None,
+    left: int | None,
+    right: int | None,
+    alignment: str,
+    dropout_p: float,
+    softcap: float | None,
+    enable_gqa: bool,
+    block_size: int | None,
+    impl: str,
+) -> tuple[Tensor, Tensor]:
+    """``(Y, lse)``: ``Y_i = Σ_{j∈A_i} softmax_j(s_ij) V_j``, ``lse_i = log Σ_{j∈A_i} e^{s_ij}``."""
+    plan = plan_of(
+        q, k, v, allowed, bias, kv_lengths, seed,
+        scale, left, right, alignment, dropout_p, softcap, enable_gqa, block_size, impl,
+    )  # fmt: skip
+    return passes.forward(plan, q, k, v)
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, allowed, bias, kv_lengths, seed, *options):
+    enable_gqa = options[OPTIONS.index("enable_gqa")]
+    batch = batch_shape(q, k, v, enable_gqa)
+    y = q.new_empty((*batch, q.shape[-2], v.shape[-1]))
+    lse = q.new_empty((*batch, q.shape[-2]), dtype=compute_dtype(q.dtype))
+    return y, lse
+
+
+@torch.library.custom_op("exactattn::attention_backward", mutates_args=())
+def attention_backward_op(
+    grad_y: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    y: Tensor,
+    lse: Tensor,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    kv_lengths: Tensor | None,
+    seed: Tensor | None,
+    scale: float | None,
+    left: int | None,
+    right: int | None,
+    alignment: str,
+    dropout_p: float,
+    softcap: float | None,
+    enable_gqa: bool,
+    block_size: int | None,
+    impl: str,
+    bias_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dQ, dK, dV, dB)`` at ``G`` (``dB`` is empty unless ``bias_grad``)."""
+    plan = plan_of(
+        q, k, v, allowed, bias, kv_lengths, seed,
+        scale, left, right, alignment, dropout_p, softcap, enable_gqa, block_size, impl,
+    )  # fmt: skip
+    dq, dk, dv, dbias = passes.backward(plan, q, k, v, y, lse, grad_y, bias_grad)
+    dbias = q.new_empty(0) if dbias is None else dbias.to(bias.dtype)
+    return dq, dk, dv, dbias
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(grad_y, q, k, v, y, lse, allowed, bias, kv_lengths, seed, *rest):
+    bias_grad = rest[-1]
+    dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+
+
+# --- the plan inside the operators -----------------------------------------------------------
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of ``lse`` (and of m, ℓ, z): float32 for half inputs, else their own."""
+    return torch.float32 if dtype in HALF_DTYPES else dtype
+
+
+def batch_shape(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool) -> tuple[Any, ...]:
+    """The logical batch ``(*B, H)``: the broadcast leading dims (GQA: heads from q)."""
+    if enable_gqa:
+        lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+        return (*lead, q.shape[-3])
+    return tuple(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+
+
+def lowered_mask(
+    allowed: Tensor | None,
+    kv_lengths: Tensor | None,
+    left: int | None,
+    right: int | None,
+    alignment: str,
+) -> Mask | None:
+    """The AND of the window, the key lengths and the dense mask the operator was given."""
+    parts: list[Mask] = []
+    if left is not None or right is not None:
+        parts.append(SlidingWindow(left, right, alignment))
+    if kv_lengths is not None:
+        parts.append(KeyPadding(kv_lengths))
+    if allowed is not None:
+        parts.append(Dense(allowed))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else And(tuple(parts))
+
+
+def plan_of(
+    q, k, v, allowed, bias, kv_lengths, seed,
+    scale, left, right, alignment, dropout_p, softcap, enable_gqa, block_size, impl,
+) -> passes.Plan:  # fmt: skip
+    """The :class:`~exactattn.torch.passes.Plan` of one operator call."""
+    ctx = passes.context(q.dtype, q.device)
+    geometry = algorithm.geometry_of(q, k, v, enable_gqa)
+    mask = lowered_mask(allowed, kv_lengths, left, right, alignment)
+    score_mod = chain(
+        None if softcap is None else Softcap(softcap),
+        None if bias is None else Bias(bias).adopt(ctx),
+    )
+    dropout = None
+    if 0.0 < dropout_p < 1.0:
+        dropout = Dropout(dropout_p, int(seed) % 2**64)
+    kernel = dispatch.kernel_plan(
+        q, k, v, mask, geometry,
+        dropout=dropout is not None, score_mod=score_mod,
+        impl=impl, enable_gqa=enable_gqa,
+    )  # fmt: skip
+    return passes.Plan(
+        ctx=ctx,
+        geometry=geometry,
+        scale=ctx.default_scale(q.shape[-1]) if scale is None else ctx.scalar(scale),
+        block_size=passes.key_block_size(geometry, block_size, q.device),
+        mask=mask,
+        score_mod=score_mod,
+        dropout=dropout,
+        drop_all=dropout_p >= 1.0,
+        kernel=kernel,
+    )
+
+
+# --- autograd: one formula, registered on the operator and as a Function -------------------
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    q, k, v, allowed, bias, kv_lengths, seed = inputs[:N_TENSORS]
+    y, lse = output
+    ctx.save_for_backward(q, k, v, y, lse, allowed, bias, kv_lengths, seed)
+    ctx.options = tuple(inputs[N_TENSORS:])
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx: Any, grad_y: Tensor, grad_lse: Tensor | None) -> tuple:
+    q, k, v, y, lse, allowed, bias, kv_lengths, seed = ctx.saved_tensors
+    bias_grad = bias is not None and ctx.needs_input_grad[4]
+    with torch.no_grad():  # once differentiable: the reverse records no graph of its own
+        dq, dk, dv, dbias = attention_backward_op(
+            grad_y, q, k, v, y, lse, allowed, bias, kv_lengths, seed, *ctx.options, bias_grad
+        )
+    return (dq, dk, dv, None, dbias if bias_grad else None, None, None) + (None,) * len(OPTIONS)
+
+
+attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class AttentionFunction(torch.autograd.Function):
+    """``exactattn::attention`` with its registered formula, as a Function (for torch.func)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*args: Any) -> tuple[Tensor, Tensor]:
+        return attention_op(*args)
+
+    setup_context = staticmethod(_setup_context)
+    backward = staticmethod(_backward)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    allowed: Tensor | None = None,
+    bias: Tensor | None = None,
+    kv_lengths: Tensor | None = None,
+    seed: Tensor | None = None,
+    scale: float | None = None,
+    band: Band | None = None,
+    dropout_p: float = 0.0,
+    softcap: float | None = None,
+    enable_gqa: bool = False,
+    block_size: int | None = None,
+    impl: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """``(Y, lse)`` through the operator, differentiable (validated inputs only).
+
+    ``band`` gives the window (its ``kv_lengths`` go in ``kv_lengths``).
+    """
+    band = band or Band()
+    args = (
+        q, k, v, allowed, bias, kv_lengths, seed,
+        scale, band.left, band.right, band.alignment,
+        float(dropout_p), softcap, enable_gqa, block_size, impl,
+    )  # fmt: skip
+    if needs_grad(q, k, v, bias):
+        return AttentionFunction.apply(*args)
+    # No graph to record: the op alone (dynamo cannot trace a Function none of whose
+    # inputs requires grad, and the call is cheaper).
+    return attention_op(*args)
+
+
+def needs_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd records this call (true under torch.func.grad for its inputs)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+# --- vmap: the mapped axis becomes one more leading (batch) dim ------------------------------
+def _leading(size: int, x: Tensor, dim: int | None, rank: int) -> Tensor:
+    """``x`` with the mapped axis first and ones padded after it to ``1 + rank`` dims.
+
+    Leading dims broadcast from the right, so the padding keeps every other axis aligned;
+    an unmapped ``x`` is expanded along the new axis (no copy).
+    """
+    x = x.unsqueeze(0).expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
+    pad = rank - (x.dim() - 1)
+    return x.reshape(x.shape[0], *([1] * pad), *x.shape[1:]) if pad > 0 else x
+
+
+def _mapped_inputs(size: int, in_dims: tuple, tensors: tuple) -> tuple:
+    """The operator's tensors with the mapped axis as a new leading batch dim."""
+    q, k, v, allowed, bias, kv_lengths, seed = tensors
+    if in_dims[6] is not None:
+        raise ValueError("vmap over the dropout seed is not supported; map the inputs only")
+    # (*batch, n, features) and (*batch, n_q, n_k) share one rank: the inputs' largest
+    rank = max(x.dim() - (d is not None) for x, d in zip((q, k, v), in_dims[:3]))
+    q, k, v = (_leading(size, x, d, rank) for x, d in zip((q, k, v), in_dims[:3]))
+    allowed, bias = (
+        None if x is None else _leading(size, x, d, rank)
+        for x, d in zip((allowed, bias), in_dims[3:5])
+    )
+    if kv_lengths is not None:  # aligned left: the mapped axis leads the batch
+        d = in_dims[5]
+        kv_lengths = kv_lengths.unsqueeze(0) if d is None else kv_lengths.movedim(d, 0)
+    return (q, k, v, allowed, bias, kv_lengths, seed), rank
+
+
+def _unmapped_shape(x: Tensor, dim: int | None) -> tuple[int, ...]:
+    return tuple(x.shape) if dim is None else tuple(x.movedim(dim, 0).shape[1:])
+
+
+@attention_op.register_vmap
+def _attention_vmap(info, in_dims, *args):
+    tensors, _ = _mapped_inputs(info.batch_size, in_dims, args[:N_TENSORS])
+    return attention_op(*tensors, *args[N_TENSORS:]), (0, 0)
+
+
+@attention_backward_op.register_vmap
+def _attention_backward_vmap(info, in_dims, grad_y, q, k, v, y, lse, *rest):
+    size, bias_grad = info.batch_size, rest[-1]
+    shapes = [_unmapped_shape(x, d) for x, d in zip((q, k, v, rest[1]), (*in_dims[1:4], in_dims[7]))
+              if x is not None]  # fmt: skip
+    tensors, rank = _mapped_inputs(size, (*in_dims[1:4], *in_dims[6:10]), (q, k, v, *rest[:4]))
+    grad_y, y = (_leading(size, x, d, rank) for x, d in ((grad_y, in_dims[0]), (y, in_dims[4])))
+    lse = _leading(size, lse, in_dims[5], rank - 1)
+    grads = attention_backward_op(grad_y, *tensors[:3], y, lse, *tensors[3:], *rest[4:])
+    dq, dk, dv = (g.reshape(size, *s) for g, s in zip(grads[:3], shapes))
+    if bias_grad:
+        return (dq, dk, dv, grads[3].reshape(size, *shapes[3])), (0, 0, 0, 0)
+    return (dq, dk, dv, grads[3]), (0, 0, 0, None)
