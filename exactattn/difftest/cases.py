@@ -112,15 +112,15 @@ class Case:
         n = self.sizes
         return maskspec.rho(self.dropout_p, self.seed, self.batch, n["n_q"], n["n_k"])
 
-    def mask_object(self, like: Any = None, heads: tuple[int, int] | None = None) -> Any:
+    def mask_object(self, like: Any = None) -> Any:
         """The mask as the library's :class:`~exactattn.masks.Mask` (None for ``none``).
 
-        ``like``: a torch tensor to put arrays on; ``heads = (H_kv, group)`` splits the
-        head axis of dense tables for a call laid out as ``(..., H_kv, group, n, d)``.
+        ``like``: a torch tensor to put arrays on. Document ids become a ``mask_mod(b, h,
+        i, j)`` written from their definition (ids per element of the first batch axis).
         """
-        return self._lower(self.mask, like, heads)
+        return self._lower(self.mask, like)
 
-    def _lower(self, spec: dict[str, Any], like: Any, heads: tuple[int, int] | None) -> Any:
+    def _lower(self, spec: dict[str, Any], like: Any) -> Any:
         kind = spec["kind"]
         if kind == "none":
             return None
@@ -131,25 +131,41 @@ class Case:
                 spec.get("left"), spec.get("right"), spec.get("align", "top-left")
             )
         if kind == "padding":
-            lengths = np.asarray(spec["lengths"], dtype=np.int64)
-            if like is not None:
-                lengths = like.new_tensor(lengths, dtype=_torch().int64)
-            return masks.key_padding(lengths)
-        if kind in ("dense", "document"):
+            return masks.key_padding(self._array(spec["lengths"], like, "int64"))
+        if kind == "dense":
             n = self.sizes
             table = maskspec.allowed(spec, self.batch, n["n_q"], n["n_k"])
-            if heads is not None:
-                table = table.reshape((*self.batch[:-1], *heads, n["n_q"], n["n_k"]))
-            if like is not None:
-                return masks.dense(_torch().from_numpy(table.copy()).to(like.device))
-            return masks.dense(np.ascontiguousarray(table))
-        parts = [self._lower(part, like, heads) for part in spec["parts"]]
+            return masks.dense(self._array(table, like, "bool"))
+        if kind == "document":
+            return masks.from_mask_mod(self._documents(spec, like))
+        parts = [self._lower(part, like) for part in spec["parts"]]
         if kind == "or" and None in parts:  # "none" (every key) absorbs an or
             return None
         parts = [part for part in parts if part is not None]  # ... and is the identity of and
         if not parts:
             return None
         return masks.and_masks(*parts) if kind == "and" else masks.or_masks(*parts)
+
+    def _documents(self, spec: dict[str, Any], like: Any) -> Any:
+        q_doc = self._array(spec["q_doc"], like, "int64")
+        k_doc = self._array(spec["k_doc"], like, "int64")
+        # ids per element of batch axis 0: the library's b for (B, H) inputs, h for (B,)
+        per_b = len(self.batch) == 2
+
+        def mask_mod(b: Any, h: Any, i: Any, j: Any) -> Any:
+            if q_doc.ndim == 1:
+                return q_doc[i] == k_doc[j]
+            first = b if per_b else h
+            return q_doc[first, i] == k_doc[first, j]
+
+        return mask_mod
+
+    @staticmethod
+    def _array(values: Any, like: Any, dtype: str) -> Any:
+        arr = np.array(values, dtype=dtype)  # a writable copy (torch shares its memory)
+        if like is None:
+            return arr
+        return _torch().from_numpy(arr).to(like.device)
 
     def keywords(self) -> dict[str, Any]:
         """Keywords for :func:`exactattn.attention` (mask left to the caller)."""

@@ -60,8 +60,10 @@ def draws(
     layouts: tuple[str, ...] = ("contiguous",),
     batches: tuple[tuple[int, ...], ...] = BATCHES,
     exact_share: int = 10,
+    dropout: bool = True,
 ) -> Draw:
-    """A case description; one in ``exact_share`` is a tiny integer case (0: never)."""
+    """A case description; one in ``exact_share`` is a tiny integer case (0: never);
+    ``dropout=False`` when no unit under test replays exactattn's keep-bits."""
     if exact_share and draw(st.integers(0, exact_share - 1)) == 0:
         return draw(exact_draws())
     batch = draw(st.sampled_from(batches))
@@ -71,7 +73,7 @@ def draws(
     logit = (
         draw(st.sampled_from([10.0, 100.0, 1e3, 1e4])) if distribution == "large_logits" else 0.0
     )
-    dropout_p = draw(st.sampled_from([0.0, 0.0, 0.1, 0.5]))
+    dropout_p = draw(st.sampled_from([0.0, 0.0, 0.1, 0.5])) if dropout else 0.0
     groups = [g for g in (1, 2, 4) if len(batch) == 2 and batch[-1] % g == 0] or [1]
     return Draw(
         batch=batch,

@@ -128,7 +128,9 @@ def load_callable(spec: str) -> Any:
             path = Path(where)
             if not path.is_file():
                 raise FileNotFoundError(f"no such file: {path}")
-            module_spec = importlib.util.spec_from_file_location(f"_exactattn_user_{path.stem}", path)
+            module_spec = importlib.util.spec_from_file_location(
+                f"_exactattn_user_{path.stem}", path
+            )
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[module_spec.name] = module
             module_spec.loader.exec_module(module)
@@ -160,7 +162,7 @@ def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:
     """The target's claim resolved for inputs of ``dtype`` on ``device``."""
     base = target.claim
     block = target.options.get("block_by_device", {}).get(device, base.block)
-    policy = target.options.get("policy") or target.options.get("fa2_policy") and "fa2"
+    policy = target.options.get("policy") or (target.options.get("fa2_policy") and "fa2")
     if policy == "fa2":
         return replace(builtin.fa2_claim(dtype).resolve(dtype), block=block)
     if policy == "upcast":
@@ -257,21 +259,40 @@ class Variant:
         return self.convention.unsupported(self.target, case, self.device, True)
 
     def run(self, case: Any, held: dict[str, np.ndarray], grads: bool) -> dict[str, Any]:
-        return self.convention.run(self.target, replace(case, dtype=self.dtype), held, self.device, grads)
+        return self.convention.run(
+            self.target, replace(case, dtype=self.dtype), held, self.device, grads
+        )
 
 
 def _triton_unsupported(case: Any, device: str) -> str | None:
     if device == "cpu" and max(case.sizes.values()) > 16:
         return "under the Triton interpreter (no CUDA) only sizes <= 16 run"
-    torch_module = importlib.import_module("exactattn.torch")
-    like = importlib.import_module("torch").zeros(())
-    mask = case.mask_object(like=like)
-    if mask is not None and torch_module.kernel_args(mask, case.batch) is None:
+    from ..masks import Geometry
+    from .conventions import lifted_case
+
+    lifted = lifted_case(case)
+    mask = lifted.mask_object()
+    n = case.sizes
+    geometry = Geometry(n["n_q"], n["n_k"], lifted.batch, case.group)
+    if mask is not None and mask.lower(geometry) is None:
         return "the Triton kernels express causal, window and key-padding masks only"
     return None
 
 
+def variant(name: str, device: str = "cpu", **spec: Any) -> Variant:
+    """The variant called ``name`` (``target[dtype]``, or a single-dtype target's name)."""
+    base, _, dtype = name.partition("[")
+    target = get(base if dtype else name, **spec)
+    if not dtype:
+        if len(target.caps.dtypes) != 1:
+            raise UnknownTarget(f"{name!r} runs in several dtypes; name one: {name}[float32]")
+        return Variant(target, target.caps.dtypes[0], device)
+    return Variant(target, dtype.rstrip("]"), device)
+
+
 def variants(target: Target, dtypes: list[str] | None, device: str = "cpu") -> list[Variant]:
     """The target's variants in ``dtypes`` (all it takes by default)."""
-    chosen = target.caps.dtypes if dtypes is None else [d for d in dtypes if d in target.caps.dtypes]
+    chosen = (
+        target.caps.dtypes if dtypes is None else [d for d in dtypes if d in target.caps.dtypes]
+    )
     return [Variant(target, dtype, device) for dtype in chosen]

@@ -100,6 +100,15 @@ class Claim:
             return 1
         return max(n_k, 1) if self.block == NAIVE_BLOCK else self.block
 
+    def as_text(self) -> str:
+        """The ``--claim`` text that parses back to this claim."""
+        parts = [
+            f"{name}={getattr(self, name)}"
+            for name in CLAIM_FIELDS
+            if getattr(self, name) is not None
+        ]
+        return ",".join(parts)
+
     def text(self) -> str:
         parts = [f"{name}={getattr(self, name)}" for name in CLAIM_FIELDS[:-1]]
         block = {None: "unstated (bound assumes 1)", NAIVE_BLOCK: "all keys"}.get(
@@ -132,6 +141,34 @@ class Capabilities:
     max_size: int | None = None
     max_n: int | None = None  # largest n_q, n_k, d, v and batch element count
     masks: tuple[str, ...] | None = None  # mask kinds taken (None: all the convention can)
+
+    @classmethod
+    def parse(cls, text: str, base: Capabilities | None = None) -> Capabilities:
+        """``masks=none+causal,gqa=no,dropout=own,grads=no,dtypes=float16+bfloat16`` (any
+        subset; ``yes``/``no`` for the features; lists joined by ``+``) over ``base``."""
+        base = base or cls()
+        lists = {"dtypes", "devices", "masks"}
+        flags = {"grads", "dropout", "lse", "gqa", "cross", "empty_rows", "equal_head_dims"}
+        values: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = (x.strip() for x in item.partition("="))
+            if not sep or key not in lists | flags:
+                raise ValueError(
+                    f"--supports item {item!r} is not KEY=VALUE with KEY one of "
+                    f"{sorted(lists | flags)}"
+                )
+            if key in lists:
+                items = tuple(filter(None, value.split("+")))
+                values[key] = tuple(format_name(x) for x in items) if key == "dtypes" else items
+            elif key == "equal_head_dims":
+                values[key] = value == "yes"
+            elif value in ("yes", "no", "own"):
+                values[key] = {"yes": True, "no": "not supported (--supports)", "own": "own"}[value]
+            else:
+                raise ValueError(
+                    f"--supports {key} takes yes, no (or own for dropout); got {value!r}"
+                )
+        return replace(base, **values)
 
 
 @dataclass(frozen=True)
@@ -175,7 +212,8 @@ class Target:
 
             if not torch.cuda.is_available():
                 return "needs a CUDA device (torch.cuda.is_available() is False)"
-        return None
+        check = self.options.get("check")
+        return check() if check is not None else None
 
 
 def size_of(batch: tuple[int, ...], n_q: int, n_k: int, d: int, v: int) -> int:

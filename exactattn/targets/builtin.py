@@ -198,10 +198,26 @@ def _triton_attention() -> Any:
     import torch
 
     if not torch.cuda.is_available():
-        if "exactattn.triton_kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError("the Triton kernels were compiled for a GPU that is not here")
-        os.environ["TRITON_INTERPRET"] = "1"  # before triton decorates the kernels
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError("triton was imported for a GPU that is not here")
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton decorates anything
     return _torch_attention()
+
+
+def _triton_check() -> str | None:
+    """Import the kernels the way they must be (the interpreter chosen before triton loads)."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    try:
+        _triton_attention()
+        from ..torch import dispatch
+
+        dispatch.triton()
+    except Exception as error:
+        return f"the Triton kernels do not load: {type(error).__name__}: {error}"
+    return None
 
 
 def _exactattn_triton() -> Target:
@@ -219,9 +235,15 @@ def _exactattn_triton() -> Target:
         claim=Claim(block=None),  # FA-2 policy; kernel block sizes are the kernels' own
         description="exactattn.torch.attention(impl='triton'): the FlashAttention-2 kernels "
         "(CUDA; on the CPU under TRITON_INTERPRET=1, sampled)",
-        requires=("torch", "triton"),
-        options={"keywords": {"impl": "triton"}, "fa2_policy": True, "triton": True},
+        requires=("torch",),
+        options={
+            "keywords": {"impl": "triton"},
+            "fa2_policy": True,
+            "triton": True,
+            "check": _triton_check,
+        },
         family="triton",
+        rate=25,  # on the CPU (the interpreter is slow); every case on CUDA
     )
 
 

@@ -9,10 +9,11 @@ mask spec (:mod:`exactattn.testing.spec`), never from the library's mask objects
 for the ``api`` and ``exactattn`` conventions whose argument *is* a library mask.
 
 * ``api``: exactattn's own number systems (``exactattn.attention`` /
-  ``attention_backward`` with ``backend=ctx``); GQA as broadcasting ``(…, H_kv, g, n, d)``.
+  ``attention_backward`` with ``backend=ctx``), any leading dims.
 * ``exactattn``: a torch function with this library's keywords (``scale``, ``mask`` — an
   :class:`exactattn.masks.Mask` —, ``dropout_p``, ``seed``, ``enable_gqa``, ``block_size``,
   ``empty_rows``), tensors ``(B, H, n, d)``; e.g. ``exactattn.torch.attention``.
+  GQA passes ``enable_gqa=True`` here and in ``api``.
 * ``sdpa``: ``F.scaled_dot_product_attention``'s signature: ``(B, H, n, d)``, boolean
   ``attn_mask`` (True = attend) or ``is_causal`` (top-left), ``dropout_p``, ``scale``,
   ``enable_gqa``.
@@ -28,7 +29,7 @@ for the ``api`` and ``exactattn`` conventions whose argument *is* a library mask
   with the block mask from ``create_block_mask`` (:mod:`.flex`).
 
 Leading batch dims are lifted to the 4-d ``(B, H)`` layout foreign functions take:
-``()`` → ``(1, 1)``, ``(H,)`` → ``(1, H)``, ``(B, H)`` unchanged.
+``()`` → ``(1, 1)``, ``(B,)`` → ``(B, 1)``, ``(B, H)`` unchanged (:func:`lift`).
 """
 
 from __future__ import annotations
@@ -50,10 +51,12 @@ class TargetError(Exception):
 
 # --- shared helpers ------------------------------------------------------------------------
 def lift(batch: tuple[int, ...]) -> tuple[int, int]:
-    """The ``(B, H)`` a case's leading dims become for a 4-d convention."""
+    """The ``(B, H)`` a case's leading dims become for a 4-d convention: ``()`` → ``(1, 1)``,
+    ``(B,)`` → ``(B, 1)`` (the first axis stays the batch axis that per-batch mask data —
+    key lengths, document ids — is indexed by), ``(B, H)`` unchanged."""
     if len(batch) > 2:
         raise ValueError(f"4-d conventions take at most 2 leading dims; got {batch}")
-    return ((1, 1) + tuple(batch))[-2:] if batch else (1, 1)  # type: ignore[return-value]
+    return (*batch, 1, 1)[:2]  # type: ignore[return-value]
 
 
 def torch_dtype(name: str) -> Any:
@@ -113,9 +116,7 @@ def autograd(y: Any, views: list[Any], g: np.ndarray, dtype: str, device: str) -
 
 def causal_top_left_only(spec: dict[str, Any], n_q: int, n_k: int) -> bool:
     """Whether the spec is exactly SDPA's ``is_causal`` (causal, top-left or square)."""
-    return spec["kind"] == "causal" and (
-        spec.get("align", "top-left") == "top-left" or n_q == n_k
-    )
+    return spec["kind"] == "causal" and (spec.get("align", "top-left") == "top-left" or n_q == n_k)
 
 
 def lifted_allowed(case: Case) -> np.ndarray:
@@ -271,8 +272,7 @@ class Flash(Convention):
         B, H = lift(case.batch)
         n = case.sizes
         bnhd = {
-            x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3)
-            for x in "qkv"
+            x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3) for x in "qkv"
         }
         leaves, views = zip(*(tensor(bnhd[x], dtype, device, case.layout, grads) for x in "qkv"))
         left, right = flash_window(case)  # type: ignore[misc]
@@ -341,7 +341,7 @@ class Exactattn(Convention):
         n = case.sizes
         four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
         leaves, views = zip(*(tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"))
-        lifted = _lifted_case(case)
+        lifted = lifted_case(case)
         kwargs: dict[str, Any] = {
             "scale": case.scale,
             "mask": lifted.mask_object(like=views[0]),
@@ -364,21 +364,25 @@ class Exactattn(Convention):
         return out
 
 
-def _lifted_case(case: Case) -> Case:
-    """The case with its leading dims lifted to ``(B, H)`` (mask spec tables follow)."""
+def lifted_case(case: Case) -> Case:
+    """The case with its leading dims lifted to ``(B, H)``; dense tables follow."""
     from dataclasses import replace
 
-    B, _ = lift(case.batch)
     if len(case.batch) == 2:
         return case
+    B, H = lift(case.batch)
     arrays = {x: getattr(case, x).reshape((B, -1, *getattr(case, x).shape[-2:])) for x in "qkvg"}
     n = case.sizes
-    table = maskspec.allowed(case.mask, case.batch, n["n_q"], n["n_k"])
-    mask = case.mask
-    if case.mask["kind"] not in ("none", "causal", "window"):
-        # per-batch data of a 0/1-d batch is re-expressed as the dense table it defines
-        mask = {"kind": "dense", "allowed": table.reshape((B, -1, n["n_q"], n["n_k"])).tolist()}
-    return replace(case, mask=mask, **arrays)
+
+    def lifted(spec: dict[str, Any]) -> dict[str, Any]:
+        if spec["kind"] in maskspec.COMBINATORS:
+            return {**spec, "parts": [lifted(part) for part in spec["parts"]]}
+        if spec["kind"] == "dense":
+            table = maskspec.allowed(spec, case.batch, n["n_q"], n["n_k"])
+            return {**spec, "allowed": table.reshape((B, H, n["n_q"], n["n_k"])).tolist()}
+        return spec
+
+    return replace(case, mask=lifted(case.mask), **arrays)
 
 
 class Api(Convention):
@@ -386,7 +390,7 @@ class Api(Convention):
 
     Outputs come back as float64 (IEEE contexts), mpf object arrays (mpmath, sympy
     evaluated to 50 digits: ``fine``) or ``(midpoint, radius)`` pairs (flint balls:
-    ``enclosure``). GQA runs as broadcasting over ``(…, H_kv, g, n, d)``.
+    ``enclosure``).
     """
 
     name = "api"
@@ -396,29 +400,22 @@ class Api(Convention):
 
         options = target.options
         ctx = options["ctx"]()
-        group = case.group
         shapes = {x: held[x].shape for x in "qkvg"}
-        arrays = dict(held)
-        heads = None
-        if group > 1:  # (…, H, n, d) -> (…, H_kv, g, n, d); k, v get a broadcast axis
-            h_kv = case.k.shape[-3]
-            heads = (h_kv, group)
-            for x in "qg":
-                arrays[x] = held[x].reshape((*held[x].shape[:-3], *heads, *held[x].shape[-2:]))
-            for x in "kv":
-                arrays[x] = held[x][..., None, :, :]
         backend = options["backend"]
         like = None
+        arrays = dict(held)
         if backend == "torch":
-            arrays = {x: _torch_array(arrays[x], ctx, case.layout) for x in "qkvg"}
+            arrays = {x: _torch_array(held[x], ctx, case.layout) for x in "qkvg"}
             like = arrays["q"]
         elif backend == "numpy":
-            arrays = {x: _numpy_array(arrays[x], ctx, case.layout) for x in "qkvg"}
+            arrays = {x: _numpy_array(held[x], ctx, case.layout) for x in "qkvg"}
         elif backend == "sympy":
             import sympy
 
-            arrays = {x: np.frompyfunc(sympy.Rational, 1, 1)(a) for x, a in arrays.items()}
+            arrays = {x: np.frompyfunc(sympy.Rational, 1, 1)(a) for x, a in held.items()}
         keywords = case.keywords()
+        if case.group > 1:
+            keywords["enable_gqa"] = True
         if options.get("path") == "naive":
             keywords.pop("block_size")
             forward, backward = api.naive_attention, api.naive_attention_backward
@@ -426,23 +423,19 @@ class Api(Convention):
             forward, backward = api.attention, api.attention_backward
         if backend == "sympy" and case.scale is not None:
             keywords["scale"] = sympy.Rational(case.scale)  # the binary scale, exactly
-        mask = case.mask_object(like=like, heads=heads)
+        mask = case.mask_object(like=like)
         q, k, v, g = (arrays[x] for x in "qkvg")
         y, stats = forward(q, k, v, mask=mask, backend=ctx, return_stats=True, **keywords)
-        out: Outputs = {"y": y, "lse": stats.lse, "_dtype": options.get("storage", "")}
+        out: Outputs = {"y": y, "lse": stats.lse}
         if grads:
             out["dq"], out["dk"], out["dv"] = backward(
                 q, k, v, y, stats, g, mask=mask, backend=ctx, **keywords
             )
-        result = {}
+        result: Outputs = {"_dtype": options.get("storage", "")}
+        expected = {"y": shapes["g"], "lse": shapes["g"][:-1], "dq": shapes["q"]}
+        expected.update(dk=shapes["k"], dv=shapes["v"])
         for name, x in out.items():
-            if name.startswith("_"):
-                result[name] = x
-                continue
-            target_shape = {"y": shapes["g"], "lse": shapes["g"][:-1], "dq": shapes["q"]}.get(
-                name, shapes["k" if name == "dk" else "v"]
-            )
-            result[name] = _api_output(backend, x, target_shape)
+            result[name] = _api_output(backend, x, expected[name])
         return result
 
 
@@ -475,14 +468,22 @@ def _api_output(backend: str, x: Any, shape: tuple[int, ...]) -> Any:
     if backend == "flint":
         from ..difftest.reference import arb_mid
 
-        mid = np.frompyfunc(arb_mid, 1, 1)
+        def mid_of(e: Any) -> Any:
+            return arb_mid(e) if e.is_finite() else mpmath.mpf(float(e.mid()))
+
+        mid = np.frompyfunc(mid_of, 1, 1)
         rad = np.frompyfunc(lambda e: float(e.rad()) * (1 + 2.0**-50), 1, 1)  # rounded up
         with mpmath.workprec(200):
             return np.asarray(mid(arr), dtype=object), np.asarray(rad(arr), dtype=np.float64)
     if backend == "sympy":
         import sympy
 
-        numeric = np.frompyfunc(lambda e: mpmath.mpf(str(sympy.N(e, 50))), 1, 1)
+        def numeric_of(e: Any) -> Any:
+            if e in (sympy.oo, -sympy.oo):
+                return mpmath.mpf("inf") if e == sympy.oo else mpmath.mpf("-inf")
+            return mpmath.mpf(str(sympy.N(e, 50)))
+
+        numeric = np.frompyfunc(numeric_of, 1, 1)
         with mpmath.workprec(200):
             return np.asarray(numeric(arr), dtype=object)
     return arr
@@ -503,8 +504,7 @@ class Xformers(Convention):
         B, H = lift(case.batch)
         n = case.sizes
         bnhd = {
-            x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3)
-            for x in "qkv"
+            x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3) for x in "qkv"
         }
         leaves, views = zip(*(tensor(bnhd[x], dtype, device, case.layout, grads) for x in "qkv"))
         bias: Any = None

@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from ..difftest.cases import Case
 from .conventions import Convention, TargetError, dtype_name, lift, lifted_allowed, to_numpy
 
 RECOMPILE_LIMIT = 1024

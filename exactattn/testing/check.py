@@ -19,6 +19,7 @@ import importlib.util
 import sys
 import zlib
 from dataclasses import dataclass
+
 import numpy as np
 
 from ..difftest.cases import Case
@@ -36,11 +37,12 @@ class Options:
     grads: bool = True
     determinism: bool = False
     baselines: bool = False
+    sampled: bool = True  # False: slow variants run every case (replays)
 
 
-def wants(variant: Variant, case: Case) -> bool:
+def wants(variant: Variant, case: Case, sampled: bool = True) -> bool:
     """Whether a sampled variant (``rate > 1``: slow interpreters) takes this case."""
-    rate = variant.target.rate if variant.device == "cpu" else 1
+    rate = variant.target.rate if variant.device == "cpu" and sampled else 1
     if rate == 1:
         return True
     key = (case.q.tobytes(), case.k.shape, case.block_size, repr(case.mask)[:200])
@@ -56,7 +58,7 @@ def check_case(case: Case, variants: list[Variant], options: Options = Options()
         if case.dtype is not None and case.dtype != variant.dtype:
             continue
         why = variant.unsupported(case)
-        if why is None and not wants(variant, case):
+        if why is None and not wants(variant, case, options.sampled):
             why = f"sampled: one case in {variant.target.rate} (slow interpreter)"
         if why is not None:
             findings.append(Finding(variant.name, "skip", why, dtype=variant.dtype))
@@ -102,6 +104,7 @@ def run_and_judge(
         detail = f"raised {type(error).__name__}: {text}"
         failed = Finding(variant.name, "fail", detail, dtype=variant.dtype)
     if failed is not None:
+        failed.overflow_risk = allowed.overflow_risk
         return failed, {}
     return judge(variant, case, outputs, ref, allowed), outputs
 

@@ -51,12 +51,13 @@ class Finding:
     deterministic: bool | None = None
     baseline: dict[str, dict[str, float]] = field(default_factory=dict)
     where: dict[str, Any] = field(default_factory=dict)
+    overflow_risk: bool = False  # the case's magnitudes reach the claimed formats' range
 
 
 def _mpf(e: Any) -> mpmath.mpf:
     if isinstance(e, mpmath.mpf):
         return e
-    if isinstance(e, np.longdouble):
+    if isinstance(e, np.longdouble) and np.isfinite(e):
         num, den = e.as_integer_ratio()
         return mpmath.mpf(num) / den
     return mpmath.mpf(float(e))
@@ -99,7 +100,7 @@ def judge(
     variant: Any, case: Any, outputs: dict[str, Any], ref: Reference, allowed: Allowed
 ) -> Finding:
     """The verdict and error summary of ``outputs`` (see the module docstring)."""
-    finding = Finding(variant.name, "ok", dtype=variant.dtype)
+    finding = Finding(variant.name, "ok", dtype=variant.dtype, overflow_risk=allowed.overflow_risk)
     produced = outputs.get("_dtype")
     foreign = variant.target.convention != "api"
     if foreign and produced and produced != variant.dtype:
@@ -119,7 +120,9 @@ def judge(
             at = tuple(int(i) for i in np.argwhere(bad)[0])
             text = f"{name}{list(at)} is {np.asarray(out)[at]} for finite inputs"
             if allowed.overflow_risk:
-                return Finding(variant.name, "refused", text, dtype=variant.dtype)
+                return Finding(
+                    variant.name, "refused", text, dtype=variant.dtype, overflow_risk=True
+                )
             return _fail(finding, text)
         diff, fine = _difference(out, ref.mid[name], near)
         extra = ref.rad[name] + radius

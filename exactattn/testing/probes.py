@@ -8,7 +8,8 @@ inverted dropout (weights kept with probability ``1 − p`` and scaled by ``1/(1
   ``V = I`` (``v = n_k``) the output *is* the weight matrix: ``Y_ij = ρ_ij / n_k``, so
   each kept weight is read directly. The share of nonzero entries over all draws must be
   ``1 − p`` within 5 binomial standard deviations, and every nonzero entry must equal
-  ``1/((1 − p)·n_k)`` within the dtype's rounding (a few ulps: ``8u``).
+  ``1/((1 − p)·n_k)`` within a few roundings (``8u``, ``u`` of the coarsest format the
+  target claims).
 * **unbiasedness.** Over ``draws`` independent draws on random inputs, the mean of
   ``Y`` and of the gradients must equal the exact no-dropout values: ``E[ρ] = 1`` and
   every output is linear in ``ρ`` (``dQ``, ``dK`` through ``γ = p(ρ∘dP − δ)`` with
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..difftest import tolerance
 from ..difftest.cases import Case
 from .reference import bounds, compute
 
@@ -49,7 +51,8 @@ def probe(variant, p: float = 0.3, draws: int = 200, grads: bool = True) -> Prob
 
     result = ProbeResult(variant.name, p)
     dtype = variant.dtype
-    u = 2.0 ** -{"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}[dtype]
+    arith = tolerance.of_claim(variant.claim)
+    u = max(arith.u, arith.u_s, arith.u_p)  # the coarsest format the claim names
     n = 48
     eye = np.eye(n)[None, None]
     case = Case(

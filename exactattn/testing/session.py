@@ -126,6 +126,7 @@ def _search(variants: list[Variant], settings: Settings, dtypes: tuple, seed: in
         dtypes=dtypes,
         layouts=LAYOUTS,
         exact_share=0,
+        dropout=any(v.target.caps.dropout is True for v in variants),
     )
 
     def judge(case, active):

@@ -1,0 +1,1 @@
+"""The ``exactattn`` subcommands: one module per subcommand, each exposing ``main(argv) -> int``."""
