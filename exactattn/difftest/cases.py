@@ -184,15 +184,16 @@ class Case:
         k, v = (np.repeat(x, group, axis=-3) for x in (self.k, self.v))
         return replace(self, k=k, v=v)
 
-    def describe(self) -> str:
-        """Shapes, dtype, mask and keywords on one line (for counterexamples)."""
+    def describe(self, block_size: bool = True) -> str:
+        """Shapes, dtype, mask and keywords on one line (for counterexamples); ``block_size``
+        False leaves out the block size (a foreign kernel picks its own)."""
         n = self.sizes
         parts = [
             f"q {tuple(self.q.shape)}, k {tuple(self.k.shape)}, v {tuple(self.v.shape)}",
             f"dtype {self.dtype}" if self.dtype else "",
             f"mask {maskspec.describe(self.mask)}",
             f"scale {self.c():.6g}" + ("" if self.scale is not None else " (default)"),
-            f"block_size {self.block_size}",
+            f"block_size {self.block_size}" if block_size else "",
             f"dropout p={self.dropout_p} seed={self.seed}" if self.dropout_p else "",
             f"GQA group {self.group}" if self.group > 1 else "",
             f"layout {self.layout}" if self.layout != "contiguous" else "",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ..testing.spec import ALIGNMENTS
 from .cases import DISTRIBUTIONS, Draw
 
-BATCHES = ((), (1,), (2,), (1, 1), (2, 3), (1, 2), (2, 4), (1, 4))
+BATCHES = ((), (1,), (2,), (1, 1), (2, 3), (1, 2), (2, 4), (1, 4), (1, 6))
 
 
 @st.composite
@@ -74,7 +74,8 @@ def draws(
         draw(st.sampled_from([10.0, 100.0, 1e3, 1e4])) if distribution == "large_logits" else 0.0
     )
     dropout_p = draw(st.sampled_from([0.0, 0.0, 0.1, 0.5])) if dropout else 0.0
-    groups = [g for g in (1, 2, 4) if len(batch) == 2 and batch[-1] % g == 0] or [1]
+    heads = batch[-1] if len(batch) == 2 else 1
+    groups = [g for g in range(1, heads + 1) if heads % g == 0]  # GQA: g query heads per k/v head
     return Draw(
         batch=batch,
         n_q=n_q,

@@ -130,7 +130,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 def counterexample(finding: Finding, case_json: str, replay: Path | None = None) -> str:
     """A failure as a readable counterexample."""
     case = Case.from_json(case_json)
-    lines = [f"FAIL {finding.target}: {finding.detail}", f"  case: {case.describe()}"]
+    own_block = finding.where.get("block_size") == case.block_size if finding.where else True
+    lines = [f"FAIL {finding.target}: {finding.detail}", f"  case: {case.describe(own_block)}"]
     where = finding.where
     if where:
         if "key" in where:
