@@ -23,7 +23,7 @@ BUGS = {
     "no-max-subtraction": "exp(s) instead of exp(s - m): overflows at large logits",
     "wrong-scale": "scores scaled by 1/d instead of 1/sqrt(d)",
     "gqa-head-mapping": "query head h reads key/value head h % H_kv instead of h // g",
-    "mask-ignored-on-partial-blocks": "a key block neither fully allowed nor fully masked is not masked",
+    "mask-ignored-on-partial-blocks": "a partially allowed key block is not masked",
     "rescale-skipped": "acc and l are not multiplied by alpha when the max grows",
     "fp16-accumulation": "acc and l accumulate in the input dtype, not fp32",
     "dq-scale-in-backward": "the backward scales dQ by c twice",
@@ -130,7 +130,7 @@ def sdpa(bug=None):
 
 
 def flash(bug=None):
-    """The kernel with flash-attn's ``flash_attn_func`` signature, returning ``(out, lse, None)``."""
+    """The kernel with ``flash_attn_func``'s signature, returning ``(out, lse, None)``."""
 
     def attention(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                   return_attn_probs=False):  # fmt: skip
