@@ -219,7 +219,8 @@ def _replay(args, spec: dict) -> int:
             spec.setdefault("claim", targets.Claim.parse(saved["claim"]))
     try:
         units = [
-            targets.variant(name, args.device, **(spec if ":" in name else {})) for name in names
+            targets.variant(name, args.device, case.dtype, **(spec if ":" in name else {}))
+            for name in names
         ]
     except (ValueError, TypeError) as error:
         return _error(str(error))

@@ -279,15 +279,17 @@ def _triton_unsupported(case: Any, device: str) -> str | None:
     return None
 
 
-def variant(name: str, device: str = "cpu", **spec: Any) -> Variant:
-    """The variant called ``name`` (``target[dtype]``, or a single-dtype target's name)."""
-    base, _, dtype = name.partition("[")
-    target = get(base if dtype else name, **spec)
-    if not dtype:
+def variant(name: str, device: str = "cpu", dtype: str | None = None, **spec: Any) -> Variant:
+    """The variant called ``name`` (``target[dtype]``, or a target's name and ``dtype`` when it
+    runs in several)."""
+    base, bracket, named = name.partition("[")
+    target = get(base if bracket else name, **spec)
+    chosen = named.rstrip("]") if bracket else dtype
+    if chosen is None:
         if len(target.caps.dtypes) != 1:
             raise UnknownTarget(f"{name!r} runs in several dtypes; name one: {name}[float32]")
-        return Variant(target, target.caps.dtypes[0], device)
-    return Variant(target, dtype.rstrip("]"), device)
+        chosen = target.caps.dtypes[0]
+    return Variant(target, chosen, device)
 
 
 def variants(target: Target, dtypes: list[str] | None, device: str = "cpu") -> list[Variant]:

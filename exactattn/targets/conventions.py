@@ -214,7 +214,11 @@ class Hf(Convention):
         module = _HfModule(case.group, case.c(), training=bool(case.dropout_p))
         mask = None
         additive = target.options.get("mask") == "additive"
-        if causal_top_left_only(case.mask, n["n_q"], n["n_k"]) and not additive:
+        # transformers reads is_causal only for square problems: with one query it attends
+        # every key (a decode step), with n_k > n_q it crops the keys; its mask builders
+        # materialise every other case, and so does this convention
+        square = n["n_q"] == n["n_k"]
+        if causal_top_left_only(case.mask, n["n_q"], n["n_k"]) and square and not additive:
             module.is_causal = True
         elif case.mask["kind"] != "none":
             allowed = torch.from_numpy(lifted_allowed(case).copy()).to(device)

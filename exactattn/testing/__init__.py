@@ -81,6 +81,7 @@ def assert_attention_close(
     ran = sum(c[s] for c in result.report.counts.values() for s in ("ok", "refused"))
     if not ran:
         reasons = {why for c in result.report.skips.values() for why in c}
+        reasons |= {f"does not take {', '.join(d)}" for d in result.unsupported_dtypes.values()}
         raise AssertionError(
             f"no case was checked: every case was skipped ({'; '.join(sorted(reasons))})"
         )
