@@ -42,6 +42,7 @@ class Settings:
     baselines: bool = True
     probes: bool = True
     progress: bool = False
+    sampled: bool = True  # False: slow interpreters run every case they take
 
 
 @dataclass
@@ -119,7 +120,7 @@ def _dtype_order(dtype: str) -> int:
 
 
 def _search(variants: list[Variant], settings: Settings, dtypes: tuple, seed: int) -> Report:
-    options = Options(settings.grads, settings.determinism, settings.baselines)
+    options = Options(settings.grads, settings.determinism, settings.baselines, settings.sampled)
     strategy = strategies.draws(
         max_n=settings.max_n,
         max_d=settings.max_d,
