@@ -24,6 +24,7 @@ F = torch.nn.functional
 
 def _fails_with(fn, pattern, **keywords):
     with pytest.raises(AssertionError, match=pattern):
+        keywords.setdefault("dtypes", ("float32",))
         assert_attention_close(fn, examples=5, dropout_probe=False, **keywords)
 
 
