@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import sys
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -160,20 +162,25 @@ def baseline_errors(
             outputs = variant.run(dataclasses.replace(case, block_size=block), held, grads)
         except Exception:
             continue
-        errors = {"y": relative_error(np.abs(outputs["y"] - ref.near["y"]), ref.near["y"])}
+        errors = {"y": relative_error(np.abs(outputs["y"] - ref.near["y"]), ref.near["y"], dtype)}
         if grads:
-            errors["grads"] = max(
-                relative_error(np.abs(outputs[g] - ref.near[g]), ref.near[g]) for g in GRADS
+            errors["grads"] = _max(
+                relative_error(np.abs(outputs[g] - ref.near[g]), ref.near[g], dtype) for g in GRADS
             )
         out[label] = errors
     return out
 
 
+def _max(values: Any) -> float:
+    """The largest of ``values`` that is not NaN (NaN when none is)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return max(kept) if kept else math.nan
+
+
 def target_errors(finding: Finding) -> dict[str, float]:
     """The finding's errors in the baselines' terms: ``y`` and ``grads`` (the worst of dQ,
     dK, dV)."""
-    out = {"y": finding.errors.get("y", 0.0)}
-    grads = [finding.errors[g] for g in GRADS if g in finding.errors]
-    if grads:
-        out["grads"] = max(grads)
+    out = {"y": finding.errors.get("y", math.nan)}
+    if any(g in finding.errors for g in GRADS):
+        out["grads"] = _max(finding.errors.get(g, math.nan) for g in GRADS)
     return out

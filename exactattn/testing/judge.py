@@ -11,9 +11,10 @@ output is *refused* (acceptable) only when the case's magnitudes reach the claim
 formats' range.
 
 Beside the verdict a :class:`Finding` carries the errors the report summarises: per
-output the normwise relative error ``max|out − ref| / max|ref|`` and the largest error in
-ulps of the dtype, whether the bound was vacuous (``≥ max|ref|``: little beyond finiteness
-was checked), and where the worst violation sits (the counterexample's coordinates).
+output the normwise relative error ``max|out − ref| / max|ref|`` and the same in ulps of
+the dtype at ``max|ref|`` (NaN for an output whose exact value is zero), whether the bound
+was vacuous (``≥ max|ref|``: little beyond finiteness was checked), and where the worst
+violation sits (the counterexample's coordinates).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import mpmath
 import numpy as np
 
-from .reference import OUTPUTS, Allowed, Reference, relative_error, scale_of, ulp
+from .reference import OUTPUTS, Allowed, Reference, relative_error, scale_of, ulps
 
 COMPARE_PREC = 220
 
@@ -132,10 +133,10 @@ def judge(
             ratio = np.where(limit > 0, diff / limit, np.where(diff > 0, np.inf, 0.0))
         worst_here = float(np.max(ratio, initial=0.0))
         finding.worst = max(finding.worst, worst_here)
-        finding.errors[name] = relative_error(diff, near)
-        finding.ulps[name] = float(np.max(diff / ulp(near, variant.dtype), initial=0.0))
+        finding.errors[name] = relative_error(diff, near, variant.dtype)
+        finding.ulps[name] = ulps(diff, near, variant.dtype)
         scale = scale_of(near)
-        if not enclosure and float(np.max(allowed.bound[name], initial=0.0)) >= scale:
+        if not enclosure and scale > 0 and float(np.max(allowed.bound[name], initial=0.0)) >= scale:
             finding.vacuous = True
         if worst_here > 1:
             at = tuple(int(i) for i in np.unravel_index(int(np.argmax(ratio)), ratio.shape))

@@ -137,20 +137,31 @@ def _split(shape: tuple[int, ...], group: int) -> tuple[int, ...]:
 
 
 def scale_of(x: np.ndarray) -> float:
-    """``max |x|`` over finite entries (1 when there are none): the normwise error scale."""
+    """``max |x|`` over finite entries (0 when there are none): the normwise error scale."""
     finite = np.abs(x[np.isfinite(x)])
-    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    return float(finite.max()) if finite.size else 0.0
 
 
-def ulp(x: np.ndarray, fmt: str) -> np.ndarray:
-    """Spacing of ``fmt`` at ``|x|`` (its subnormal spacing at 0)."""
+def _format(fmt: str) -> Any:
     from ..precision.formats import get_format
 
-    name = {"longdouble": "float64"}.get(fmt, fmt)
-    return get_format(name).ulp(np.where(np.isfinite(x), x, 0.0))
+    return get_format({"longdouble": "float64"}.get(fmt, fmt))
 
 
-def relative_error(error: np.ndarray, ref: np.ndarray) -> float:
-    """Normwise ``max |error| / max |ref|`` (finite entries)."""
-    finite = np.isfinite(error)
-    return float(np.max(error[finite], initial=0.0)) / scale_of(ref) if error.size else 0.0
+def relative_error(error: np.ndarray, ref: np.ndarray, fmt: str = "float64") -> float:
+    """Normwise ``max |error| / max |ref|`` (finite entries); NaN when the reference is
+    below ``fmt``'s normal range (an exact zero, e.g. dQ with one key: no scale to judge by)."""
+    scale = scale_of(ref)
+    tiny = 2.0 ** _format(fmt).e_min if _format(fmt).e_min is not None else 0.0
+    if not error.size or scale <= tiny:
+        return float("nan")
+    return float(np.max(error[np.isfinite(error)], initial=0.0)) / scale
+
+
+def ulps(error: np.ndarray, ref: np.ndarray, fmt: str) -> float:
+    """``max |error|`` in ulps of ``fmt`` at the output's scale ``max |ref|`` (normwise)."""
+    scale = scale_of(ref)
+    if not error.size or scale == 0:
+        return float("nan")
+    spacing = float(_format(fmt).ulp(np.array([scale]))[0])
+    return float(np.max(error[np.isfinite(error)], initial=0.0)) / spacing

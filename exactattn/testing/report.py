@@ -45,6 +45,10 @@ COLUMNS = (
 )
 
 
+def _finite(xs: Any) -> list[float]:
+    return [x for x in xs if not math.isnan(x)]
+
+
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
@@ -60,16 +64,16 @@ def summary(result: Result) -> list[dict[str, Any]]:
     for name in result.variants:
         counts = report.counts.get(name, {})
         found: list[Finding] = report.findings.get(name, [])
-        y = [f.errors["y"] for f in found if "y" in f.errors]
-        ulps = [f.ulps["y"] for f in found if "y" in f.ulps]
-        grads = [e for f in found for g, e in f.errors.items() if g in ("dq", "dk", "dv")]
+        y = _finite(f.errors.get("y", math.nan) for f in found)
+        ulps = _finite(f.ulps.get("y", math.nan) for f in found)
+        grads = _finite(e for f in found for g, e in f.errors.items() if g in ("dq", "dk", "dv"))
         ratios: dict[str, list[float]] = {"naive": [], "fa2": []}
         for f in found:
             mine = target_errors(f)
             for label in ratios:
                 base = f.baseline.get(label, {})
                 for part, value in mine.items():
-                    if base.get(part, 0.0) > 0:
+                    if base.get(part, 0.0) > 0 and not math.isnan(value):
                         ratios[label].append(value / base[part])
         determinism = [f.deterministic for f in found if f.deterministic is not None]
         run_count = sum(counts.get(s, 0) for s in ("ok", "fail", "refused", "known"))

@@ -2,10 +2,12 @@
 
 :func:`search` runs one hypothesis search after another over a budget of examples. When a
 unit (a variant, or a difftest target) fails, hypothesis shrinks the case to a minimal one
-and the counterexample is recorded with its case (a replay file); the search then resumes
-without that unit for the remaining budget, so one run reports several independent
-failures. Only the cases drawn before a failure count in the statistics (the shrinker's
-replays do not). Ctrl-C stops the search and returns what was seen (``interrupted``).
+(shrinking follows that unit only) and the counterexample is recorded with its case (a
+replay file); the search then resumes for the remaining budget without that unit, or with
+it kept and its further failures counted but not shrunk (``keep_failed``), so one run
+reports several independent failures. Only the cases drawn before a failure count in the
+statistics (the shrinker's replays do not). Ctrl-C stops the search and returns what was
+seen (``interrupted``).
 """
 
 from __future__ import annotations
@@ -79,19 +81,25 @@ class Report:
 def search(
     judge_case: Callable[[Case, list[Any]], list[Finding]],
     units: list[Any],
-    strategy: st.SearchStrategy[Draw],
+    strategy: st.SearchStrategy[Draw] | Callable[[list[Any]], st.SearchStrategy[Draw]],
     examples: int,
     seed: int,
     progress: str = "",
+    keep_failed: bool = False,
 ) -> Report:
     """Search ``examples`` cases in all (see the module docstring). ``judge_case(case,
-    active)`` returns the findings of the active units; a unit is named by ``.name``."""
+    active)`` returns the findings of the active units; a unit is named by ``.name``.
+    ``strategy`` may be a function of the active units (so a dropped unit's dtype is no
+    longer drawn). With ``keep_failed`` a unit that failed stays in the run (its later
+    failures are counted, not shrunk again), so its statistics cover the whole budget."""
     report = Report()
     active = list(units)
+    settled: set[str] = set()
     budget = examples
     while budget > 0 and active:
+        drawn = strategy(active) if callable(strategy) else strategy
         failure, ran, interrupted = _search_once(
-            judge_case, active, strategy, budget, seed, report, progress
+            judge_case, active, drawn, budget, seed, report, progress, settled
         )
         report.examples += ran
         if failure is not None:
@@ -103,16 +111,19 @@ def search(
             break
         if failure is None:
             break
-        active = [u for u in active if u.name != finding.target]
+        if keep_failed:
+            settled.add(finding.target)
+        else:
+            active = [u for u in active if u.name != finding.target]
         budget -= min(ran, budget)
         seed += 1
     return report
 
 
-def _search_once(judge_case, active, strategy, budget, seed, report, progress):
+def _search_once(judge_case, active, strategy, budget, seed, report, progress, settled):
     """One hypothesis run: ``(shrunk failure or None, cases counted, interrupted)``."""
     last: dict[str, tuple[Finding, Case]] = {}
-    state = {"ran": 0, "failing": False}
+    state: dict[str, Any] = {"ran": 0, "failing": False, "unit": ""}
     start = time.perf_counter()
 
     @settings(
@@ -135,9 +146,11 @@ def _search_once(judge_case, active, strategy, budget, seed, report, progress):
             if progress and ran % PROGRESS_EVERY == 0:
                 seconds = time.perf_counter() - start
                 print(f"{progress}: {ran} cases, {seconds:.0f} s", file=sys.stderr, flush=True)
-        bad = [f for f in findings if f.status == "fail"]
+        bad = [f for f in findings if f.status == "fail" and f.target not in settled]
+        if state["failing"]:  # shrinking: only the unit that failed first counts
+            bad = [f for f in bad if f.target == state["unit"]]
         if bad:
-            state["failing"] = True
+            state["failing"], state["unit"] = True, bad[0].target
             last[bad[0].target] = (bad[0], case)  # the final call is the shrunk case
             raise UnitFailed(bad[0].target)
 

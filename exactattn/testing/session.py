@@ -121,20 +121,23 @@ def _dtype_order(dtype: str) -> int:
 
 def _search(variants: list[Variant], settings: Settings, dtypes: tuple, seed: int) -> Report:
     options = Options(settings.grads, settings.determinism, settings.baselines, settings.sampled)
-    strategy = strategies.draws(
-        max_n=settings.max_n,
-        max_d=settings.max_d,
-        dtypes=dtypes,
-        layouts=LAYOUTS,
-        exact_share=0,
-        dropout=any(v.target.caps.dropout is True for v in variants),
-    )
+
+    def strategy(active: list[Variant]) -> Any:
+        """Cases in the dtypes of the active variants (dtypes of failed ones are dropped)."""
+        return strategies.draws(
+            max_n=settings.max_n,
+            max_d=settings.max_d,
+            dtypes=tuple(d for d in dtypes if any(v.dtype == d for v in active)),
+            layouts=LAYOUTS,
+            exact_share=0,
+            dropout=any(v.target.caps.dropout is True for v in active),
+        )
 
     def judge(case, active):
         return check_case(case, active, options)
 
     progress = "check" if settings.progress else ""
-    return search(judge, variants, strategy, settings.examples, seed, progress)
+    return search(judge, variants, strategy, settings.examples, seed, progress, keep_failed=True)
 
 
 def _worker(args: tuple) -> Report:
