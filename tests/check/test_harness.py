@@ -96,7 +96,7 @@ def test_failures_write_replay_files_and_reports(tmp_path, capsys):
     (replay,) = saved.glob("*.json")
     assert json.loads(replay.read_text())["expect"]["spec"]["convention"] == "sdpa"
     data = json.loads((report / "report.json").read_text())
-    assert data["failures"] and data["variants"][0]["failed"] == 1
+    assert len(data["failures"]) == 1 and data["variants"][0]["failed"] >= 1  # kept running
     assert "## Failures" in (report / "report.md").read_text()
     assert cli.main(["--replay", str(replay)]) == 1
     assert "FAIL " in capsys.readouterr().out
