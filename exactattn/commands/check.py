@@ -120,7 +120,11 @@ def _check(args, chosen, dtypes, spec) -> int:
         return 130
     folder = args.save_failures or args.report or DEFAULT_FAILURES
     failures = []
+    seen = set()
     for finding, text in result.report.failures:
+        if (finding.target, text) in seen:  # two workers shrank to the same counterexample
+            continue
+        seen.add((finding.target, text))
         target = result.targets.get(finding.target.split("[")[0])
         saved = _target_spec(target, spec)
         path = report.save_failure(finding, text, folder, saved)

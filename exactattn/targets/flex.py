@@ -9,9 +9,9 @@ mask kind, so the compiled kernel is not rebuilt per mask.
 Shapes are bucketed so the number of compiled variants stays bounded: the function is
 compiled with static shapes (``dynamic=False``: with symbolic sequence lengths torch 2.13's
 CPU template fails to build for ``n_q != n_k``, a finding reported in the README), and every
-problem is padded to a bucket — ``B`` to at least 2, ``H`` to 4 (``H_kv`` to ``4/group``,
-keeping the GQA group), ``n_q, n_k`` to the next power of two ≥ 16, ``d, v`` to the next
-power of two ≥ 8. Padding rows and keys are masked out and dropped, padded features are
+problem is padded to a bucket — ``B`` to a power of two ≥ 2, ``H_kv`` to a power of two
+≥ 2 (``H`` to ``group·H_kv``, keeping the GQA group), ``n_q`` and ``n_k`` both to the same
+power of two ≥ 32, ``d`` and ``v`` both to the same power of two ≥ 8. Padding rows and keys are masked out and dropped, padded features are
 zeros, and the scale is applied explicitly, so padding changes no score. The scale ``c``
 is a tensor read by a ``score_mod`` (with ``scale=1``): a Python float would be guarded
 as a constant and recompile the kernel for every new scale. Compile time is
@@ -38,7 +38,7 @@ import numpy as np
 from .conventions import Convention, TargetError, dtype_name, lift, lifted_allowed, to_numpy
 
 RECOMPILE_LIMIT = 1024
-HEADS = 4
+KV_HEADS = 2
 LENGTH = 32
 KV_BLOCK = 16  # BLOCK_SIZE given to create_block_mask (the claim's key-block size)
 
@@ -74,11 +74,6 @@ def _bucket(n: int, least: int) -> int:
 class Flex(Convention):
     name = "flex"
 
-    def unsupported(self, target, case, device, grads):
-        if device == "cpu" and case.dtype == "float64":
-            return "compiled FlexAttention takes float32, float16 and bfloat16 on the CPU"
-        return None
-
     def grads_unsupported(self, device: str) -> str | None:
         if device == "cpu":
             return "torch 2.13 has no FlexAttention backward on the CPU"
@@ -96,8 +91,8 @@ class Flex(Convention):
         n = case.sizes
         group = case.group
         H_kv = H // group
-        pb, ph = _bucket(B, 2), _bucket(H, HEADS)
-        ph_kv = ph // group
+        pb, ph_kv = _bucket(B, 2), _bucket(H_kv, KV_HEADS)
+        ph = ph_kv * group  # padding heads keeps the group: head h still reads h // group
         nq = nk = _bucket(max(n["n_q"], n["n_k"]), LENGTH)
         d = v = _bucket(max(n["d"], n["v"]), 8)
         q = _padded(held["q"], (B, H, n["n_q"], n["d"]), (pb, ph, nq, d))

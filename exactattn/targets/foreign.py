@@ -76,6 +76,7 @@ def _flex() -> Target:
         convention="flex",
         loader=_loader("torch.nn.attention.flex_attention", "flex_attention"),
         caps=Capabilities(
+            dtypes=FLOAT_DTYPES[1:],  # compiled Flex on the CPU takes no float64
             devices=("cpu", "cuda"),
             dropout="FlexAttention has no dropout",
             lse=True,
