@@ -7,15 +7,15 @@ allowed table (derived from the mask spec's definition): one function body for e
 mask kind, so the compiled kernel is not rebuilt per mask.
 
 Shapes are bucketed so the number of compiled variants stays bounded: the function is
-compiled with static shapes (``dynamic=False``: with symbolic sequence lengths torch 2.13's
-CPU template fails to build for ``n_q != n_k``, a finding reported in the README), and every
-problem is padded to a bucket — ``B`` to a power of two ≥ 2, ``H_kv`` to a power of two
-≥ 2 (``H`` to ``group·H_kv``, keeping the GQA group), ``n_q`` and ``n_k`` both to the same
-power of two ≥ 32, ``d`` and ``v`` both to the same power of two ≥ 8. Padding rows and keys are masked out and dropped, padded features are
-zeros, and the scale is applied explicitly, so padding changes no score. The scale ``c``
-is a tensor read by a ``score_mod`` (with ``scale=1``): a Python float would be guarded
-as a constant and recompile the kernel for every new scale. Compile time is
-measured apart from run time (:data:`STATS`).
+compiled with static shapes (``dynamic=False``: with symbolic shapes torch 2.13's CPU
+template fails to build, ``'cur_kvSplitSize7' was not declared``, a finding in
+docs/check.md), and every problem is padded to a bucket — ``B`` to a power of two ≥ 2,
+``H_kv`` to a power of two ≥ 2 (``H`` to ``group·H_kv``, keeping the GQA group), ``n_q`` and
+``n_k`` both to the same power of two ≥ 32, ``d`` and ``v`` both to the same power of two
+≥ 8. Padding rows and keys are masked out and dropped, padded features are zeros, so
+padding changes no score. The scale ``c`` is a tensor read by a ``score_mod`` (with
+``scale=1``): a Python float would be guarded as a constant and recompile the kernel for
+every new scale. Compile time is measured apart from run time (:data:`STATS`).
 
 On the CPU, compiled Flex returns no log-sum-exp and has no backward (torch 2.13): only
 ``y`` is judged there, the gradients are reported skipped with that reason.
