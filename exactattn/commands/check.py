@@ -58,8 +58,12 @@ def _error(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    import importlib.util
+
     from .. import targets
 
+    if importlib.util.find_spec("hypothesis") is None:
+        return _error("the check draws cases with hypothesis: pip install 'exactattn[check]'")
     if args.list:
         return _list(args.device)
     try:

@@ -107,6 +107,8 @@ def run_and_judge(
         failed = Finding(variant.name, "fail", detail, dtype=variant.dtype)
     if failed is not None:
         failed.overflow_risk = allowed.overflow_risk
+        failed.block_size = variant.bound_block(case)
+        failed.own_block = bool(variant.target.options.get("exact_block"))
         return failed, {}
     return judge(variant, case, outputs, ref, allowed), outputs
 

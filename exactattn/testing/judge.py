@@ -53,6 +53,8 @@ class Finding:
     baseline: dict[str, dict[str, float]] = field(default_factory=dict)
     where: dict[str, Any] = field(default_factory=dict)
     overflow_risk: bool = False  # the case's magnitudes reach the claimed formats' range
+    block_size: int | None = None  # the key-block size the bound assumed
+    own_block: bool = False  # the target tiles with the case's block size (exactattn's own)
 
 
 def _mpf(e: Any) -> mpmath.mpf:
@@ -102,6 +104,8 @@ def judge(
 ) -> Finding:
     """The verdict and error summary of ``outputs`` (see the module docstring)."""
     finding = Finding(variant.name, "ok", dtype=variant.dtype, overflow_risk=allowed.overflow_risk)
+    finding.block_size = variant.bound_block(case)
+    finding.own_block = bool(variant.target.options.get("exact_block"))
     produced = outputs.get("_dtype")
     foreign = variant.target.convention != "api"
     if foreign and produced and produced != variant.dtype:

@@ -134,8 +134,12 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 def counterexample(finding: Finding, case_json: str, replay: Path | None = None) -> str:
     """A failure as a readable counterexample."""
     case = Case.from_json(case_json)
-    own_block = finding.where.get("block_size") == case.block_size if finding.where else True
-    lines = [f"FAIL {finding.target}: {finding.detail}", f"  case: {case.describe(own_block)}"]
+    lines = [
+        f"FAIL {finding.target}: {finding.detail}",
+        f"  case: {case.describe(finding.own_block)}",
+    ]
+    if finding.block_size is not None and not finding.own_block:
+        lines.append(f"  the bound assumes key blocks of {finding.block_size} (the claim)")
     where = finding.where
     if where:
         if "key" in where:

@@ -48,6 +48,7 @@ class Report:
     grads_skipped: dict[str, Counter] = field(default_factory=dict)
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     failures: list[tuple[Finding, str]] = field(default_factory=list)
+    compile: Counter = field(default_factory=Counter)  # FlexAttention's compile statistics
 
     def add(self, findings: list[Finding]) -> None:
         for f in findings:
@@ -76,6 +77,7 @@ class Report:
         for name, found in other.findings.items():
             self.findings.setdefault(name, []).extend(found)
         self.failures += other.failures
+        self.compile.update(other.compile)
 
 
 def search(
@@ -102,27 +104,29 @@ def search(
             judge_case, active, drawn, budget, seed, report, progress, settled
         )
         report.examples += ran
-        if failure is not None:
-            finding, case = failure
+        failed = []
+        for finding, case in failure or []:  # the shrunk case, and every unit it also fails
             case.note = f"{finding.target}: {finding.detail}"
             report.failures.append((finding, case.to_json()))
+            failed.append(finding.target)
         if interrupted:
             report.interrupted = True
             break
-        if failure is None:
+        if not failed:
             break
         if keep_failed:
-            settled.add(finding.target)
+            settled.update(failed)
         else:
-            active = [u for u in active if u.name != finding.target]
+            active = [u for u in active if u.name not in failed]
         budget -= min(ran, budget)
         seed += 1
     return report
 
 
 def _search_once(judge_case, active, strategy, budget, seed, report, progress, settled):
-    """One hypothesis run: ``(shrunk failure or None, cases counted, interrupted)``."""
-    last: dict[str, tuple[Finding, Case]] = {}
+    """One hypothesis run: ``(failures or None, cases counted, interrupted)``; the failures are
+    the shrunk case's for the unit that failed first, then for the others it also fails."""
+    last: dict[str, list[tuple[Finding, Case]]] = {}
     state: dict[str, Any] = {"ran": 0, "failing": False, "unit": ""}
     start = time.perf_counter()
 
@@ -151,7 +155,10 @@ def _search_once(judge_case, active, strategy, budget, seed, report, progress, s
             bad = [f for f in bad if f.target == state["unit"]]
         if bad:
             state["failing"], state["unit"] = True, bad[0].target
-            last[bad[0].target] = (bad[0], case)  # the final call is the shrunk case
+            also = [f for f in findings if f.status == "fail" and f.target not in settled]
+            # the final call is the shrunk case: its failures, the shrinking unit's first
+            others = [(f, case) for f in also if f.target != bad[0].target]
+            last[bad[0].target] = [(bad[0], case), *others]
             raise UnitFailed(bad[0].target)
 
     try:
@@ -161,6 +168,5 @@ def _search_once(judge_case, active, strategy, budget, seed, report, progress, s
     except Unsatisfiable:
         pass
     except KeyboardInterrupt:  # keep a failure found before the interrupt (maybe unshrunk)
-        found = next(iter(last.values()), None)
-        return found, state["ran"], True
+        return next(iter(last.values()), None), state["ran"], True
     return None, state["ran"], False

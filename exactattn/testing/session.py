@@ -10,6 +10,7 @@ named (callables given as objects run in this process).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ from .. import targets as registry
 from ..difftest import strategies
 from ..difftest.cases import LAYOUTS
 from ..targets import Target, Variant
+from ..targets.flex import STATS
 from .check import Options, check_case
 from .probes import ProbeResult, probe
 from .runner import Report, search
@@ -102,15 +104,7 @@ def run(targets: list[Target], settings: Settings, names: list[tuple] | None = N
             result.report = _search(variants, settings, dtypes, settings.seed)
         if settings.probes and not result.report.interrupted:
             result.probes = _probes(variants, settings)
-    from ..targets.flex import STATS
-
-    if STATS.compiles:
-        result.compile = {
-            "compiles": STATS.compiles,
-            "compile_seconds": STATS.compile_seconds,
-            "runs": STATS.runs,
-            "run_seconds": STATS.run_seconds,
-        }
+    result.compile = dict(result.report.compile)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -137,7 +131,11 @@ def _search(variants: list[Variant], settings: Settings, dtypes: tuple, seed: in
         return check_case(case, active, options)
 
     progress = "check" if settings.progress else ""
-    return search(judge, variants, strategy, settings.examples, seed, progress, keep_failed=True)
+    before = dataclasses.asdict(STATS)
+    report = search(judge, variants, strategy, settings.examples, seed, progress, keep_failed=True)
+    after = dataclasses.asdict(STATS)
+    report.compile.update({k: after[k] - before[k] for k in after if after[k] != before[k]})
+    return report
 
 
 def _worker(args: tuple) -> Report:
@@ -163,8 +161,6 @@ def _parallel(names: list[tuple], settings: Settings, dtypes: tuple) -> Report:
 
 
 def _with(settings: Settings, **changes: Any) -> Settings:
-    import dataclasses
-
     return dataclasses.replace(settings, **changes)
 
 
