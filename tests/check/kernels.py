@@ -25,7 +25,7 @@ BUGS = {
     "gqa-head-mapping": "query head h reads key/value head h % H_kv instead of h // g",
     "mask-ignored-on-partial-blocks": "a partially allowed key block is not masked",
     "rescale-skipped": "acc and l are not multiplied by alpha when the max grows",
-    "fp16-accumulation": "acc and l accumulate in the input dtype, not fp32",
+    "fp16-accumulation": "acc and l accumulate in float16, not the claimed fp32",
     "dq-scale-in-backward": "the backward scales dQ by c twice",
     "lse-without-max": "the returned log-sum-exp is log l, without m",
 }
@@ -60,7 +60,7 @@ def forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=Fal
     k, v = _expand(k, q.shape[-3], bug), _expand(v, q.shape[-3], bug)
     n_k, d = k.shape[-2], q.shape[-1]
     c = (1 / d if bug == "wrong-scale" else 1 / math.sqrt(d)) if scale is None else scale
-    wide = dtype if bug == "fp16-accumulation" else torch.float32
+    wide = torch.float16 if bug == "fp16-accumulation" else torch.float32
     if bug == "dq-scale-in-backward":
         q = _ScaleGrad.apply(q, c)
     # one cast each, so the gradients of q, k, v accumulate over the key blocks in fp32 (as

@@ -30,7 +30,7 @@ SETTINGS = {
     "gqa-head-mapping": ("sdpa", ("float32",), 200, 8, "y"),
     "mask-ignored-on-partial-blocks": ("sdpa", ("float32",), 60, 12, "y"),
     "rescale-skipped": ("sdpa", ("float32",), 60, 12, "y"),
-    "fp16-accumulation": ("sdpa", ("float16",), 60, 64, "d"),
+    "fp16-accumulation": ("sdpa", ("float32",), 60, 12, "y"),
     "dq-scale-in-backward": ("sdpa", ("float32",), 60, 12, "dq"),
     "lse-without-max": ("flash", ("float32",), 60, 12, "lse"),
 }
