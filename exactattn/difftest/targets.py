@@ -13,7 +13,6 @@ from __future__ import annotations
 from .. import targets as registry
 from ..targets import Variant
 
-FAMILIES = ("numpy", "mpmath", "sympy", "flint", "torch", "triton")
 DTYPES = {"exactattn": ("float32", "float64"), "exactattn-triton": ("float32", "float16")}
 BITWISE = ("numpy", "torch")  # families whose repeated runs are bit-identical by design
 

@@ -290,11 +290,3 @@ def variant(name: str, device: str = "cpu", dtype: str | None = None, **spec: An
             raise UnknownTarget(f"{name!r} runs in several dtypes; name one: {name}[float32]")
         chosen = target.caps.dtypes[0]
     return Variant(target, chosen, device)
-
-
-def variants(target: Target, dtypes: list[str] | None, device: str = "cpu") -> list[Variant]:
-    """The target's variants in ``dtypes`` (all it takes by default)."""
-    chosen = (
-        target.caps.dtypes if dtypes is None else [d for d in dtypes if d in target.caps.dtypes]
-    )
-    return [Variant(target, dtype, device) for dtype in chosen]

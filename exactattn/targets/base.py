@@ -109,13 +109,6 @@ class Claim:
         ]
         return ",".join(parts)
 
-    def text(self) -> str:
-        parts = [f"{name}={getattr(self, name)}" for name in CLAIM_FIELDS[:-1]]
-        block = {None: "unstated (bound assumes 1)", NAIVE_BLOCK: "all keys"}.get(
-            self.block, str(self.block)
-        )
-        return ", ".join(parts) + f", block={block}"
-
 
 @dataclass(frozen=True)
 class Capabilities:

@@ -65,29 +65,24 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def tensor(x: np.ndarray, dtype: str, device: str, layout: str, grad: bool, swap: bool = False):
+def tensor(x: np.ndarray, dtype: str, device: str, layout: str, grad: bool) -> Any:
     """A torch tensor holding ``x`` (exact in ``dtype``) in the memory ``layout``.
 
     ``transposed``: stored with the last two leading/sequence axes swapped (a ``(B, n, H,
     d)`` buffer seen as ``(B, H, n, d)``); ``strided``: rows padded and offset inside a wider
-    buffer (as a slice of a packed QKV projection). ``swap`` marks a ``(B, n, H, d)`` call
-    whose "transposed" buffer is ``(B, H, n, d)``. Returns ``(leaf, view)``: gradients are
-    taken with respect to the view the target received.
+    buffer (as a slice of a packed QKV projection). With ``grad`` the buffer requires grad
+    and gradients are taken with respect to the view returned, the tensor the target gets.
     """
     import torch
 
     t = torch.from_numpy(np.ascontiguousarray(x)).to(torch_dtype(dtype)).to(device)
     if layout == "transposed" and t.ndim >= 3:
-        base = t.transpose(-2, -3).contiguous()
-        leaf = base.requires_grad_(grad)
-        return leaf, leaf.transpose(-2, -3)
+        return t.transpose(-2, -3).contiguous().requires_grad_(grad).transpose(-2, -3)
     if layout == "strided":
         base = torch.zeros((*t.shape[:-1], 2 * t.shape[-1] + 1), dtype=t.dtype, device=device)
         base[..., 1 : t.shape[-1] + 1] = t
-        leaf = base.requires_grad_(grad)
-        return leaf, leaf[..., 1 : t.shape[-1] + 1]
-    leaf = t.contiguous().requires_grad_(grad)
-    return leaf, leaf
+        return base.requires_grad_(grad)[..., 1 : t.shape[-1] + 1]
+    return t.contiguous().requires_grad_(grad)
 
 
 def to_numpy(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -129,7 +124,6 @@ class Convention:
     """Base: the case's layout in, ``{y, lse?, dq?, dk?, dv?}`` and their dtypes out."""
 
     name = ""
-    batch_dims = (0, 1, 2)
 
     def unsupported(self, target: Any, case: Case, device: str, grads: bool) -> str | None:
         """Why this convention cannot express the case (None: it can)."""
@@ -150,7 +144,7 @@ class Sdpa(Convention):
         B, H = lift(case.batch)
         n = case.sizes
         four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
-        leaves, views = zip(*(tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"))
+        views = [tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"]
         kwargs: dict[str, Any] = {"scale": case.scale}
         if causal_top_left_only(case.mask, n["n_q"], n["n_k"]):
             kwargs["is_causal"] = True
@@ -165,9 +159,8 @@ class Sdpa(Convention):
             y = fn(*views, **kwargs)
             out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
             if grads:
-                dq, dk, dv = autograd(y, list(views), four_g(held, B), dtype, device)
+                dq, dk, dv = autograd(y, views, four_g(held, B), dtype, device)
                 _grads_out(out, (dq, dk, dv), four, held)
-        del leaves
         out["y"] = out["y"].reshape(held["g"].shape)
         return out
 
@@ -210,7 +203,7 @@ class Hf(Convention):
         B, H = lift(case.batch)
         n = case.sizes
         four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
-        leaves, views = zip(*(tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"))
+        views = [tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"]
         module = _HfModule(case.group, case.c(), training=bool(case.dropout_p))
         mask = None
         additive = target.options.get("mask") == "additive"
@@ -245,9 +238,8 @@ class Hf(Convention):
         out["y"] = out["y"].transpose(0, 2, 1, 3).reshape(held["g"].shape)
         if grads:
             g = four_g(held, B).transpose(0, 2, 1, 3).copy()
-            grads_ = autograd(y, list(views), g, dtype, device)
+            grads_ = autograd(y, views, g, dtype, device)
             _grads_out(out, grads_, four, held)
-        del leaves
         return out
 
 
@@ -278,7 +270,7 @@ class Flash(Convention):
         bnhd = {
             x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3) for x in "qkv"
         }
-        leaves, views = zip(*(tensor(bnhd[x], dtype, device, case.layout, grads) for x in "qkv"))
+        views = [tensor(bnhd[x], dtype, device, case.layout, grads) for x in "qkv"]
         left, right = flash_window(case)  # type: ignore[misc]
         kwargs: dict[str, Any] = {
             "softmax_scale": case.c(),
@@ -302,11 +294,10 @@ class Flash(Convention):
             out["lse"] = lse.reshape(held["g"].shape[:-1])
         if grads:
             g = four_g(held, B).transpose(0, 2, 1, 3).copy()
-            grads_ = autograd(y, list(views), g, dtype, device)
+            grads_ = autograd(y, views, g, dtype, device)
             for name, grad, x in zip(("dq", "dk", "dv"), grads_, "qkv"):
                 back = to_numpy(name, grad, bnhd[x].shape).transpose(0, 2, 1, 3)
                 out[name] = back.reshape(held[x].shape)
-        del leaves
         return out
 
 
@@ -344,7 +335,7 @@ class Exactattn(Convention):
         B, H = lift(case.batch)
         n = case.sizes
         four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
-        leaves, views = zip(*(tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"))
+        views = [tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"]
         lifted = lifted_case(case)
         kwargs: dict[str, Any] = {
             "scale": case.scale,
@@ -362,9 +353,8 @@ class Exactattn(Convention):
         out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
         out["y"] = out["y"].reshape(held["g"].shape)
         if grads:
-            grads_ = autograd(y, list(views), four_g(held, B), dtype, device)
+            grads_ = autograd(y, views, four_g(held, B), dtype, device)
             _grads_out(out, grads_, four, held)
-        del leaves
         return out
 
 
@@ -456,7 +446,7 @@ def _numpy_array(x: np.ndarray, ctx: Any, layout: str) -> np.ndarray:
 
 def _torch_array(x: np.ndarray, ctx: Any, layout: str) -> Any:
     dtype = str(ctx.storage_dtype).removeprefix("torch.")
-    return tensor(x, dtype, str(ctx.device), layout, grad=False)[1]
+    return tensor(x, dtype, str(ctx.device), layout, grad=False)
 
 
 def _api_output(backend: str, x: Any, shape: tuple[int, ...]) -> Any:
@@ -510,7 +500,7 @@ class Xformers(Convention):
         bnhd = {
             x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3) for x in "qkv"
         }
-        leaves, views = zip(*(tensor(bnhd[x], dtype, device, case.layout, grads) for x in "qkv"))
+        views = [tensor(bnhd[x], dtype, device, case.layout, grads) for x in "qkv"]
         bias: Any = None
         if case.mask["kind"] == "causal":
             from xformers.ops import fmha
@@ -533,11 +523,10 @@ class Xformers(Convention):
         out["y"] = out["y"].reshape(held["g"].shape)
         if grads:
             g = four_g(held, B).transpose(0, 2, 1, 3).copy()
-            grads_ = autograd(y, list(views), g, dtype, device)
+            grads_ = autograd(y, views, g, dtype, device)
             for name, grad, x in zip(("dq", "dk", "dv"), grads_, "qkv"):
                 back = to_numpy(name, grad, bnhd[x].shape).transpose(0, 2, 1, 3)
                 out[name] = back.reshape(held[x].shape)
-        del leaves
         return out
 
 

@@ -106,7 +106,7 @@ def run_and_judge(
         detail = f"raised {type(error).__name__}: {text}"
         failed = Finding(variant.name, "fail", detail, dtype=variant.dtype)
     if failed is not None:
-        failed.overflow_risk = allowed.overflow_risk
+        failed.overflow_risk = bool(allowed.overflow_risk)
         failed.block_size = variant.bound_block(case)
         failed.own_block = bool(variant.target.options.get("exact_block"))
         return failed, {}

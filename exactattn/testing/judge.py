@@ -103,7 +103,9 @@ def judge(
     variant: Any, case: Any, outputs: dict[str, Any], ref: Reference, allowed: Allowed
 ) -> Finding:
     """The verdict and error summary of ``outputs`` (see the module docstring)."""
-    finding = Finding(variant.name, "ok", dtype=variant.dtype, overflow_risk=allowed.overflow_risk)
+    finding = Finding(
+        variant.name, "ok", dtype=variant.dtype, overflow_risk=bool(allowed.overflow_risk)
+    )
     finding.block_size = variant.bound_block(case)
     finding.own_block = bool(variant.target.options.get("exact_block"))
     produced = outputs.get("_dtype")
@@ -138,7 +140,8 @@ def judge(
         worst_here = float(np.max(ratio, initial=0.0))
         finding.worst = max(finding.worst, worst_here)
         finding.errors[name] = relative_error(diff, near, variant.dtype)
-        finding.ulps[name] = ulps(diff, near, variant.dtype)
+        with np.errstate(all="ignore"):
+            finding.ulps[name] = ulps(diff, near, variant.dtype)
         scale = scale_of(near)
         if not enclosure and scale > 0 and float(np.max(allowed.bound[name], initial=0.0)) >= scale:
             finding.vacuous = True

@@ -81,7 +81,7 @@ def summary(result: Result) -> list[dict[str, Any]]:
             {
                 "target": name.split("[")[0],
                 "variant": name,
-                "dtype": found[0].dtype if found else _dtype(name, result),
+                "dtype": found[0].dtype if found else _dtype(name),
                 "run": run_count,
                 "skipped": counts.get("skip", 0),
                 "failed": counts.get("fail", 0),
@@ -110,7 +110,7 @@ def summary(result: Result) -> list[dict[str, Any]]:
     return rows
 
 
-def _dtype(name: str, result: Result) -> str:
+def _dtype(name: str) -> str:
     return name.split("[")[1].rstrip("]") if "[" in name else ""
 
 

@@ -95,13 +95,6 @@ def leaves(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [spec]
 
 
-def depth(spec: dict[str, Any]) -> int:
-    """Nesting depth of and/or (0 for a leaf)."""
-    if spec["kind"] in COMBINATORS:
-        return 1 + max(depth(part) for part in spec["parts"])
-    return 0
-
-
 def describe(spec: dict[str, Any]) -> str:
     """A one-line human description, e.g. ``and(causal[bottom-right], window(2, 0))``."""
     kind = spec["kind"]
