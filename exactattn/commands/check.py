@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("targets", nargs="*", metavar="TARGET")
     parser.add_argument("--examples", type=int, default=200, help="cases to draw (default 200)")
     parser.add_argument("--dtypes", nargs="+", default=None, help="default: each target's own")
-    parser.add_argument("--max-n", type=int, default=16, help="largest n_q, n_k (default 16)")
+    parser.add_argument("--max-n", type=int, default=32, help="largest n_q, n_k (default 32)")
     parser.add_argument("--grads", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
