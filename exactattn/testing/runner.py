@@ -5,9 +5,11 @@ unit (a variant, or a difftest target) fails, hypothesis shrinks the case to a m
 (shrinking follows that unit only) and the counterexample is recorded with its case (a
 replay file); the search then resumes for the remaining budget without that unit, or with
 it kept and its further failures counted but not shrunk (``keep_failed``), so one run
-reports several independent failures. Only the cases drawn before a failure count in the
-statistics (the shrinker's replays do not). Ctrl-C stops the search and returns what was
-seen (``interrupted``).
+reports several independent failures. Every other unit the shrunk case fails gets it as its
+counterexample too; a unit that failed only while another was being searched gets its first
+failing case, unshrunk. Only the cases drawn before a failure count in the statistics (the
+shrinker's replays do not). Ctrl-C stops the search and returns what was seen
+(``interrupted``).
 """
 
 from __future__ import annotations
@@ -97,11 +99,12 @@ def search(
     report = Report()
     active = list(units)
     settled: set[str] = set()
+    first: dict[str, tuple[Finding, Case]] = {}  # each unit's first failing counted case
     budget = examples
     while budget > 0 and active:
         drawn = strategy(active) if callable(strategy) else strategy
         failure, ran, interrupted = _search_once(
-            judge_case, active, drawn, budget, seed, report, progress, settled
+            judge_case, active, drawn, budget, seed, report, progress, settled, first
         )
         report.examples += ran
         failed = []
@@ -120,10 +123,15 @@ def search(
             active = [u for u in active if u.name not in failed]
         budget -= min(ran, budget)
         seed += 1
+    recorded = {finding.target for finding, _ in report.failures}
+    for name, (finding, case) in first.items():  # failed while another unit was shrunk
+        if name not in recorded:
+            case.note = f"{finding.target} (not shrunk): {finding.detail}"
+            report.failures.append((finding, case.to_json()))
     return report
 
 
-def _search_once(judge_case, active, strategy, budget, seed, report, progress, settled):
+def _search_once(judge_case, active, strategy, budget, seed, report, progress, settled, first):
     """One hypothesis run: ``(failures or None, cases counted, interrupted)``; the failures are
     the shrunk case's for the unit that failed first, then for the others it also fails."""
     last: dict[str, list[tuple[Finding, Case]]] = {}
@@ -146,6 +154,9 @@ def _search_once(judge_case, active, strategy, budget, seed, report, progress, s
         if not state["failing"]:
             state["ran"] += 1
             report.add(findings)
+            for f in findings:
+                if f.status == "fail":
+                    first.setdefault(f.target, (f, case))
             ran = state["ran"]
             if progress and ran % PROGRESS_EVERY == 0:
                 seconds = time.perf_counter() - start
