@@ -2,7 +2,8 @@
 
 Per variant (a target in one dtype): cases run / skipped / failed with their reasons; the
 forward error (normwise ``max|Y − Y_exact| / max|Y_exact|``) max and median, the same in
-ulps of the dtype, the worst gradient error; side by side, the median and largest ratio of
+ulps of the dtype at ``max|Y_exact|``, the gradients' (dQ, dK, dV, each normwise) max and
+median; side by side, the median and largest ratio of
 the target's error to naive attention's in the same dtype and to the FlashAttention-2
 policy's on the same inputs (only cases where the baseline's error is nonzero); the share
 of cases whose derived bound was vacuous (``≥ max|ref|``: little beyond finiteness was
@@ -36,6 +37,7 @@ COLUMNS = (
     ("ulps max", "ulps_max"),
     ("ulps median", "ulps_median"),
     ("grad err max", "grads_max"),
+    ("grad err median", "grads_median"),
     ("/naive median", "naive_median"),
     ("/naive max", "naive_max"),
     ("/FA-2 median", "fa2_median"),
@@ -91,6 +93,7 @@ def summary(result: Result) -> list[dict[str, Any]]:
                 "ulps_max": _max(ulps),
                 "ulps_median": _median(ulps),
                 "grads_max": _max(grads),
+                "grads_median": _median(grads),
                 "naive_median": _median(ratios["naive"]),
                 "naive_max": _max(ratios["naive"]),
                 "naive_over_2": sum(r > 2 for r in ratios["naive"]) / len(ratios["naive"])
