@@ -30,6 +30,7 @@ def _old_or_row_span(self, cols, geometry):
     return range(start, max(start, stop))
 
 
+@pytest.mark.slow  # ~8 s: up to three short searches
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_the_historical_or_masks_bug_is_found(monkeypatch):
     monkeypatch.setattr(masks, "window_row_span", _old_window_row_span)
