@@ -1,7 +1,11 @@
-"""``exactattn`` command line: ``main | demo | prove | sweep | difftest | bench | bench-torch``.
+"""``exactattn COMMAND [ARGS]``: dispatch to the subcommand's module, from one table.
 
-Each subcommand lives in the module that owns it and exposes ``main(argv) -> int``; this
-file only dispatches, importing the subcommand's module on demand.
+Every subcommand is a module exposing ``main(argv) -> int`` — by the project's rule
+``exactattn/commands/<name>.py`` (``-`` in a name becomes ``_``), which parses the
+arguments and calls into the feature packages. :data:`COMMANDS` lists them all; a
+subcommand's module is imported only when that subcommand runs, so ``exactattn --help``
+and every command that needs no optional package work without them; a command that
+needs a missing one fails with the extra to install instead of a traceback.
 """
 
 from __future__ import annotations
@@ -9,34 +13,53 @@ from __future__ import annotations
 import importlib
 import sys
 
-SUBCOMMANDS = {
-    "main": ("exactattn.mainjob", "the proofs, then the quick precision sweep"),
-    "demo": ("exactattn.demo", "the tiled algorithm on NumPy, mpmath and sympy vs naive"),
-    "prove": ("exactattn.proofs.cli", "symbolic proof scripts (proofs/)"),
-    "sweep": ("exactattn.precision.cli", "precision-sweep experiments"),
-    "difftest": ("exactattn.difftest.cli", "differential tests across backends"),
-    "bench": ("exactattn.bench", "NumPy tiled vs naive: time and peak memory"),
-    "bench-torch": ("exactattn.bench_torch", "torch CPU: ours vs SDPA"),
+from .optional import missing
+
+# name -> (module exposing main(argv) -> int, one line for --help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "main": ("exactattn.commands.main", "the proofs, then the quick precision sweep"),
+    "demo": (
+        "exactattn.commands.demo",
+        "the tiled algorithm on NumPy, mpmath and sympy vs naive",
+    ),
+    # sweep keeps its command module in its package until it moves here
+    # (exactattn.commands.sweep): then only that line changes.
+    "prove": ("exactattn.commands.prove", "symbolic proofs that the tiled code is exact"),
+    "sweep": ("exactattn.precision.cli", "precision sweeps against the certified reference"),
+    "difftest": ("exactattn.commands.difftest", "differential tests across backends"),
+    "bench": ("exactattn.commands.bench", "NumPy tiled vs naive: time and peak memory"),
+    "bench-torch": ("exactattn.commands.bench_torch", "torch CPU: ours vs SDPA"),
 }
 
 
-def _usage() -> str:
-    lines = ["usage: exactattn COMMAND [ARGS]", "", "commands:"]
-    lines += [f"  {name:<12} {text}" for name, (_, text) in SUBCOMMANDS.items()]
+def usage() -> str:
+    """The ``--help`` text: every command with its one-line summary."""
+    width = max(map(len, COMMANDS)) + 2
+    lines = ["usage: exactattn COMMAND [ARGS]   (exactattn COMMAND --help for its options)"]
+    lines += ["", "commands:"]
+    lines += [f"  {name:<{width}}{text}" for name, (_, text) in COMMANDS.items()]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
+        print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name not in SUBCOMMANDS:
-        print(f"exactattn: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+    if name not in COMMANDS:
+        print(f"exactattn: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except ModuleNotFoundError as error:
+        hint = missing(error)
+        if hint is None:
+            raise
+        message = str(error) if hint in str(error) else f"{error}; {hint}"
+        print(f"exactattn {name}: {message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """FlashAttention-2 kernels in Triton: the CUDA path of exactattn.
 
-The same algorithm as ``exactattn.algorithm`` (ALGORITHM.md), fused into GPU kernels in the
-style of Triton's tutorial ``06-fused-attention.py``; it exists to be compared against the
-generic code and the naive reference, never to replace them.
+The same algorithm as ``exactattn.algorithm`` (specified in ``docs/algorithm.md``), fused
+into GPU kernels in the style of Triton's tutorial ``06-fused-attention.py``; it exists to
+be compared against the generic code and the naive reference, never to replace them.
 
 Scores, with the score modification of ``exactattn.scores`` in its order (soft-capping,
 then the additive bias, then the mask)::
@@ -24,7 +24,7 @@ key blocks ``J_t`` restricted to the allowed set ``A_i``::
     acc_i  = alpha * acc_i + sum_j p_ij V_j         (acc is the running z)
     O_i    = acc_i / l_i,   lse_i = m_i + log l_i
 
-Reverse (FlashAttention-2, Alg. 2; ALGORITHM.md "Reverse"), with the frozen statistic lse::
+Reverse (FlashAttention-2, Alg. 2; ``docs/algorithm.md``, "Reverse"), with the frozen lse::
 
     delta_i  = sum_a dO_ia O_ia                     (preprocess kernel)
     p_ij     = exp(s_ij - lse_i)
@@ -68,10 +68,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 
-import torch
-import triton
-import triton.language as tl
-from triton.runtime.errors import OutOfResources
+from exactattn.optional import needs  # absolute: tests load patched copies of this file
+
+with needs("the Triton kernels (exactattn.triton_kernels)"):
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime.errors import OutOfResources
 
 __all__ = ["triton_backward", "triton_forward"]
 

@@ -32,11 +32,14 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import flint
 import numpy as np
-from flint import arb, arb_mat, fmpq, fmpz
 
+from ..optional import needs
 from .base import ObjectContext
+
+with needs("FlintContext (arb balls, exactattn.backends.flint_backend)"):
+    import flint
+    from flint import arb, arb_mat, fmpq, fmpz
 
 _NEG_INF = arb("-inf")
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from ..optional import needs
 from .base import ArrayContext
+
+with needs("TorchContext (exactattn.backends.torch_backend)"):
+    import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 HALF_DTYPES = (torch.float16, torch.bfloat16)

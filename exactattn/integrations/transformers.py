@@ -20,7 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+from ..optional import needs
+
+with needs("exactattn.integrations.transformers"):
+    import torch
+    import transformers  # noqa: F401  (registration needs it; fail here, with the extra)
 
 from ..torch.sdpa import sdpa_call
 

@@ -15,6 +15,8 @@ import concurrent.futures as cf
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..optional import needs
+
 
 class LocalExecutor:
     """Serial in-process execution for one worker, a process pool for more."""
@@ -48,12 +50,8 @@ class DaskExecutor:
     """Tasks on a Dask distributed cluster (``address``: ``tcp://host:port`` or a Client)."""
 
     def __init__(self, address: Any):
-        try:
+        with needs("a Dask scheduler (--scheduler)"):
             from dask.distributed import Client
-        except ImportError as error:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "--scheduler needs dask.distributed: pip install 'exactattn[dask]'"
-            ) from error
         self._own = not isinstance(address, Client)
         self.client = Client(address) if self._own else address
 

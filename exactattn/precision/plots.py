@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from ..optional import needs
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import pandas as pd
+with needs("the sweep's plots (exactattn.precision.plots)"):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
 
 BASE = {"dist": "normal", "mask": "none", "scale": 1.0}
 

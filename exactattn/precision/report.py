@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
+
+from ..optional import needs
+
+with needs("the sweep's report (exactattn.precision.report)"):
+    import pandas as pd
 
 # FA-3 §4.3: (row label, configuration, implementation, published RMSE)
 FA3_ROWS = (

@@ -14,10 +14,9 @@ import re
 import pytest
 
 from exactattn.testing import assert_attention_close
+from tests.optional import requires
 
-pytest.importorskip(
-    "torch", reason="the broken kernels are torch code (pip install 'exactattn[torch]')"
-)
+requires("torch")
 
 from . import kernels
 

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-# found, not imported: triton must first be imported with TRITON_INTERPRET set (by whoever
-# runs the kernels on the CPU), or its kernels are built for a GPU that is not here
-for _module in ("torch", "triton"):
+from exactattn.optional import install_hint
+
+# found, not imported (so not tests.optional.requires): triton must first be imported with
+# TRITON_INTERPRET set (by whoever runs the kernels on the CPU), or its kernels are built for
+# a GPU that is not here
+for _module in ("torch", "triton", "flint"):
     if importlib.util.find_spec(_module) is None:
-        pytest.skip(
-            f"the device check needs {_module} (exactattn[{_module}])", allow_module_level=True
-        )
+        pytest.skip(f"needs {_module}: {install_hint(_module)}", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,8 +17,9 @@ import pytest
 
 from exactattn.commands import check as cli
 from exactattn.testing import assert_attention_close
+from tests.optional import requires
 
-torch = pytest.importorskip("torch", reason="the harness tests call torch targets")
+torch = requires("torch")
 F = torch.nn.functional
 
 

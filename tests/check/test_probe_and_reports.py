@@ -10,8 +10,9 @@ import pytest
 from exactattn import targets
 from exactattn.testing import session
 from exactattn.testing.probes import probe
+from tests.optional import requires
 
-torch = pytest.importorskip("torch", reason="the probe checks torch targets")
+torch = requires("torch")
 F = torch.nn.functional
 
 

@@ -15,6 +15,7 @@ import pytest
 from exactattn import targets
 from exactattn.targets import Capabilities, Claim
 from exactattn.testing import session
+from tests.optional import requires
 
 
 def test_names_are_unique_and_described():
@@ -67,7 +68,7 @@ def test_claims_of_the_built_in_targets():
 
 
 def test_unsupported_cases_are_skipped_with_reasons():
-    pytest.importorskip("torch", reason="needs torch (pip install 'exactattn[torch]')")
+    requires("torch")
     from exactattn.difftest.cases import Draw, build_case
 
     flash = targets.Variant(targets.get("sdpa-flash"), "float32")

@@ -78,6 +78,7 @@ class Row:
     expect: Raises | Works
     bug: str | None = None  # a strict xfail until the reported bug is fixed
     behaviour: str = ""  # the docs column (derived from expect when empty)
+    needs: tuple[str, ...] = ()  # optional packages the spoiled call needs (tests.optional)
 
 
 # --- how each public function is called -------------------------------------------------
@@ -605,6 +606,7 @@ ROWS: list[Row] = [
         PAIRWISE[:2] + BACKWARD[:2],
         lambda a: a.with_(k=_torch_tensor(a.k)),
         Raises(TypeError, r"inputs mix number systems \(q: numpy, k: torch"),
+        needs=("torch",),
     ),
     Row(
         "mixed-mpmath",
@@ -635,6 +637,7 @@ ROWS: list[Row] = [
         Works(_same_as(_causal_same)),
         behaviour="works: the mask adopts the inputs' array system (fixed during this work; "
         "regression: tests/regressions/mask_of_another_array_system.py)",
+        needs=("torch",),
     ),
     Row(
         "dtype-int",
@@ -745,6 +748,7 @@ ROWS: list[Row] = [
         _torch_views,
         Works(_same_as(_torch_contiguous)),
         behaviour="works; same result as contiguous tensors",
+        needs=("torch",),
     ),
     # --- masks ----------------------------------------------------------------------------------
     Row(
@@ -791,6 +795,7 @@ ROWS: list[Row] = [
         ("attention",),
         _torch_predicate_numpy,
         Raises(TypeError, r"mask predicate"),
+        needs=("torch",),
     ),
     Row(
         "mask-type",

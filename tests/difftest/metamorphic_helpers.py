@@ -12,6 +12,7 @@ import pytest
 from exactattn.difftest.cases import Case
 from exactattn.targets import Variant
 from exactattn.testing.reference import bounds, compute
+from tests.optional import requires
 
 NAMES = ("y", "dq", "dk", "dv")
 
@@ -41,6 +42,7 @@ def allowance(unit: Variant, case: Case) -> dict[str, np.ndarray]:
     """Per-entry bound on |output − exact| for this unit (2× the first-order bound)."""
     if unit.target.options.get("enclosure"):
         return {n: np.zeros(np.shape(_like(case, n))) for n in NAMES}
+    requires("flint")
     ref = compute(case, {n: getattr(case, n) for n in "qkvg"})
     return {n: b for n, b in bounds(unit, ref).bound.items() if n in NAMES}
 

@@ -14,9 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.optional import requires
+
 from .catalogue import ROWS, Raises, applicable, call, good
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "bad_inputs.md"
+
+
+def _needs(name: str) -> tuple[str, ...]:
+    """Optional packages calling public function ``name`` needs."""
+    return ("torch",) if name.startswith("torch.") else ()
 
 
 def _param(row, name):
@@ -27,8 +34,7 @@ def _param(row, name):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize(("row", "name"), [_param(r, n) for r, n in applicable()])
 def test_catalogue_row(row, name):
-    if name == "torch.attention" or row.id in ("mixed-systems", "mask-other-system"):
-        pytest.importorskip("torch")
+    requires(*row.needs, *_needs(name))
     base = good()
     if isinstance(row.expect, Raises):
         with pytest.raises(row.expect.error, match=row.expect.pattern):
@@ -50,13 +56,12 @@ def test_row_ids_are_unique_and_every_row_applies_somewhere():
     assert all(row.functions for row in ROWS)
 
 
-def test_good_inputs_work_on_every_function():
+@pytest.mark.parametrize("name", sorted({n for _, n in applicable()}))
+def test_good_inputs_work_on_every_function(name):
     """The baseline the rows spoil is itself accepted (so each row tests only its spoil)."""
-    for name in {n for _, n in applicable()}:
-        if name == "torch.attention":
-            pytest.importorskip("torch")
-        out = call(name, good())
-        items = out if isinstance(out, tuple) else (out,)
-        for item in items:
-            x = item.detach().numpy() if hasattr(item, "detach") else np.asarray(item)
-            assert np.all(np.isfinite(x)), name
+    requires(*_needs(name))
+    out = call(name, good())
+    items = out if isinstance(out, tuple) else (out,)
+    for item in items:
+        x = item.detach().numpy() if hasattr(item, "detach") else np.asarray(item)
+        assert np.all(np.isfinite(x)), name

@@ -13,13 +13,21 @@ import numpy as np
 import pytest
 
 from exactattn import targets
-from exactattn.difftest import cli
+from exactattn.commands import difftest as cli
 from exactattn.difftest.cases import Case, Draw, build_case
 from exactattn.difftest.check import check_case
 from exactattn.difftest.runner import run, save_failures, search
+from tests.optional import requires
+
+
+@pytest.fixture
+def certified_reference():
+    """The difftest judges against the certified reference, which needs python-flint."""
+    requires("flint")
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.usefixtures("certified_reference")
 def test_a_short_run_over_every_backend_is_clean():
     report, names, _ = run(24, seed=3, jobs=1)
     assert report.examples >= 24
@@ -59,6 +67,7 @@ def _broken() -> _Broken:
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.usefixtures("certified_reference")
 def test_a_wrong_backend_is_found_shrunk_and_saved(tmp_path):
     report = search([_broken()], examples=40, seed=0)
     assert len(report.failures) == 1
@@ -80,5 +89,26 @@ def test_cli_lists_the_targets(capsys):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.usefixtures("certified_reference")
 def test_ci_profile_300_examples_is_clean():
     assert cli.main(["--examples", "300", "--seed", "0"]) == 0
+
+
+@pytest.mark.usefixtures("certified_reference")
+def test_the_reference_is_the_definition_with_dropout_and_a_mask():
+    """The reference takes the case's allowed set and ρ = r/(1 − p) from the keep-bits:
+    every value of the mathematical definition (300-bit witness) lies in its interval."""
+    import mpmath
+
+    from exactattn.difftest import reference
+    from tests.precision.test_certified import witness
+
+    case = build_case(Draw((2,), 4, 5, 3, 2, 2, mask={"kind": "padding"}, dropout_p=0.25, seed=7))
+    values = reference.compute(case, case.q, case.k, case.v, case.g)
+    keep = reference.keep_bits(case)
+    assert keep is not None and 0 < keep.mean() < 1
+    point = witness(case.q, case.k, case.v, case.g, allowed=case.allowed(), keep=keep, p=0.25)
+    with mpmath.workprec(400):
+        for name in ("y", "dq", "dk", "dv"):
+            inside = np.frompyfunc(lambda a, b, r: abs(a - b) <= r, 3, 1)
+            assert all(inside(values.mid[name], point[name], values.rad[name]).flat), name

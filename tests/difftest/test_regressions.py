@@ -22,6 +22,7 @@ import pytest
 from exactattn import targets
 from exactattn.difftest.cases import Case
 from exactattn.testing.check import Options, check_case
+from tests.optional import requires
 
 FOLDER = Path(__file__).resolve().parents[1] / "regressions"
 
@@ -51,6 +52,7 @@ def test_replay(path: Path):
     if path.suffix == ".py":
         _load_py(path).replay()
         return
+    requires("flint")
     data = json.loads(path.read_text())
     expect = data["expect"]
     names = [expect["target"], *expect.get("also", [])]

@@ -13,6 +13,7 @@ import pytest
 
 from exactattn.backends import emulated_backend as eb
 from exactattn.backends.emulated_backend import EmulatedFormat, round_to_format
+from tests.optional import requires
 
 from .spec import edge_values, mpmath_round, same_bits, spec_round
 
@@ -84,7 +85,7 @@ def test_special_values_pass_and_zero_keeps_its_sign():
 
 
 def test_torch_tensors_round_bit_for_bit_like_numpy_arrays():
-    torch = pytest.importorskip("torch")
+    torch = requires("torch")
     rng = np.random.default_rng(2)
     for p, exponent in [(2, None), (11, 5), (8, 8), (24, None), (52, 11)]:
         for mode in MODES:

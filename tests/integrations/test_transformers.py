@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
+from tests.optional import requires
 
-import exactattn.integrations.transformers as hf_exact  # noqa: E402
-from exactattn.torch import exact_sdpa  # noqa: E402
+torch = requires("torch")
+requires("transformers")
 
-from .hf_models import MODELS, build, generated, outputs  # noqa: E402
+import exactattn.integrations.transformers as hf_exact
+from exactattn.torch import exact_sdpa
+
+from .hf_models import MODELS, build, generated, outputs
 
 U32 = torch.finfo(torch.float32).eps / 2
 U64 = torch.finfo(torch.float64).eps / 2

@@ -12,6 +12,10 @@ from exactattn.precision import fp8
 from exactattn.precision.bound import bound_ratio, forward_bound
 from exactattn.precision.configs import available, get_config, to_float64
 from exactattn.precision.inputs import make_inputs
+from tests.optional import requires
+
+requires("flint")
+
 from exactattn.precision.reference import certified_reference
 
 
@@ -30,7 +34,9 @@ def test_config_registry():
 
 def test_torch_rows_plug_in_when_the_backend_imports():
     ok, why = available("torch-bf16")
-    torch_backend = pytest.importorskip("exactattn.backends.torch_backend")
+    requires("torch")
+    from exactattn.backends import torch_backend
+
     assert ok, why
     ctx = get_config("torch-fa2-bf16").make_ctx()
     assert isinstance(ctx, torch_backend.TorchContext)
@@ -38,7 +44,7 @@ def test_torch_rows_plug_in_when_the_backend_imports():
 
 
 def test_fp8_quantisation_is_per_tensor_and_on_the_grid():
-    torch = pytest.importorskip("torch")
+    torch = requires("torch")
     x = make_inputs("fa3-outliers", 64, 16, seed=0)["q"]
     xq = fp8.quantize_per_tensor(x, "e4m3")
     scale = np.abs(x).max() / 448.0

@@ -1,15 +1,16 @@
-"""Bug: a non-real sympy entry fails deep inside with sympy's own message.
+"""Fixed bug: a non-real sympy entry failed deep inside with sympy's own message.
 
-``exactattn.attention`` over sympy object arrays holding ``sympy.I`` ends in
+``exactattn.attention`` over sympy object arrays holding ``sympy.I`` ended in
 ``ValueError: The argument 'I' is not comparable.`` (raised by ``sympy.Max`` in the running
-max), which names neither the argument nor the rule. NumPy complex arrays are refused up
-front ("q has dtype complex128").
+max), which named neither the argument nor the rule. NumPy complex arrays were already
+refused up front ("q has dtype complex128").
 
-Expected: ``TypeError`` naming ``q`` and saying entries must be real.
+Expected, and checked by :func:`replay` so the bug cannot return: ``TypeError`` naming
+``q`` and saying entries must be real.
 
-Fix (core, ``backends.sympy_backend``): a ``SympyContext.asarray`` (or ``_convert``) that
-raises ``TypeError(f"... entries must be real; got {x}")`` when ``expr.is_real is False``
-(``is_real is None`` — an unconstrained symbol — stays allowed, as the proofs need).
+Fixed in the core (``backends.sympy_backend``): an entry whose ``is_extended_real`` is
+``False`` is refused ("entries must be real"); free symbols (``None``) and ±oo (the ``m``
+of ⊥ in retained statistics) stay allowed, as the proofs need.
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
-"""Bug: empty object arrays crash with an unrelated AttributeError.
+"""Fixed bug: empty object arrays crashed with an unrelated AttributeError.
 
 ``exactattn.attention(np.empty((0, 3), object), ...)`` — an object array with no element
-to tell its number system — ends in ``AttributeError: 'NoneType' object has no attribute
-'name'`` (``backend_of`` takes the "empty" kind for NumPy and builds
+to tell its number system — ended in ``AttributeError: 'NoneType' object has no attribute
+'name'`` (``backend_of`` took the "empty" kind for NumPy and built
 ``NumpyContext(None)``).
 
-Expected: a result (an empty ``y`` of shape (0, v)) or a TypeError naming ``q`` and asking
-for ``backend=``.
+Expected, and checked by :func:`replay` so the bug cannot return: a result (an empty
+``y`` of shape (0, v)) or a TypeError naming ``q`` and asking for ``backend=``.
 
-Fix (core, ``backends.backend_of``): when every argument is an empty object array, use
-``NumpyContext(np.float64)`` (``dtype = ... or np.float64``), or raise TypeError("q is an
-empty object array: pass backend=... to choose its number system").
+Fixed in the core (``backends.backend_of``): when every argument is an empty object array,
+the context is ``NumpyContext(np.float64)``.
 """
 
 from __future__ import annotations

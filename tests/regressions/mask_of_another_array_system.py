@@ -1,17 +1,17 @@
-"""Fixed bug: a NumPy mask with torch inputs (or a torch mask with NumPy inputs) crashes inside.
+"""Fixed bug: a NumPy mask with torch inputs (or a torch mask with NumPy inputs) crashed inside.
 
 ``exactattn.attention(q, k, v, mask=allowed)`` with torch tensors and a NumPy boolean
-``allowed`` ends in torch's own ``TypeError: where() received an invalid combination of
-arguments``; NumPy inputs with a torch mask end in ``any() received an invalid combination``;
+``allowed`` ended in torch's own ``TypeError: where() received an invalid combination of
+arguments``; NumPy inputs with a torch mask in ``any() received an invalid combination``;
 a NumPy ``key_padding`` with torch inputs in ``'<' not supported between ... Tensor and
-numpy.ndarray``. None names the mask. (``exactattn.torch.attention`` converts the mask.)
+numpy.ndarray``. None named the mask. (``exactattn.torch.attention`` already converted the
+mask.)
 
-Expected: the mask is moved to the inputs' array system (as ``exactattn.torch`` does with
-``_on_device``), or a TypeError naming ``mask`` and both systems.
+Expected, and checked by :func:`replay` so the bug cannot return: the mask is moved to the
+inputs' array system, or a TypeError names ``mask`` and both systems.
 
-Fix (core, ``api._prepare``): after ``as_mask``, convert a ``Dense`` / ``KeyPadding`` mask's
-array with the context (``torch.as_tensor(x, device=ctx.device)`` for torch, ``np.asarray``
-for NumPy/object contexts) — e.g. a ``Mask.to(ctx)`` hook reused by ``exactattn.torch``.
+Fixed by the lead (``Mask.adopt``): a mask's caller-owned arrays adopt the context's array
+system and device.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from __future__ import annotations
 import numpy as np
 
 import exactattn as ea
+from tests.optional import requires
 
 OPEN = None  # fixed by the lead (Mask.adopt) while this work was under way; replay stays
 
 
 def replay() -> None:
-    import torch
+    torch = requires("torch")
 
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((3, 4, 2))

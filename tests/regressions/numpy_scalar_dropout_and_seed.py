@@ -1,13 +1,15 @@
-"""Bug: NumPy scalars for ``dropout_p`` and ``seed`` are refused with a wrong message.
+"""Fixed bug: NumPy scalars for ``dropout_p`` and ``seed`` were refused with a wrong message.
 
-``attention(..., dropout_p=np.float32(0.25), seed=np.int64(3))`` raises
-``ValueError: dropout_p must be a number in [0, 1); got np.float32(0.25)`` — the value is a
-number in [0, 1); ``seed=np.int64(3)`` likewise ("must be an integer"). ``block_size``
-accepts NumPy integers, and values read from arrays or configs are often NumPy scalars.
+``attention(..., dropout_p=np.float32(0.25), seed=np.int64(3))`` raised
+``ValueError: dropout_p must be a number in [0, 1); got np.float32(0.25)`` — although the
+value is a number in [0, 1); ``seed=np.int64(3)`` likewise ("must be an integer").
+``block_size`` accepted NumPy integers, and values read from arrays or configs are often
+NumPy scalars.
 
-Expected: the same result as with ``float(dropout_p)`` and ``int(seed)``.
+Expected, and checked by :func:`replay` so the bug cannot return: the same result as with
+``float(dropout_p)`` and ``int(seed)``.
 
-Fix (core, ``dropout.make_dropout`` and ``Dropout.__post_init__``): test with
+Fixed in the core (``dropout.make_dropout`` and ``Dropout.__post_init__``): the checks use
 ``numbers.Real`` / ``numbers.Integral`` (still refusing ``bool``) and store
 ``float(dropout_p)``, ``int(seed)``.
 """

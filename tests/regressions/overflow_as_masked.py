@@ -1,21 +1,21 @@
-"""Bug: float16 scores that overflow to −∞ are taken for masked keys.
+"""Fixed bug: float16 scores that overflowed to −∞ were taken for masked keys.
 
 ``s_ij = c·q_i·k_j`` is computed in the compute type; in float16 ``300·(−300) = −9e4``
 overflows to ``−∞``, the value the algorithm reserves for ``j ∉ A_i``. A row whose every
-score overflows negatively then looks like an empty allowed set: the default policy raises
-the misleading ``ValueError: query rows with no allowed key``, and with
-``empty_rows='zero'`` the call silently returns ``y = 0`` where the exact answer is 2
+score overflowed negatively then looked like an empty allowed set: the default policy
+raised the misleading ``ValueError: query rows with no allowed key``, and with
+``empty_rows='zero'`` the call silently returned ``y = 0`` where the exact answer is 2
 (the softmax puts all weight on the larger score, key 1, whose value is 2). A scale that
-itself overflows the compute type (``scale=1e5`` in float16) does the same.
+itself overflowed the compute type (``scale=1e5`` in float16) did the same.
 
 Found by ``exactattn difftest`` (numpy[float16], large logits; shrunk case in
-``overflow_as_masked.json``). Expected: the correct value, or a FloatingPointError naming
-the overflow — never "no allowed key", never a silent 0.
+``overflow_as_masked.json``). Expected, and checked by :func:`replay` so the bug cannot
+return: the correct value, or a FloatingPointError naming the overflow — never "no allowed
+key", never a silent 0.
 
-Fix (core): in ``algorithm.tile_scores`` (before applying the mask) raise
-``FloatingPointError`` when ``ctx.any(ctx.nonfinite(s))`` for a finite-input, non-exact
-context, and in ``validation.check_scale`` reject a scale that is not finite once converted
-with ``ctx.scalar`` ("scale 1e5 overflows float16; use a wider compute dtype").
+Fixed in the core (``validation``): a row left at ⊥ although the mask allows keys in it
+raises ``FloatingPointError`` naming the overflowed rows, and ``check_scale`` rejects a
+scale that is not finite in the compute type.
 """
 
 from __future__ import annotations

@@ -1,19 +1,18 @@
-"""Bug: the backward does not check ``stats``; tampered statistics give silent wrong numbers.
+"""Fixed bug: the backward did not check ``stats``; tampered statistics gave silent wrong numbers.
 
 ``attention_backward(q, k, v, y, stats, g)`` recomputes ``p_ij = e^{s_ij − m_i}/ℓ_i`` from
-the given ``stats.m``, ``stats.l``. With ``stats.m = +∞`` every ``p`` is 0 and the call
-returns all-zero gradients without a word; with ``stats.l`` NaN or 0 it raises
+the given ``stats.m``, ``stats.l``. With ``stats.m = +∞`` every ``p`` was 0 and the call
+returned all-zero gradients without a word; with ``stats.l`` NaN or 0 it raised
 ``FloatingPointError: dq is not finite although the inputs are ... overflowed``, which
-blames the arithmetic for a bad argument.
+blamed the arithmetic for a bad argument.
 
-Expected: ``ValueError`` naming ``stats.m`` / ``stats.l`` when ``m`` is NaN or +∞, or ``ℓ``
-is not finite and positive on a row with finite ``m``.
+Expected, and checked by :func:`replay` so the bug cannot return: ``ValueError`` naming
+``stats.m`` / ``stats.l`` when ``m`` is NaN or +∞, or ``ℓ`` is not finite and positive on a
+row with finite ``m``. (Statistics of another call with the same shapes cannot be told
+apart without recomputation.)
 
-Fix (core, ``api._check_backward_inputs``): after the shape checks, when ``check_finite``:
-``bad_m = ctx.nonfinite(m) & ~ctx.is_neg_inf(m)`` → ValueError("stats.m contains NaN or
-+inf ..."); ``bad_l = ~ctx.is_neg_inf(m) & (ctx.nonfinite(l) | (l <= 0))`` →
-ValueError("stats.l must be finite and > 0 on rows with an allowed key ..."). (Statistics
-of another call with the same shapes cannot be told apart without recomputation.)
+Fixed in the core: the backward's input checks call ``validation.check_stats`` (numeric
+contexts, ``check_finite=True``).
 """
 
 from __future__ import annotations

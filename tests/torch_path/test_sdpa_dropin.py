@@ -11,14 +11,16 @@ import math
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
 
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention.bias import causal_lower_right, causal_upper_left  # noqa: E402
+torch = requires("torch")
 
-import exactattn.torch as et  # noqa: E402
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
-from .helpers import assert_close, qkv, randn  # noqa: E402
+import exactattn.torch as et
+
+from .helpers import assert_close, qkv, randn
 
 TOL = {torch.float64: 1e-12, torch.float32: 3e-5}
 

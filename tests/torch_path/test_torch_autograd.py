@@ -5,16 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+torch = requires("torch")
 
-import exactattn  # noqa: E402
-import exactattn.torch as et  # noqa: E402
-from exactattn import masks  # noqa: E402
-from exactattn.torch import passes  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from .helpers import assert_close, qkv, randn  # noqa: E402
+import exactattn
+import exactattn.torch as et
+from exactattn import masks
+from exactattn.torch import passes
+
+from .helpers import assert_close, qkv, randn
 
 
 @pytest.fixture

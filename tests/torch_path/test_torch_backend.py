@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
 
-from exactattn import algorithm, masks  # noqa: E402
-from exactattn.backends import NumpyContext, backend_of  # noqa: E402
-from exactattn.backends.torch_backend import TorchContext  # noqa: E402
+torch = requires("torch")
 
-from .helpers import assert_close, qkv  # noqa: E402
+from exactattn import algorithm, masks
+from exactattn.backends import NumpyContext, backend_of
+from exactattn.backends.torch_backend import TorchContext
+
+from .helpers import assert_close, qkv
 
 
 # --- the precision policy -------------------------------------------------------------------

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
 
-import exactattn.torch as et  # noqa: E402
-from exactattn import masks  # noqa: E402
-from exactattn.backends.torch_backend import TorchContext  # noqa: E402
-from exactattn.torch import dispatch  # noqa: E402
+torch = requires("torch")
 
-from .helpers import qkv  # noqa: E402
+import exactattn.torch as et
+from exactattn import masks
+from exactattn.backends.torch_backend import TorchContext
+from exactattn.torch import dispatch
+
+from .helpers import qkv
 
 N_Q, N_K, BATCH = 6, 9, (2, 3)
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
 
-import exactattn  # noqa: E402
-import exactattn.torch as et  # noqa: E402
-from exactattn.dropout import Dropout  # noqa: E402
+torch = requires("torch")
 
-from .helpers import assert_close, qkv, randn  # noqa: E402
+import exactattn
+import exactattn.torch as et
+from exactattn.dropout import Dropout
+
+from .helpers import assert_close, qkv, randn
 
 SEEDS = [0, 1, 2**32 - 1, 2**32, 2**63 + 12345, 2**64 - 1]
 

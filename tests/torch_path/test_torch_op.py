@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
 
-import torch.nn.functional as F  # noqa: E402
+torch = requires("torch")
 
-import exactattn.torch as et  # noqa: E402
-from exactattn import masks  # noqa: E402
-from exactattn.torch import op  # noqa: E402
+import torch.nn.functional as F
 
-from .helpers import assert_close, qkv, randn  # noqa: E402
+import exactattn.torch as et
+from exactattn import masks
+from exactattn.torch import op
+
+from .helpers import assert_close, qkv, randn
 
 SHAPES = ((2, 4, 6, 8), (2, 2, 7, 8), (2, 2, 7, 5))  # GQA, cross attention, v != d
 

@@ -7,13 +7,15 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
 
-import exactattn.torch as et  # noqa: E402
-from exactattn import masks  # noqa: E402
-from exactattn.torch import passes  # noqa: E402
+torch = requires("torch")
 
-from .helpers import assert_close, qkv, randn  # noqa: E402
+import exactattn.torch as et
+from exactattn import masks
+from exactattn.torch import passes
+
+from .helpers import assert_close, qkv, randn
 
 
 def _naive(q, k, v, bias=None, cap=None, allowed=None):

@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
 
-import torch.nn.functional as F  # noqa: E402
+torch = requires("torch")
 
-import exactattn.torch as et  # noqa: E402
+import torch.nn.functional as F
 
-from .helpers import assert_close, qkv, randn, value_and_grads  # noqa: E402
+import exactattn.torch as et
+
+from .helpers import assert_close, qkv, randn, value_and_grads
 
 # (q shape, k shape, v shape): batch·heads, self and cross attention, v != d, ragged blocks
 SHAPES = {

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+from tests.optional import requires
 
-from exactattn import bench_torch  # noqa: E402
+requires("torch")
+
+from exactattn.commands import bench_torch
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,16 +17,17 @@ import importlib
 import os
 import sys
 
+import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the Triton kernel tests need torch")
+from tests.optional import requires
+
+torch = requires("torch")
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
-triton = pytest.importorskip("triton", reason="the Triton kernel tests need triton")
-
-import numpy as np  # noqa: E402
+triton = requires("triton")
 
 
 def _patch_interpreter_bf16_dot() -> None:

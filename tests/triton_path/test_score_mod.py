@@ -13,7 +13,10 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
+
+from tests.optional import requires
+
+torch, _ = requires("torch", "triton")
 
 from .score_spec import U_ACC, UNIT_ROUNDOFF, allowed_pairs, assert_close, expected, tolerance
 

@@ -25,10 +25,12 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 import exactattn
 from exactattn import masks
+from tests.optional import requires
+
+torch, _ = requires("torch", "triton")
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 U_ACC = UNIT_ROUNDOFF[torch.float32]

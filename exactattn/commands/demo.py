@@ -14,9 +14,9 @@ import time
 import numpy as np
 import sympy
 
-from . import api, masks
-from .backends import MpmathContext, SympyContext
-from .proofs.symbolic import all_equal
+from .. import api, masks
+from ..backends import MpmathContext, SympyContext
+from ..proofs.symbolic import all_equal
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:

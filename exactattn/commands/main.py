@@ -19,8 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", default=None, help="also write the proof certificate here")
     args = parser.parse_args(argv)
 
-    from .precision.cli import main as sweep
-    from .proofs.cli import main as prove
+    from ..precision.cli import main as sweep
+    from .prove import main as prove
 
     print("== exactattn prove ==", flush=True)
     proved = prove([] if args.report is None else ["--report", args.report])

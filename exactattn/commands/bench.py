@@ -5,7 +5,7 @@ reverse pass (median of ``--repeats`` runs, interleaved so machine noise hits bo
 measures each one's peak Python-heap allocation with :mod:`tracemalloc` (NumPy reports its
 array buffers to tracemalloc). Ratios are tiled / naive: below 1 means the tiled code wins.
 
-    python -m exactattn.bench --n 1024 2048 4096 8192 16384 --dtype float32 float64
+    exactattn bench --n 1024 2048 4096 8192 16384 --dtype float32 float64
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .api import attention, attention_backward, naive_attention, naive_attention_backward
+from ..api import attention, attention_backward, naive_attention, naive_attention_backward
 
 
 def _passes(q, k, v, g, block_size) -> dict[str, Callable[[], Any]]:

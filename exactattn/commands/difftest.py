@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from .check import KNOWN_BUGS
-from .runner import run, save_failures
-from .targets import discover
+from ..difftest.check import KNOWN_BUGS
+from ..difftest.runner import run, save_failures
+from ..difftest.targets import discover
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.examples < 1:
         print("exactattn difftest: --examples must be >= 1")

@@ -141,14 +141,13 @@ def peak_memory(
     """Run :func:`_memory_child` in a fresh interpreter; returns the bytes it reports."""
     spec = dict(impl=impl, shape=list(shape), dtype=dtype, threads=threads, block_size=block_size)
     spec["pass"] = pass_
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "exactattn.bench_torch", "--memory-child", json.dumps(spec)],
-        capture_output=True, text=True, env=env, check=True,
-    )  # fmt: skip
+    child = [sys.executable, "-m", "exactattn.commands.bench_torch", "--memory-child"]
+    child.append(json.dumps(spec))
+    out = subprocess.run(child, capture_output=True, text=True, env=env, check=True)
     return int(json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"])
 
 
