@@ -116,7 +116,8 @@ class Case:
         """The mask as the library's :class:`~exactattn.masks.Mask` (None for ``none``).
 
         ``like``: a torch tensor to put arrays on. Document ids become a ``mask_mod(b, h,
-        i, j)`` written from their definition (ids per element of the first batch axis).
+        i, j)`` written from their definition (ids per element of the first batch axis) for a
+        torch call, their dense table otherwise.
         """
         return self._lower(self.mask, like)
 
@@ -132,7 +133,9 @@ class Case:
             )
         if kind == "padding":
             return masks.key_padding(self._array(spec["lengths"], like, "int64"))
-        if kind == "dense":
+        if kind == "dense" or (kind == "document" and like is None):
+            # a mask_mod is evaluated on torch index tensors (FlexAttention's): a NumPy call
+            # gets the document mask as its dense table, so checking it imports no torch
             n = self.sizes
             table = maskspec.allowed(spec, self.batch, n["n_q"], n["n_k"])
             return masks.dense(self._array(table, like, "bool"))
