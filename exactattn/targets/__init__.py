@@ -207,8 +207,8 @@ class Variant:
             return quantize_per_tensor(x, fmt)
         return hold(x, fmt)
 
-    def bound_block(self, case: Any) -> int:
-        """The key-block size the tolerance assumes for ``case``."""
+    def bound_block(self, case: Any) -> int | None:
+        """The key-block size the tolerance assumes for ``case`` (None: the worst case)."""
         if self.target.options.get("exact_block"):
             return case.block_size
         return self.claim.bound_block(case.sizes["n_k"])

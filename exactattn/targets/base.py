@@ -94,10 +94,10 @@ class Claim:
             acc=self.acc or source,
         )
 
-    def bound_block(self, n_k: int) -> int:
-        """The block size the bound assumes for ``n_k`` keys."""
+    def bound_block(self, n_k: int) -> int | None:
+        """The block size the bound assumes for ``n_k`` keys (None: unstated, the worst case)."""
         if self.block is None:
-            return 1
+            return None
         return max(n_k, 1) if self.block == NAIVE_BLOCK else self.block
 
     def as_text(self) -> str:

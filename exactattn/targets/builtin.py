@@ -101,6 +101,7 @@ def config_target(name: str) -> Target:
             "difftest": quantize is None
             and (backend != "mpmath" or int(storage[1:]) in DIFFTEST_MP),
             "exact_block": True,
+            "reverse": (("ml", "gy"),),  # the tiled reverse: frozen m, ℓ; δ = G·Y
         },
         family=family,
     )
@@ -124,7 +125,12 @@ def _naive_numpy() -> Target:
         caps=base.caps,
         claim=Claim(input="float32", block=0),
         description="numpy naive (materialising) attention in float32",
-        options={**base.options, "path": "naive", "exact_block": False},
+        options={
+            **base.options,
+            "path": "naive",
+            "exact_block": False,
+            "reverse": (("ml", "rowsum"),),
+        },  # fmt: skip
         family="numpy",
     )
 
@@ -188,7 +194,12 @@ def _exactattn_torch() -> Target:
         claim=Claim(),  # resolved per dtype: see fa2_claim
         description="exactattn.torch.attention (generic path; FA-2 policy for fp16/bf16)",
         requires=("torch",),
-        options={"keywords": {"impl": "generic"}, "fa2_policy": True, "exact_block": True},
+        options={
+            "keywords": {"impl": "generic"},
+            "fa2_policy": True,
+            "exact_block": True,
+            "reverse": (("lse", "gy"),),  # exactattn.torch freezes lse (ℓ = 1)
+        },
         family="torch",
     )
 
@@ -241,6 +252,7 @@ def _exactattn_triton() -> Target:
             "fa2_policy": True,
             "triton": True,
             "check": _triton_check,
+            "reverse": (("lse", "gy"),),
         },
         family="triton",
         rate=25,  # on the CPU (the interpreter is slow); every case on CUDA

@@ -66,7 +66,8 @@ def _sdpa(name: str, backend: str | None, description: str) -> Target:
         description=description,
         requires=("torch",),
         needs_cuda=cuda_only,
-        options={"backend": backend, "policy": policy, "block_by_device": {"cuda": None}},
+        options={"backend": backend, "policy": policy, "block_by_device": {"cuda": None}}
+        | ({"reverse": (("ml", "rowsum"),)} if backend == "math" else {}),  # naive autograd
     )
 
 
@@ -95,7 +96,11 @@ def _hf(name: str, module: str, function: str, mask: str, description: str) -> T
             empty_rows="an additive finfo.min mask averages every key of a row with none allowed",
         )
         claim = Claim(stats="float32", block=0)
-        options: dict[str, Any] = {"mask": "additive", "policy": "eager"}
+        options: dict[str, Any] = {
+            "mask": "additive",
+            "policy": "eager",
+            "reverse": (("ml", "rowsum"),),  # autograd through naive attention
+        }
     else:
         caps = Capabilities(dropout=OWN_DROPOUT)
         claim = SDPA_CLAIM

@@ -3,10 +3,9 @@
 An output passes when it has the expected shape (and dtype: the input's), is finite where
 the exact value is (``lse`` is ``−∞`` exactly on rows with no allowed key), and
 ``|out − ref| ≤ bound + rad_ref`` entrywise — the bound of the variant's claimed
-arithmetic (:func:`exactattn.testing.reference.bounds`), plus ``2^-53·|ref|`` and
-``2^-1074`` for rounding the reference to float64 when the comparison is in float64. Ball
-outputs (flint) pass when ``|mid − ref| ≤ rad + rad_ref + 2^-150|ref|``: the ball must
-enclose the exact value; finer-than-float64 outputs are compared in mpmath. A non-finite
+arithmetic (:func:`exactattn.testing.reference.bounds`); float outputs are measured against
+the reference's double-double midpoint, finer-than-float64 ones in mpmath. Ball outputs
+(flint) pass when ``|mid − ref| ≤ rad + rad_ref``: the ball must enclose the exact value. A non-finite
 output is *refused* (acceptable) only when the case's magnitudes reach the claimed
 formats' range.
 
@@ -69,18 +68,16 @@ def _mpf(e: Any) -> mpmath.mpf:
 _MPF = np.frompyfunc(_mpf, 1, 1)
 
 
-def _difference(out: Any, mid: np.ndarray, near: np.ndarray) -> tuple[np.ndarray, bool]:
-    """``|out − ref|`` as float64 and whether the comparison was in mpmath (fine)."""
+def _difference(out: Any, ball: Any, mid: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``|out − ref|`` as float64 and whether the comparison was in mpmath (fine): float
+    outputs against the double-double midpoint (:meth:`exactattn.certified.Ball.error`),
+    finer ones (mpf, longdouble) in mpmath."""
     arr = np.asarray(out)
-    fine = arr.dtype == object or arr.dtype == np.longdouble
-    if fine:
+    if arr.dtype == object or arr.dtype == np.longdouble:
         with mpmath.workprec(COMPARE_PREC):
             diff = np.frompyfunc(_distance, 2, 1)(_MPF(arr), mid)
         return np.asarray(diff, dtype=np.float64), True
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(arr.astype(np.float64) - near)
-    both_inf = np.isinf(arr) & np.isinf(near) & (np.sign(arr) == np.sign(near))
-    return np.where(both_inf, 0.0, diff), False
+    return ball.error(arr.astype(np.float64)), False
 
 
 def _distance(a: mpmath.mpf, b: mpmath.mpf) -> float:
@@ -131,10 +128,11 @@ def judge(
                     variant.name, "refused", text, dtype=variant.dtype, overflow_risk=True
                 )
             return _fail(finding, text)
-        diff, fine = _difference(out, ref.mid[name], near)
-        extra = ref.rad[name] + radius
-        extra = extra + (2.0**-150 * np.abs(near) if fine else 2.0**-53 * np.abs(near) + 2.0**-1074)
-        limit = extra if enclosure else allowed.bound[name] + extra
+        diff, fine = _difference(out, ref.balls[name], ref.mid[name])
+        # the radius of the reference (and of a ball output), and the float64 rounding of
+        # the difference itself (2^-52 of it, charged to the limit)
+        extra = ref.rad[name] + radius + (2.0**-150 if fine else 2.0**-100) * np.abs(near)
+        limit = (extra if enclosure else allowed.bound[name] + extra) * (1 + 2.0**-52)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = np.where(limit > 0, diff / limit, np.where(diff > 0, np.inf, 0.0))
         worst_here = float(np.max(ratio, initial=0.0))
@@ -164,8 +162,9 @@ def _fail(finding: Finding, detail: str) -> Finding:
 
 
 def _where(variant, case, name, at, got, ref: Reference, limit, radius) -> dict[str, Any]:
-    """Coordinates of the worst element: the output entry, its query row or key block."""
-    block = variant.bound_block(case)
+    """Coordinates of the worst element: the output entry, its query row or key block (of
+    the size the bound assumed; one key when the claim states none)."""
+    block = variant.bound_block(case) or 1
     out: dict[str, Any] = {
         "output": name,
         "index": list(at),

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..difftest import tolerance
+from ..bounds import number_format
 from ..difftest.cases import Case
 from .reference import bounds, compute
 
@@ -51,8 +51,8 @@ def probe(variant, p: float = 0.3, draws: int = 200, grads: bool = True) -> Prob
 
     result = ProbeResult(variant.name, p)
     dtype = variant.dtype
-    arith = tolerance.of_claim(variant.claim)
-    u = max(arith.u, arith.u_s, arith.u_p)  # the coarsest format the claim names
+    claim = variant.claim
+    u = max(2.0 ** -number_format(f).p for f in (claim.input, claim.scores, claim.stats, claim.p))
     n = 48
     eye = np.eye(n)[None, None]
     case = Case(

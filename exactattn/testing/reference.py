@@ -1,140 +1,163 @@
-"""The reference a target is judged against, and its derived tolerance, behind one adapter.
+"""The reference a target is judged against, and its derived tolerance, behind one adapter each.
 
-:func:`compute` is the only place the harness asks for the exact answer: today it calls
-:func:`exactattn.difftest.reference.compute` (naive attention over arb balls, or mpmath
-when python-flint is missing) on the case with grouped heads expanded; the certified module
-replacing it plugs in here. The case hands the reference its allowed set from the mask
-spec's definition (:meth:`~exactattn.difftest.cases.Case.allowed`) and its dropout factors
-``ρ = r/(1−p)`` by formula (:meth:`~exactattn.difftest.cases.Case.rho`).
+:func:`compute` is the only place the harness asks for the exact answer: the certified
+reference (:func:`exactattn.certified.certified_attention`, arb balls) of the case on the
+inputs exactly as the variant holds them — ``y``, ``lse`` and the gradients, grouped heads
+handled by the reference itself. The case hands it the allowed set from the mask spec's
+definition (:meth:`~exactattn.difftest.cases.Case.allowed`) and the keep-bits of the
+documented hash (:func:`exactattn.testing.spec.keep`), never the library's masks or dropout.
 
-The log-sum-exp reference is evaluated here in float64 with a derived radius: scores
-``ŝ = fl(c·q·k)`` with ``|ŝ − s| ≤ γ_{d+3}·|c|·Σ_r |q_ir||k_jr|`` (Higham §3.1), then
-``lse = m + log Σ e^{ŝ−m}`` with ``(n_k + 4)·2^-52`` relative error in the sum, log and
-add; ``lse`` moves by at most ``max_j |ŝ_ij − s_ij|`` when the scores move.
-
-:func:`bounds` is the one call into the first-order error bound
-(:func:`exactattn.difftest.tolerance.bounds`) for a variant's claimed arithmetic.
+:func:`bounds` is the only call into the error bound (:func:`exactattn.bounds.bounds`): the
+arithmetic a variant claims as an :class:`exactattn.bounds.Arith` (:func:`arith_of`), the
+reverse's structure where the target states it (frozen ``m, ℓ`` or ``lse``; ``δ = G·Y`` or
+naive attention's row sum), else the larger of both. The bound assumes no overflow, so
+:func:`overflow_risk` says separately when a partial result may leave the claimed formats'
+range: an overflow error or a non-finite output is then accepted ("refused").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import mpmath
 import numpy as np
 
-from ..difftest import reference as difftest_reference
-from ..difftest import tolerance
+from .. import bounds as error_bounds
 from ..difftest.cases import Case
+from . import spec
 
 OUTPUTS = ("y", "lse", "dq", "dk", "dv")
-U64 = 2.0**-53
+REF_PREC = 160  # bits: far below the finest format judged (mpmath at 80 bits)
+REVERSES = (("ml", "gy"), ("lse", "gy"), ("ml", "rowsum"))  # (frozen stats, δ) a reverse uses
+LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+           "float64": 1.7976931348623157e308, "e4m3": 448.0, "e5m2": 57344.0}  # fmt: skip
 
 
 @dataclass
 class Reference:
-    """Per output: midpoints (mpf objects), radii and float64 nearest values.
-
-    ``values`` is the reference of the case with grouped heads expanded (what the bound
-    reads); ``dk``/``dv`` here are summed over each group.
-    """
+    """Per output: the certified balls' midpoints (exact mpf), radii and nearest float64."""
 
     mid: dict[str, np.ndarray]
     rad: dict[str, np.ndarray]
     near: dict[str, np.ndarray]
-    values: Any
-    expanded: Case
+    balls: Any  # the Enclosure (double-double midpoints: Ball.error)
+    case: Case
     held: dict[str, np.ndarray]
-    group: int
 
 
-def expand(case: Case, held: dict[str, np.ndarray]) -> tuple[Case, dict[str, np.ndarray]]:
-    """The case and its held arrays with ``k, v`` repeated to one head per query head."""
-    group = case.group
-    arrays = dict(held)
-    if group > 1:
-        arrays["k"], arrays["v"] = (np.repeat(held[x], group, axis=-3) for x in "kv")
-    return replace(case, **arrays), arrays
+def keep_bits(case: Case) -> np.ndarray | None:
+    """The keep-bits ``r`` of the case's dropout, from their definition (None without)."""
+    if not case.dropout_p:
+        return None
+    n = case.sizes
+    return spec.keep(case.dropout_p, case.seed, case.batch, n["n_q"], n["n_k"])
 
 
 def compute(case: Case, held: dict[str, np.ndarray]) -> Reference:
-    """The reference for ``case`` on the inputs exactly as held (see the module docstring)."""
-    wide, arrays = expand(case, held)
-    values = difftest_reference.compute(wide, arrays["q"], arrays["k"], arrays["v"], arrays["g"])
-    mid = dict(values.mid)
-    rad = dict(values.rad)
-    near = {name: getattr(values, name) for name in ("y", "dq", "dk", "dv")}
-    lse, lse_rad = _lse(wide, arrays["q"], arrays["k"])
-    with mpmath.workprec(200):
-        mid["lse"] = np.frompyfunc(mpmath.mpf, 1, 1)(lse).astype(object)
-    rad["lse"], near["lse"] = lse_rad, lse
-    if case.group > 1:
-        for name in ("dk", "dv"):
-            mid[name], rad[name], near[name] = _group_sum(
-                mid[name], rad[name], case.group, getattr(case, name[1]).shape
-            )
-    return Reference(mid, rad, near, values, wide, arrays, case.group)
+    """The certified reference for ``case`` on the inputs exactly as held."""
+    from ..difftest.reference import require
 
-
-def _group_sum(mid: np.ndarray, rad: np.ndarray, group: int, shape: tuple[int, ...]):
-    """Sum the expanded heads of each group: exactly in mpmath (200 bits), radii added."""
-    split = (*shape[:-3], shape[-3], group, *shape[-2:])
-    with mpmath.workprec(200):
-        total = mid.reshape(split).sum(axis=-3)
-    radius = rad.reshape(split).sum(axis=-3) * (1 + 2.0**-50) + 2.0**-190 * np.abs(
-        total.astype(np.float64)
+    enclosure = require()(
+        held["q"],
+        held["k"],
+        held["v"],
+        held["g"],
+        scale=case.scale,
+        allowed=case.allowed(),
+        keep=keep_bits(case),
+        dropout_p=case.dropout_p,
+        prec=REF_PREC,
+        enable_gqa=case.group > 1,
     )
-    return total, radius, total.astype(np.float64)
+    mid, rad, near = {}, {}, {}
+    with mpmath.workprec(REF_PREC + 64):
+        for name in OUTPUTS:
+            ball = enclosure[name]
+            mid[name], rad[name] = ball.mpf(), ball.rad
+            with np.errstate(invalid="ignore"):
+                near[name] = ball.hi + ball.lo
+    return Reference(mid, rad, near, enclosure, case, held)
 
 
-def _lse(case: Case, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float64 ``lse`` and a bound on its error (see the module docstring)."""
-    allowed = case.allowed()
-    c = case.c()
-    d, n_k = q.shape[-1], k.shape[-2]
-    kt = np.swapaxes(k, -1, -2)
-    s = np.where(allowed, c * (q @ kt), -np.inf)
-    gamma = (d + 3) * U64 / (1 - (d + 3) * U64)
-    err = np.where(allowed, gamma * abs(c) * (np.abs(q) @ np.abs(kt)), 0.0)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        m = s.max(axis=-1) if n_k else np.full(s.shape[:-1], -np.inf)
-        finite = np.isfinite(m)
-        shift = np.where(finite, m, 0.0)
-        log_ell = np.log(np.sum(np.exp(s - shift[..., None]), axis=-1))
-        lse = np.where(finite, shift + log_ell, -np.inf)
-        radius = err.max(axis=-1, initial=0.0) + (n_k + 4) * 2 * U64 * (1 + np.abs(lse))
-    return lse, np.where(finite, 2 * radius, 0.0)
+def arith_of(variant: Any, case: Case) -> error_bounds.Arith:
+    """The :class:`~exactattn.bounds.Arith` a variant claims, at its key-block size.
+
+    exactattn's own IEEE and mpmath configurations: their context's arithmetic
+    (:meth:`Arith.of_context`); every other target: its claim (the coarser of the score
+    and statistics formats computes, ``p`` — and in the reverse ``p`` and ``γ`` — is cast
+    when it is coarser, as FlashAttention-2's kernels do; outputs are in the input format).
+    """
+    target = variant.target
+    block = variant.bound_block(case)
+    if target.convention == "api" and target.options.get("backend") in ("numpy", "torch", "mpmath"):
+        return error_bounds.Arith.of_context(target.options["ctx"](), block=block)
+    claim = variant.claim
+    fmt = error_bounds.number_format
+    compute = max((fmt(claim.scores), fmt(claim.stats)), key=lambda f: f.u)
+    p = fmt(claim.p) if fmt(claim.p).u > compute.u else None
+    return error_bounds.Arith(
+        input=fmt(claim.input),
+        compute=compute,
+        acc=fmt(claim.acc) if fmt(claim.acc).u >= compute.u else compute,
+        output=fmt(claim.input),
+        p=p,
+        grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs
+        block=block,
+    )
 
 
 @dataclass
 class Allowed:
-    """The tolerance of one variant on one case: per-output bounds, and whether an
-    intermediate may leave the claimed formats' range (then an error is acceptable)."""
+    """The tolerance of one variant on one case: per-output bounds, and whether a partial
+    result may leave the claimed formats' range (then an overflow is acceptable)."""
 
     bound: dict[str, np.ndarray]
     overflow_risk: bool
 
 
 def bounds(variant: Any, ref: Reference) -> Allowed:
-    """The derived bound of ``variant``'s claimed arithmetic (the one call into the bound)."""
-    case = replace(ref.expanded, block_size=variant.bound_block(ref.expanded))
-    arith = tolerance.of_claim(variant.claim)
-    with np.errstate(all="ignore"):  # an infinite bound is a vacuous one, not an error
-        b = tolerance.bounds(case, ref.held["q"], ref.held["k"], ref.values, arith)
-    out = {"y": b.y, "lse": b.lse, "dq": b.dq, "dk": b.dk, "dv": b.dv}
-    group = ref.group
-    if group > 1:
-        for name in ("dk", "dv"):
-            parts = out[name].reshape(_split(out[name].shape, group))
-            terms = np.abs(getattr(ref.values, name)).reshape(parts.shape)
-            gamma = (group - 1) * arith.u / (1 - (group - 1) * arith.u)
-            out[name] = parts.sum(axis=-3) + 2 * gamma * terms.sum(axis=-3)
-    return Allowed(out, b.overflow_risk)
+    """The bound of ``variant``'s claimed arithmetic on ``ref``'s case (the one call)."""
+    case, held = ref.case, ref.held
+    arith = arith_of(variant, case)
+    reverses = variant.target.options.get("reverse", REVERSES)
+    keywords = dict(
+        scale=case.scale,
+        allowed=case.allowed(),
+        rho=case.rho() if case.dropout_p else None,
+        enable_gqa=case.group > 1,
+        row_block=case.sizes["n_q"] if variant.target.options.get("backend") == "numpy" else None,
+    )
+    found = [
+        error_bounds.bounds(arith, *(held[x] for x in "qkvg"), stats=s, delta=d, **keywords)
+        for s, d in reverses
+    ]
+    bound = {name: np.maximum.reduce([b[name] for b in found]) for name in found[0]}
+    return Allowed(bound, overflow_risk(arith, case, held))
 
 
-def _split(shape: tuple[int, ...], group: int) -> tuple[int, ...]:
-    return (*shape[:-3], shape[-3] // group, group, *shape[-2:])
+def overflow_risk(arith: error_bounds.Arith, case: Case, held: dict[str, np.ndarray]) -> bool:
+    """Whether a partial sum the target forms may reach a quarter of the largest finite
+    number of a format it claims (scores, ``p·V``, ``G·V``, the gradient products)."""
+    formats = [arith.input, arith.compute, arith.acc] + ([arith.p] if arith.p else [])
+    largest = min(LARGEST.get(f.name, np.inf) for f in formats)
+    if not np.isfinite(largest):
+        return False
+    q, k, v, g = (np.abs(held[x]) for x in "qkvg")
+    if case.group > 1:
+        k, v = (np.repeat(x, case.group, axis=-3) for x in (k, v))
+    c, rho = abs(case.c()), 1 / (1 - case.dropout_p)
+    qk = q @ np.swapaxes(k, -1, -2)
+    gv = g @ np.swapaxes(v, -1, -2)
+    worst = max(
+        c,
+        float(qk.max(initial=0.0)) * max(c, 1.0),
+        float(v.sum(axis=-2).max(initial=0.0)) * rho,
+        float(gv.max(initial=0.0)) * rho,
+        float(gv.max(initial=0.0)) * rho * c * float(np.maximum(q.sum(-2), k.sum(-2)).max()),
+        float(max(q.max(initial=0.0), g.max(initial=0.0))),
+    )
+    return worst >= largest / 4
 
 
 def scale_of(x: np.ndarray) -> float:
@@ -144,9 +167,7 @@ def scale_of(x: np.ndarray) -> float:
 
 
 def _format(fmt: str) -> Any:
-    from ..precision.formats import get_format
-
-    return get_format({"longdouble": "float64"}.get(fmt, fmt))
+    return error_bounds.number_format(fmt)
 
 
 def relative_error(error: np.ndarray, ref: np.ndarray, fmt: str = "float64") -> float:

@@ -24,7 +24,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import Flaky, Unsatisfiable
 
 from ..difftest.cases import Case, Draw, build_case
 from .judge import Finding
@@ -176,6 +176,8 @@ def _search_once(judge_case, active, strategy, budget, seed, report, progress, s
         hypothesis_seed(seed)(property_)()  # reproducible from --seed
     except UnitFailed as error:
         return last[str(error)], state["ran"], False
+    except Flaky:  # a nondeterministic unit failed once and not on replay: keep what it did
+        return next(iter(last.values()), None), state["ran"], False
     except Unsatisfiable:
         pass
     except KeyboardInterrupt:  # keep a failure found before the interrupt (maybe unshrunk)

@@ -57,16 +57,16 @@ def _expand(x, heads, bug):
 def forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, bug=None):
     """``(y, lse)`` of the tiled kernel (lse in float32)."""
     dtype = q.dtype
-    k, v = _expand(k, q.shape[-3], bug), _expand(v, q.shape[-3], bug)
     n_k, d = k.shape[-2], q.shape[-1]
     c = (1 / d if bug == "wrong-scale" else 1 / math.sqrt(d)) if scale is None else scale
     wide = torch.float16 if bug == "fp16-accumulation" else torch.float32
     if bug == "dq-scale-in-backward":
         q = _ScaleGrad.apply(q, c)
-    # one cast each, so the gradients of q, k, v accumulate over the key blocks in fp32 (as
-    # FlashAttention-2's do) and round to the dtype once
+    # one cast each, so the gradients of q, k, v accumulate over the key blocks (and a GQA
+    # group's heads) in fp32, as FlashAttention-2's do, and round to the dtype once
     q, k = q.to(torch.float32), k.to(torch.float32)
     v = v.to(wide)
+    k, v = _expand(k, q.shape[-3], bug), _expand(v, q.shape[-3], bug)
     allowed = _allowed(q, k, attn_mask, is_causal, bug)
     m = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32)
     l = torch.zeros(q.shape[:-1], dtype=wide)

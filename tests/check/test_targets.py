@@ -40,7 +40,7 @@ def test_claims_parse_and_resolve():
     assert claim == Claim("float16", "float32", "float32", "float16", "float32", 128)
     assert Claim.parse(claim.as_text()) == claim
     assert Claim().resolve("bfloat16") == Claim(*["bfloat16"] * 5, None)
-    assert Claim().bound_block(50) == 1 and Claim(block=0).bound_block(50) == 50
+    assert Claim().bound_block(50) is None and Claim(block=0).bound_block(50) == 50
     for bad in ("input=fp12", "speed=fast", "block=big", "scores"):
         with pytest.raises(ValueError):
             Claim.parse(bad)
