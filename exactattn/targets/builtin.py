@@ -130,7 +130,7 @@ def _naive_numpy() -> Target:
             "path": "naive",
             "exact_block": False,
             "reverse": (("ml", "rowsum"),),
-        },  # fmt: skip
+        },
         family="numpy",
     )
 

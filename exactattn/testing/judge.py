@@ -5,7 +5,8 @@ the exact value is (``lse`` is ``−∞`` exactly on rows with no allowed key), 
 ``|out − ref| ≤ bound + rad_ref`` entrywise — the bound of the variant's claimed
 arithmetic (:func:`exactattn.testing.reference.bounds`); float outputs are measured against
 the reference's double-double midpoint, finer-than-float64 ones in mpmath. Ball outputs
-(flint) pass when ``|mid − ref| ≤ rad + rad_ref``: the ball must enclose the exact value. A non-finite
+(flint) pass when ``|mid − ref| ≤ rad + rad_ref``: the ball must enclose the exact value.
+A non-finite
 output is *refused* (acceptable) only when the case's magnitudes reach the claimed
 formats' range.
 
