@@ -16,6 +16,7 @@ from exactattn import masks
 from exactattn.difftest.cases import Case
 from exactattn.difftest.runner import search
 from exactattn.difftest.targets import discover
+from tests.optional import requires
 
 
 def _old_window_row_span(left, right, offset, a, e, n_q, ops=masks.INT):
@@ -33,6 +34,7 @@ def _old_or_row_span(self, cols, geometry):
 @pytest.mark.slow  # ~8 s: up to three short searches
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_the_historical_or_masks_bug_is_found(monkeypatch):
+    requires("flint")  # the certified reference
     monkeypatch.setattr(masks, "window_row_span", _old_window_row_span)
     monkeypatch.setattr(masks.Or, "row_span", _old_or_row_span)
     units, _ = discover(["np-fp64"])
