@@ -93,7 +93,7 @@ def test_a_built_in_target_passes_a_short_check(name):
     why = targets.unavailable(target)
     if why is not None:
         pytest.skip(f"{name}: {why}")
-    settings = session.Settings(examples=25, max_n=10, determinism=False, probes=False)
+    settings = session.Settings(examples=40, max_n=10, determinism=False, probes=False)
     result = session.run([target], settings)
     assert not result.report.failures, [f.detail for f, _ in result.report.failures]
     assert sum(c["ok"] for c in result.report.counts.values()) >= 5
