@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prove": ("exactattn.commands.prove", "symbolic proofs that the tiled code is exact"),
     "sweep": ("exactattn.precision.cli", "precision sweeps against the certified reference"),
     "difftest": ("exactattn.commands.difftest", "differential tests across backends"),
+    "check": (
+        "exactattn.commands.check",
+        "any attention implementation against the certified reference",
+    ),
     "bench": ("exactattn.commands.bench", "NumPy tiled vs naive: time and peak memory"),
     "bench-torch": ("exactattn.commands.bench_torch", "torch CPU: ours vs SDPA"),
 }
