@@ -15,7 +15,7 @@ from .backends import resolve_backend
 from .backends.base import Array, ArrayContext
 from .dropout import make_dropout
 from .masks import Geometry, Mask, as_mask
-from .scores import ScoreMod, chain
+from .scores import ScoreMod, chain, score_fn
 from .scores import bias as as_bias
 from .scores import softcap as as_softcap
 
@@ -74,6 +74,7 @@ def _prepare(
     seed: Any,
     bias: Any,
     softcap: Any,
+    score_mod: Any,
     enable_gqa: Any,
     empty_rows: str,
     check_finite: bool,
@@ -100,6 +101,7 @@ def _prepare(
     score_mod = chain(
         None if softcap is None else as_softcap(validation.check_softcap(ctx, softcap)),
         None if bias is None else as_bias(bias).adopt(ctx),
+        None if score_mod is None else score_fn(score_mod).adopt(ctx),
     )
     if score_mod is not None:
         score_mod.validate(geometry)
@@ -191,6 +193,7 @@ _DEFAULTS = dict(
     seed=None,
     bias=None,
     softcap=None,
+    score_mod=None,
     enable_gqa=False,
     backend=None,
     empty_rows="error",
@@ -210,6 +213,7 @@ def attention(
     seed: int | None = None,
     bias: Any = None,
     softcap: Any = None,
+    score_mod: Any = None,
     enable_gqa: bool = False,
     return_stats: bool = False,
     backend: Any = None,
@@ -221,12 +225,15 @@ def attention(
     Scores ``s_ij = c·q_i·k_j``, soft-capped to ``cap·tanh(s/cap)`` when ``softcap`` is
     given, plus ``bias_ij`` when ``bias`` is given (an array broadcastable to
     ``(*batch, n_q, n_k)``, ``−inf`` entries excluded, or ``fn(b, h, i, j)`` evaluated per
-    tile). Shapes ``q (..., n_q, d)``, ``k (..., n_k, d)``, ``v (..., n_k, v)``; leading
-    dims broadcast; with ``enable_gqa`` axis −3 is the head axis and ``H_kv`` key/value
-    heads serve ``H = g·H_kv`` query heads (head ``h`` reads ``h // g``). ``scale`` is ``c``
-    (default ``1/sqrt(d)``), ``block_size`` is ``b`` (any ``b >= 1`` gives the same exact
-    result), ``mask`` a :class:`~exactattn.masks.Mask`, a boolean array, a predicate
-    ``(i, j) -> bool`` or a ``mask_mod(b, h, i, j)``. ``dropout_p > 0`` needs ``seed``.
+    tile), then ``score_mod(s, b, h, i, j)`` when given (FlexAttention's signature, any
+    function of the score: see :class:`~exactattn.scores.ScoreFn`; on backends other than
+    torch write it with operators and :mod:`exactattn.ops`). Shapes ``q (..., n_q, d)``,
+    ``k (..., n_k, d)``, ``v (..., n_k, v)``; leading dims broadcast; with ``enable_gqa``
+    axis −3 is the head axis and ``H_kv`` key/value heads serve ``H = g·H_kv`` query heads
+    (head ``h`` reads ``h // g``). ``scale`` is ``c`` (default ``1/sqrt(d)``),
+    ``block_size`` is ``b`` (any ``b >= 1`` gives the same exact result), ``mask`` a
+    :class:`~exactattn.masks.Mask`, a boolean array, a predicate ``(i, j) -> bool``, a
+    ``mask_mod(b, h, i, j)`` or a torch ``BlockMask``. ``dropout_p > 0`` needs ``seed``.
     Returns ``y`` or ``(y, stats)`` with ``stats.m``, ``stats.l``, ``stats.lse``.
     ``empty_rows='zero'`` gives ``y = 0`` and ``lse = −∞`` for rows with no allowed key
     (default: ``ValueError``).
@@ -239,6 +246,7 @@ def attention(
         seed=seed,
         bias=bias,
         softcap=softcap,
+        score_mod=score_mod,
         enable_gqa=enable_gqa,
         backend=backend,
         empty_rows=empty_rows,

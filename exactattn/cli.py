@@ -22,11 +22,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "exactattn.commands.demo",
         "the tiled algorithm on NumPy, mpmath and sympy vs naive",
     ),
-    # prove and sweep keep their command modules in their packages until they move here
-    # (exactattn.commands.prove, exactattn.commands.sweep): then only these lines change.
-    "prove": ("exactattn.proofs.cli", "symbolic proofs that the tiled code is exact"),
+    # sweep keeps its command module in its package until it moves here
+    # (exactattn.commands.sweep): then only that line changes.
+    "prove": ("exactattn.commands.prove", "symbolic proofs that the tiled code is exact"),
     "sweep": ("exactattn.precision.cli", "precision sweeps against the certified reference"),
     "difftest": ("exactattn.commands.difftest", "differential tests across backends"),
+    "check": (
+        "exactattn.commands.check",
+        "any attention implementation against the certified reference",
+    ),
     "bench": ("exactattn.commands.bench", "NumPy tiled vs naive: time and peak memory"),
     "bench-torch": ("exactattn.commands.bench_torch", "torch CPU: ours vs SDPA"),
 }

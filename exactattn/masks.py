@@ -14,6 +14,13 @@ attention the algorithm runs the heads as ``(H_kv, g)`` (:attr:`Geometry.group` 
 ``h = h_kv·g + g_i`` is still the logical head, and masks holding arrays over the logical
 batch split their head axis with :meth:`Geometry.split_heads`.
 
+FlexAttention's mods (:class:`MaskMod`, also what its ``and_masks``/``or_masks`` return)
+are called with torch int64 index tensors on every backend (:func:`call_mod`), so a mod
+that indexes torch tensors (``doc[b, q_idx] == doc[b, kv_idx]``) runs on NumPy, mpmath,
+flint and sympy too; its boolean tile is converted to the backend's arrays. A torch
+``BlockMask`` is a mask too (:class:`FlexBlockMask`): its mask_mod, with its block structure
+checked against that mask_mod before the structure classifies any tile.
+
 Structure, the way FlexAttention's block mask has it: :meth:`Mask.classify` tells whether a
 tile is EMPTY (skipped: its scores are never computed), FULL (the predicate is not
 evaluated) or PARTIAL, for every batch element and head at once; :meth:`Mask.row_span`
@@ -31,6 +38,8 @@ the last query sees every key.
 from __future__ import annotations
 
 import enum
+import functools
+import importlib
 import inspect
 import math
 import sys
@@ -152,6 +161,10 @@ class IntOps:
     def or_(a: Any, b: Any) -> Any:
         return a or b
 
+    @staticmethod
+    def where(cond: Any, a: Any, b: Any) -> Any:
+        return a if cond else b
+
 
 INT = IntOps()
 
@@ -207,6 +220,11 @@ def window_row_span(left, right, offset, a, e, n_q, ops: Any = INT) -> tuple[Any
 def padding_tile_kind(shortest: Any, longest: Any, a: Any, e: Any) -> tuple[Any, Any]:
     """``(empty, full)`` of keys ``[a, e)`` under ``j < length``, lengths in [shortest, longest]."""
     return longest <= a, shortest >= e
+
+
+def padding_row_span(longest: Any, a: Any, n_q: Any, ops: Any = INT) -> tuple[Any, Any]:
+    """``(start, stop)``: every row when some length reaches past ``a``, none otherwise."""
+    return 0, ops.where(longest <= a, 0, n_q)
 
 
 # --- the lowered form the fused kernels take ----------------------------------------------
@@ -408,7 +426,7 @@ class KeyPadding(Mask):
         return TileKind.EMPTY if empty else TileKind.FULL if full else TileKind.PARTIAL
 
     def row_span(self, cols: range, geometry: Geometry) -> range:
-        return range(0 if int(self.lengths.max()) <= cols.start else geometry.n_q)
+        return range(*padding_row_span(int(self.lengths.max()), cols.start, geometry.n_q))
 
     def lower(self, geometry: Geometry) -> Band | None:
         shape = _prefix_of_batch("key_padding lengths", tuple(self.lengths.shape), geometry)
@@ -521,13 +539,103 @@ class Predicate(Mask):
 
 @dataclass(frozen=True, eq=False)
 class MaskMod(Mask):
-    """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> bool``, on broadcast index arrays."""
+    """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> bool``, evaluated per tile.
+
+    The mod sees FlexAttention's index tensors (:func:`call_mod`: torch int64 on every
+    backend), and its boolean tile comes back in the arrays of ``ctx`` (set by
+    :meth:`adopt`; without it, those of the tile's index arrays).
+    """
 
     fn: Callable[[Any, Any, Any, Any], Any]
+    ctx: Any = None
+
+    def adopt(self, ctx: Any) -> MaskMod:
+        return MaskMod(self.fn, ctx)
 
     def allowed(self, index: TileIndex, geometry: Geometry) -> Any:
-        out = self.fn(index.b, index.h, index.i, index.j)
-        return _checked_tile(out, "mask_mod", index, geometry)
+        out = call_mod(self.fn, "mask_mod", index)
+        if not hasattr(out, "dtype"):
+            out = np.asarray(out)
+        if "bool" not in str(out.dtype):
+            raise TypeError(
+                f"mask_mod must return a boolean array; got dtype {out.dtype} from "
+                f"{mod_name(self.fn)} on the tile {describe_tile(index)}"
+            )
+        check_tile_shape(tuple(out.shape), "mask_mod", index, geometry)
+        if self.ctx is not None:
+            return self.ctx.adopt(out)
+        return _in_library_of(out, index.i)
+
+
+# --- calling FlexAttention's mods ------------------------------------------------------------
+def mod_name(fn: Any) -> str:
+    """How an error names a user's mod: its qualified name, or its repr."""
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def describe_tile(index: TileIndex) -> str:
+    rows, cols = index.rows, index.cols
+    return f"rows {rows.start}..{rows.stop - 1} × keys {cols.start}..{cols.stop - 1}"
+
+
+@functools.cache
+def _torch() -> Any:
+    """torch, imported on the first mod evaluated (None when it is not installed)."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError:
+        return None
+
+
+def flex_indices(index: TileIndex) -> tuple[Any, Any, Any, Any]:
+    """``(b, h, q_idx, kv_idx)`` as FlexAttention's mods take them: torch int64 tensors
+    (on the tile's device for torch tiles, else on the CPU); the tile's own int64 arrays
+    when torch is not installed. Shapes as in :class:`TileIndex`."""
+    arrays = (index.b, index.h, index.i, index.j)
+    torch = _torch()
+    if torch is None or isinstance(index.i, torch.Tensor):
+        return arrays
+    return tuple(torch.as_tensor(x) for x in arrays)
+
+
+def _numpy_indices(index: TileIndex) -> tuple[Any, Any, Any, Any]:
+    arrays = (index.b, index.h, index.i, index.j)
+    return tuple(np.asarray(x.cpu()) if hasattr(x, "cpu") else x for x in arrays)
+
+
+def call_mod(fn: Callable[..., Any], what: str, index: TileIndex, *score: Any) -> Any:
+    """``fn(*score, b, h, q_idx, kv_idx)`` on one tile, with :func:`flex_indices`.
+
+    A mod written for NumPy arrays that cannot take torch tensors (it raises TypeError,
+    e.g. ``numpy_array & tensor``) is evaluated with NumPy int64 arrays instead, so mods
+    written either way run. An index out of range inside the mod is reported with the
+    mod's name and the tile.
+    """
+    try:
+        try:
+            return fn(*score, *flex_indices(index))
+        except TypeError as error:
+            from .ops import TorchFunctionOnScore
+
+            if isinstance(error, TorchFunctionOnScore) or _torch() is None:
+                raise
+            try:
+                return fn(*score, *_numpy_indices(index))
+            except TypeError:
+                raise error from None
+    except IndexError as error:
+        raise IndexError(
+            f"{what} {mod_name(fn)} indexed out of range on the tile {describe_tile(index)} "
+            f"(batch×heads {tuple(np.shape(index.b))[:-2]}): {error}"
+        ) from error
+
+
+def _in_library_of(out: Any, like: Any) -> Any:
+    """``out`` (NumPy or torch) as an array of ``like``'s library (and device)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        return torch.as_tensor(out, device=like.device)
+    return np.asarray(out.cpu()) if hasattr(out, "cpu") else np.asarray(out)
 
 
 def _library(x: Any) -> str:
@@ -647,6 +755,179 @@ def or_masks(*masks: Any) -> Mask:
     return Or(_as_masks(masks, "or_masks"))
 
 
+# --- FlexAttention's BlockMask -----------------------------------------------------------------
+BLOCK_EMPTY, BLOCK_PARTIAL, BLOCK_FULL = 0, 1, 2
+_NO_OP_BLOCK_SIZE = 1 << 30  # FlexAttention's "no mask" BlockMask (one huge block)
+
+
+@dataclass(frozen=True, eq=False)
+class FlexBlockMask(Mask):
+    """A torch ``BlockMask`` (``create_block_mask``): its mask_mod, and its block structure.
+
+    ``classes`` holds, for each ``(b, h, query block, key block)`` of ``BLOCK_SIZE =
+    (Q_BLOCK, KV_BLOCK)``, whether the BlockMask lists the block as FULL
+    (``full_kv_indices``: the mask_mod is skipped there), PARTIAL (``kv_indices``: the
+    mask_mod decides) or EMPTY (listed nowhere: skipped). ``b`` and ``h`` axes of size 1
+    broadcast. :meth:`validate` checks the sizes and that the structure agrees with the
+    mask_mod on every block it calls FULL or EMPTY (FlexAttention would silently compute
+    with the structure); after that the tiles use the structure for :meth:`classify` and
+    :meth:`row_span` and the mask_mod for PARTIAL tiles.
+    """
+
+    mod: MaskMod
+    classes: np.ndarray  # int8 (B_bm, H_bm, query blocks, key blocks)
+    block: tuple[int, int]
+    seq_lengths: tuple[int, int]
+    device: Any  # the BlockMask's: its mask_mod's tensors live there
+
+    def adopt(self, ctx: Any) -> FlexBlockMask:
+        return FlexBlockMask(
+            self.mod.adopt(ctx), self.classes, self.block, self.seq_lengths, self.device
+        )
+
+    def allowed(self, index: TileIndex, geometry: Geometry) -> Any:
+        return self.mod.allowed(index, geometry)
+
+    def _blocks(self, rows: range, cols: range) -> tuple[slice, slice]:
+        q, k = self.block
+        return (
+            slice(rows.start // q, (rows.stop - 1) // q + 1),
+            slice(cols.start // k, (cols.stop - 1) // k + 1),
+        )
+
+    def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
+        q_blocks, k_blocks = self._blocks(rows, cols)
+        sub = self.classes[..., q_blocks, k_blocks]
+        if (sub == BLOCK_EMPTY).all():
+            return TileKind.EMPTY
+        return TileKind.FULL if (sub == BLOCK_FULL).all() else TileKind.PARTIAL
+
+    def row_span(self, cols: range, geometry: Geometry) -> range:
+        _, k_blocks = self._blocks(range(0, 1), cols)
+        used = np.flatnonzero((self.classes[..., k_blocks] != BLOCK_EMPTY).any(axis=(0, 1, 3)))
+        if not len(used):
+            return range(0)
+        q = self.block[0]
+        return range(int(used[0]) * q, min(int(used[-1] + 1) * q, geometry.n_q))
+
+    def validate(self, geometry: Geometry) -> None:
+        if self.seq_lengths != (geometry.n_q, geometry.n_k):
+            raise ValueError(
+                f"block_mask was created for (Q_LEN, KV_LEN) = {self.seq_lengths}, but the "
+                f"inputs have n_q = {geometry.n_q}, n_k = {geometry.n_k}; create the BlockMask "
+                "for these lengths"
+            )
+        batch, heads = math.prod(geometry.batch[:-1]), geometry.heads
+        b_bm, h_bm = self.classes.shape[:2]
+        if b_bm not in (1, batch) or h_bm not in (1, heads):
+            raise ValueError(
+                f"block_mask was created for B = {b_bm}, H = {h_bm}, but the inputs have "
+                f"B = {batch} (the leading dims {geometry.batch[:-1]}) and H = {heads} query "
+                "heads; create it with B and H of the inputs (or 1 to broadcast)"
+            )
+        self._check_structure(geometry)
+
+    def _check_structure(self, geometry: Geometry) -> None:
+        """The mask_mod on every query-block row, against the FULL and EMPTY claims.
+
+        The index tensors are on the BlockMask's device; the tiles come back as NumPy.
+        """
+        from .backends import NumpyContext
+        from .backends.torch_backend import TorchContext
+
+        ctx = TorchContext(device=self.device)
+        mod = self.mod.adopt(NumpyContext())
+        q, k = self.block
+        n_blocks = self.classes.shape[-1]
+        bh = geometry.batch_head(ctx)
+        lead = (math.prod(geometry.batch[:-1]), geometry.heads)
+        for row in range(self.classes.shape[-2]):
+            rows = range(row * q, min((row + 1) * q, geometry.n_q))
+            index = tile_index(ctx, geometry, rows, range(geometry.n_k), bh)
+            tile = np.broadcast_to(
+                mod.allowed(index, geometry), (*geometry.tile_batch, len(rows), geometry.n_k)
+            )
+            tile = geometry.merge_heads(tile).reshape((*lead, len(rows), geometry.n_k))
+            pad = n_blocks * k - geometry.n_k
+            blocks = (*lead, len(rows), n_blocks, k)
+            some = np.pad(tile, [(0, 0)] * 3 + [(0, pad)]).reshape(blocks).any(axis=(2, 4))
+            every = np.pad(tile, [(0, 0)] * 3 + [(0, pad)], constant_values=True)
+            every = every.reshape(blocks).all(axis=(2, 4))
+            claims = np.broadcast_to(self.classes[:, :, row, :], some.shape)
+            for claim, wrong, says in (
+                (BLOCK_FULL, ~every, "FULL, but the mask_mod masks some of its pairs"),
+                (BLOCK_EMPTY, some, "EMPTY (not listed), but the mask_mod allows some pairs"),
+            ):
+                bad = np.argwhere((claims == claim) & wrong)
+                if len(bad):
+                    b, h, kv = (int(x) for x in bad[0])
+                    raise ValueError(
+                        f"block_mask's structure disagrees with its mask_mod "
+                        f"{mod_name(self.mod.fn)}: the block (b={b}, h={h}, query block {row}, "
+                        f"key block {kv}) of size {self.block} is {says} ({len(bad)} such "
+                        "blocks in this row); FlexAttention would follow the structure. "
+                        "Rebuild it with create_block_mask(mask_mod, ...)"
+                    )
+
+
+def _dense_blocks(num: Any, indices: Any, n_blocks: int, what: str) -> np.ndarray:
+    """``(…, rows, n_blocks)`` bool: block ``indices[…, r, :num[…, r]]`` of each row listed."""
+    num, indices = (np.asarray(x.detach().cpu()).astype(np.int64) for x in (num, indices))
+    listed = np.arange(indices.shape[-1]) < num[..., None]
+    if (num > indices.shape[-1]).any() or (listed & ((indices < 0) | (indices >= n_blocks))).any():
+        raise ValueError(
+            f"block_mask {what} name key blocks outside 0..{n_blocks - 1} (or more blocks "
+            f"than listed); KV_LEN and KV_BLOCK_SIZE give {n_blocks} key blocks"
+        )
+    dense = np.zeros((*indices.shape[:-1], n_blocks + 1), dtype=bool)
+    np.put_along_axis(dense, np.where(listed, indices, n_blocks), True, axis=-1)
+    return dense[..., :n_blocks]
+
+
+def from_block_mask(block_mask: Any) -> FlexBlockMask | None:
+    """A torch ``BlockMask`` as a mask (None for FlexAttention's no-op BlockMask).
+
+    Checks the BlockMask itself here (block sizes, block counts, indices); the sizes of a
+    call are checked by :meth:`FlexBlockMask.validate`.
+    """
+    q, k = block_mask.BLOCK_SIZE
+    if q == k == _NO_OP_BLOCK_SIZE:
+        return None
+    q_len, kv_len = (int(n) for n in block_mask.seq_lengths)
+    if min(q, k) < 1:
+        raise ValueError(f"block_mask has BLOCK_SIZE {block_mask.BLOCK_SIZE}; both must be >= 1")
+    n_rows, n_cols = -(-q_len // q), -(-kv_len // k)
+    shape = tuple(block_mask.kv_num_blocks.shape)
+    if len(shape) > 3 or shape[-1] != n_rows:
+        raise ValueError(
+            f"block_mask has kv_num_blocks of shape {shape}, but Q_LEN = {q_len} with "
+            f"Q_BLOCK_SIZE = {q} needs (B, H, {n_rows}): its block size does not match its "
+            "lengths"
+        )
+    classes = np.where(
+        _dense_blocks(block_mask.kv_num_blocks, block_mask.kv_indices, n_cols, "kv_indices"),
+        BLOCK_PARTIAL,
+        BLOCK_EMPTY,
+    ).astype(np.int8)
+    if block_mask.full_kv_num_blocks is not None:
+        full = _dense_blocks(
+            block_mask.full_kv_num_blocks, block_mask.full_kv_indices, n_cols, "full_kv_indices"
+        )
+        if (full & (classes == BLOCK_PARTIAL)).any():
+            raise ValueError("block_mask lists some blocks both in kv_indices and full_kv_indices")
+        classes = np.where(full, np.int8(BLOCK_FULL), classes)
+    classes = classes.reshape((1,) * (4 - classes.ndim) + classes.shape)
+    device = block_mask.kv_num_blocks.device
+    return FlexBlockMask(
+        from_mask_mod(block_mask.mask_mod), classes, (q, k), (q_len, kv_len), device
+    )
+
+
+def _is_block_mask(mask: Any) -> bool:
+    flex = sys.modules.get("torch.nn.attention.flex_attention")
+    return flex is not None and isinstance(mask, flex.BlockMask)
+
+
 def _positional_arity(fn: Callable) -> int | None:
     try:
         params = inspect.signature(fn).parameters.values()
@@ -657,16 +938,19 @@ def _positional_arity(fn: Callable) -> int | None:
 
 
 def as_mask(mask: Any) -> Mask | None:
-    """Accept ``None``, a :class:`Mask`, a boolean array (dense) or a callable: a predicate
-    ``(i, j)``, or FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)`` (four arguments)."""
+    """Accept ``None``, a :class:`Mask`, a boolean array (dense), a torch ``BlockMask`` or a
+    callable: a predicate ``(i, j)``, or FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``
+    (four arguments: also what FlexAttention's ``and_masks``/``or_masks`` return)."""
     if mask is None or isinstance(mask, Mask):
         return mask
+    if _is_block_mask(mask):
+        return from_block_mask(mask)
     if callable(mask):
         return from_mask_mod(mask) if _positional_arity(mask) == 4 else predicate(mask)
     if hasattr(mask, "shape") or isinstance(mask, (list, tuple)):
         return dense(mask)
     raise TypeError(
-        f"mask must be None, an exactattn.masks.Mask, a boolean array or a callable "
+        f"mask must be None, an exactattn.masks.Mask, a boolean array, a BlockMask or a callable "
         f"predicate(i, j) / mask_mod(b, h, q_idx, kv_idx); got {type(mask).__name__}"
     )
 

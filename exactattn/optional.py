@@ -22,6 +22,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "rich": ("rich", "sweep"),
     "dask": ("dask[distributed]", "dask"),
     "transformers": ("transformers", "hf"),
+    "z3": ("z3-solver", "proofs"),
 }
 
 

@@ -9,10 +9,15 @@ The scores of a tile are ``s = c·q_i·k_j``, then each modification in turn, th
   ``(*batch, n_q, n_k)``, sliced per tile (entries may be ``−∞``: that pair is excluded, as
   SDPA's float ``attn_mask`` does); its gradient ``∂L/∂B_ij`` is the ``γ_ij`` that reaches it;
 * :class:`BiasFn` — an additive bias ``fn(b, h, i, j)`` evaluated per tile on broadcast index
-  arrays (ALiBi slopes, relative-position tables), never materialised.
+  arrays (ALiBi slopes, relative-position tables), never materialised;
+* :class:`ScoreFn` — FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)``, any function
+  of the score; its derivative ``∂mod/∂s`` by torch autograd or by :mod:`exactattn.ops`'
+  dual numbers.
 
-:func:`chain` composes them; the public keywords build ``softcap`` then ``bias``, the order
-flash-attn and Gemma 2 use (soft-capping acts on the raw logits, then the mask is added).
+:func:`chain` composes them; the public keywords build ``softcap``, then ``bias``, then
+``score_mod``: soft-capping acts on the raw logits (the order flash-attn and Gemma 2 use),
+and a FlexAttention program given as one ``score_mod`` sees ``c·q·k`` when it is used alone,
+exactly as in FlexAttention.
 
 The reverse: with ``s' = mod(s)`` the upstream ``γ_ij = ∂L/∂s'_ij`` becomes
 ``γ_ij · ∂mod/∂s`` before ``dQ += c·γK`` and ``dK += c·γᵀQ``; each modification gives its
@@ -22,12 +27,25 @@ reverse order of the forward.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .masks import Geometry, TileIndex, _check_broadcasts, check_same_library, check_tile_shape
+from . import ops
+from .masks import (
+    Geometry,
+    TileIndex,
+    _check_broadcasts,
+    call_mod,
+    check_same_library,
+    check_tile_shape,
+    describe_tile,
+    mod_name,
+)
+from .ops import Dual, TorchFunctionOnScore
 
 
 @dataclass(frozen=True)
@@ -198,6 +216,142 @@ class _BiasFnTile(TileMod):
 
     def excluded(self) -> Any:
         return self.ctx.is_neg_inf(self.tile)
+
+
+# --- FlexAttention's score_mod ---------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class ScoreFn(ScoreMod):
+    """FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)``, evaluated per tile.
+
+    The index arguments are FlexAttention's index tensors (:func:`~exactattn.masks.call_mod`).
+    On torch the score is the tile tensor: the mod may call torch functions, and the reverse
+    takes ``γ·∂mod/∂s`` (and the gradients of ``params``, tensors the mod reads) from torch
+    autograd on the tile. On the other backends the score is an :class:`exactattn.ops.Dual`:
+    the mod is written with operators, constants and :mod:`exactattn.ops`, and the reverse
+    evaluates it once more on ``Dual(s, 1)``, whose tangent is ``∂mod/∂s``.
+
+    :meth:`TileMod.excluded` (the pairs sent to −∞, used only to tell an empty row from an
+    overflowed one) follows FlexAttention's ``create_mask`` for a score_mod: the mod at
+    score 0.
+    """
+
+    fn: Callable[..., Any]
+    params: tuple[Any, ...] = ()
+
+    def at(self, ctx: Any, index: TileIndex, geometry: Geometry) -> TileMod:
+        return _ScoreFnTile(self, ctx, index, geometry)
+
+    def gradients(self) -> dict[str, tuple[int, ...]]:
+        return {param_name(n): tuple(p.shape) for n, p in enumerate(self.params)}
+
+
+def param_name(n: int) -> str:
+    """The gradient name of a score_mod's ``n``-th parameter tensor."""
+    return f"score_mod.{n}"
+
+
+def score_fn(fn: Any, params: tuple[Any, ...] = ()) -> ScoreMod:
+    """A :class:`ScoreMod`, or FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)``."""
+    if isinstance(fn, ScoreMod):
+        return fn
+    if not callable(fn):
+        raise TypeError(
+            f"score_mod must be a callable score_mod(score, b, h, q_idx, kv_idx); got {fn!r}"
+        )
+    return ScoreFn(fn, tuple(params))
+
+
+def _torch_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+class _ScoreFnTile(TileMod):
+    def __init__(self, mod: ScoreFn, ctx: Any, index: TileIndex, geometry: Geometry):
+        self.mod, self.ctx, self.index, self.geometry = mod, ctx, index, geometry
+        self.s = None
+
+    def _call(self, score: Any) -> Any:
+        try:
+            return call_mod(self.mod.fn, "score_mod", self.index, score)
+        except TorchFunctionOnScore as error:
+            raise TypeError(
+                f"score_mod {mod_name(self.mod.fn)} calls torch.{error.function} on the score, "
+                f"which on {self.ctx.name} is not a torch tensor (tile "
+                f"{describe_tile(self.index)}): write it with exactattn.ops.{error.function} "
+                "(it dispatches on the score's type) or run on torch tensors"
+            ) from None
+
+    def _checked(self, out: Any, like: Any) -> Any:
+        """The mod's result on the tile ``like``: checked, as a tensor on torch, else a Dual."""
+        shape = tuple(like.shape)
+        if not isinstance(out, Dual) and "bool" in str(getattr(out, "dtype", type(out))):
+            raise TypeError(
+                f"score_mod {mod_name(self.mod.fn)} returned booleans; a score_mod returns "
+                "scores (a mask goes in mask= / block_mask=)"
+            )
+        got = tuple(out.shape) if hasattr(out, "shape") else np.shape(out)
+        try:
+            ok = np.broadcast_shapes(got, shape) == shape
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"score_mod {mod_name(self.mod.fn)} returned shape {got} for a score tile of "
+                f"shape {shape} (tile {describe_tile(self.index)}); a score_mod maps each "
+                "score to one score and must keep the shape"
+            )
+        if _torch_tensor(like):
+            return sys.modules["torch"].as_tensor(out, device=like.device)
+        return out if isinstance(out, Dual) else Dual(self.ctx, ops.constant(self.ctx, out))
+
+    def _evaluate(self, s: Any, tangent: Any = None) -> Any:
+        """The mod on the tile ``s``: a torch tensor, or a :class:`Dual` (tangent ``tangent``)."""
+        score = s if _torch_tensor(s) else Dual(self.ctx, s, tangent)
+        return self._checked(self._call(score), s)
+
+    def apply(self, s: Any) -> Any:
+        self.s = s
+        out = self._evaluate(s)
+        out = out.value if isinstance(out, Dual) else out
+        # A fresh tile of the score's type: the algorithm may overwrite it in place (e^{s−m}),
+        # and s is kept for the reverse.
+        if _torch_tensor(s):
+            return sys.modules["torch"].broadcast_to(out.to(s.dtype), s.shape).clone()
+        return np.array(np.broadcast_to(out, s.shape), dtype=s.dtype)
+
+    def pullback(self, gamma: Any, grads: dict[str, Any]) -> Any:
+        if _torch_tensor(self.s):
+            return self._torch_pullback(gamma, grads)
+        out = self._evaluate(self.s, self.ctx.scalar(1))
+        if out.tangent is None:  # the mod does not depend on the score
+            return gamma * self.ctx.scalar(0)
+        return gamma * out.tangent
+
+    def _torch_pullback(self, gamma: Any, grads: dict[str, Any]) -> Any:
+        """``γ·∂mod/∂s``, and ``Σ γ·∂mod/∂θ`` added into ``grads`` for the parameters θ
+        asked for, by autograd on the tile."""
+        torch = sys.modules["torch"]
+        named = ((param_name(n), p) for n, p in enumerate(self.mod.params))
+        wanted = [(name, p) for name, p in named if name in grads]
+        with torch.enable_grad():
+            s = self.s.detach().requires_grad_(True)
+            out = torch.broadcast_to(self._evaluate(s), s.shape)
+            if not out.requires_grad:  # depends on neither the score nor a parameter
+                return torch.zeros_like(gamma)
+            found = torch.autograd.grad(
+                out, [s, *(p for _, p in wanted)], gamma.to(out.dtype), allow_unused=True
+            )
+        for (name, _), grad in zip(wanted, found[1:]):
+            if grad is not None:
+                grads[name] += grad.to(grads[name].dtype)
+        return torch.zeros_like(gamma) if found[0] is None else found[0].to(gamma.dtype)
+
+    def excluded(self) -> Any:
+        shape = (*self.geometry.tile_batch, len(self.index.rows), len(self.index.cols))
+        out = self._evaluate(self.ctx.zeros(shape))
+        out = out.value if isinstance(out, Dual) else out
+        return self.ctx.is_neg_inf(self.ctx.broadcast_to(out, shape))
 
 
 # --- composition -----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""``python -m proofs`` (from a checkout) / ``python -m exactattn.proofs`` (installed)."""
+"""``python -m exactattn.proofs`` (installed) / ``python -m proofs`` (from a checkout)."""
 
 import sys
 
-from .cli import main
+from exactattn.commands.prove import main
 
 sys.exit(main(sys.argv[1:]))

@@ -8,7 +8,11 @@ failing comparison stops it. Verdicts:
 * ``PROVED``   every comparison passed the symbolic test (:mod:`.symbolic`);
 * ``REFUTED``  a comparison failed and a concrete counterexample was found (:mod:`.numeric`);
 * ``UNDECIDED`` a comparison was not proved but no counterexample was found, or the
-  expression left the decidable fragment — counted as a failure.
+  expression left the decidable fragment — counted as a failure;
+* ``FAILED``   the code under test (or the check) raised an exception: recorded with the
+  exception, never a crash of the run — counted as a failure;
+* ``SKIPPED``  the check needs an optional package that is not installed (the reason names
+  the extra): neither proved nor a failure — the certificate says what was not checked.
 
 A *mutant* obligation (``expect_refuted=True``) runs the same check on a deliberately
 broken variant of one step; it passes only when REFUTED.
@@ -16,20 +20,23 @@ broken variant of one step; it passes only when REFUTED.
 
 from __future__ import annotations
 
-import platform
 import sys
-import textwrap
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 import sympy
 
 from . import numeric, symbolic
+from .coverage import Coverage
 
-PROVED, REFUTED, UNDECIDED = "PROVED", "REFUTED", "UNDECIDED"
+PROVED, REFUTED, UNDECIDED, FAILED = "PROVED", "REFUTED", "UNDECIDED", "FAILED"
+SKIPPED = "SKIPPED"
+NO_TARGET = "NO TARGET"  # a mutant whose target is missing from the library
 
 
 class Refuted(Exception):
@@ -42,6 +49,22 @@ class Undecided(Exception):
     pass
 
 
+class Skipped(Exception):
+    """The check needs an optional package that is missing (the message names the extra)."""
+
+
+class NoTarget(Exception):
+    """A mutant's target does not exist in the library (renamed?): neither killed nor run."""
+
+
+class Killed(Exception):
+    """A mutant's probe did not prove, without a counterexample (UNDECIDED or FAILED)."""
+
+    def __init__(self, status: str, detail: str):
+        super().__init__(detail)
+        self.status = status
+
+
 @dataclass(frozen=True)
 class Obligation:
     family: str
@@ -49,6 +72,7 @@ class Obligation:
     sizes: str
     check: Callable[[], Any]
     expect_refuted: bool = False
+    coverage: tuple[Coverage, ...] = ()
 
 
 @dataclass
@@ -61,14 +85,18 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        wanted = REFUTED if self.obligation.expect_refuted else PROVED
-        return self.status == wanted
+        """PROVED (or SKIPPED); for a mutant, anything but PROVED (it was killed)."""
+        if self.status == SKIPPED:
+            return True
+        if self.obligation.expect_refuted:
+            return self.status not in (PROVED, NO_TARGET)
+        return self.status == PROVED
 
     def line(self) -> str:
         ob = self.obligation
         verdict = self.status
-        if ob.expect_refuted:
-            verdict += " (mutant killed)" if self.ok else " (MUTANT SURVIVED)"
+        if ob.expect_refuted and self.status != SKIPPED:
+            verdict += " (mutant killed)" if self.ok else " (MUTANT NOT KILLED)"
         text = f"{ob.family:<9} {ob.name:<58} {ob.sizes:<28} {self.seconds:7.2f}s  {verdict}"
         if self.counterexample is not None:
             text += f"\n{'':<12}counterexample: {self.counterexample.short()}"
@@ -83,19 +111,23 @@ def check_equal(what: str, lhs: Any, rhs: Any) -> None:
     lhs_a, rhs_a = np.asarray(lhs, dtype=object), np.asarray(rhs, dtype=object)
     if lhs_a.shape != rhs_a.shape:
         raise Undecided(f"{what}: shapes differ, {lhs_a.shape} vs {rhs_a.shape}")
-    for index in np.ndindex(lhs_a.shape):
+    try:
+        index = symbolic.first_difference(lhs_a, rhs_a)
+        if index is None:
+            return
+        reason = "the zero test did not reduce lhs − rhs to 0"
+        suspects = [index]
+    except symbolic.Unsupported as err:
+        reason = str(err)
+        suspects = list(np.ndindex(lhs_a.shape))
+    for index in suspects:
         a, b = lhs_a[index], rhs_a[index]
         label = f"{what}{list(index) if index else ''}"
-        try:
-            if symbolic.equal(a, b):
-                continue
-            reason = "the zero test did not reduce lhs − rhs to 0"
-        except symbolic.Unsupported as err:
-            reason = str(err)
         found = numeric.find_counterexample(label, a, b)
         if found is not None:
             raise Refuted(found)
-        raise Undecided(f"{label}: not proved ({reason}) and no counterexample found")
+    label = f"{what}{list(suspects[0]) if suspects[0] else ''}"
+    raise Undecided(f"{label}: not proved ({reason}) and no counterexample found")
 
 
 def check_nonpositive(what: str, expr: Any) -> None:
@@ -122,8 +154,16 @@ def run(obligations: Iterable[Obligation], stream: TextIO | str | None = "stdout
             outcome = Outcome(ob, PROVED, 0.0, detail=note or "")
         except Refuted as err:
             outcome = Outcome(ob, REFUTED, 0.0, counterexample=err.counterexample)
+        except Killed as err:
+            outcome = Outcome(ob, err.status, 0.0, detail=str(err))
+        except NoTarget as err:
+            outcome = Outcome(ob, NO_TARGET, 0.0, detail=str(err))
+        except Skipped as err:
+            outcome = Outcome(ob, SKIPPED, 0.0, detail=str(err))
         except (Undecided, symbolic.Unsupported) as err:
             outcome = Outcome(ob, UNDECIDED, 0.0, detail=str(err))
+        except Exception as err:  # the code under test raised: a verdict, not a crash
+            outcome = Outcome(ob, FAILED, 0.0, detail=_exception_text(err))
         outcome.seconds = time.perf_counter() - start
         outcomes.append(outcome)
         if stream is not None:
@@ -131,66 +171,21 @@ def run(obligations: Iterable[Obligation], stream: TextIO | str | None = "stdout
     return outcomes
 
 
+def _exception_text(err: Exception) -> str:
+    """``Type: message`` and where it was raised (the innermost frame)."""
+    frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+    where = f" (at {Path(frame.filename).name}:{frame.lineno} in {frame.name})" if frame else ""
+    return f"{type(err).__name__}: {err}{where}"
+
+
 def summary(outcomes: list[Outcome], seconds: float) -> str:
     failed = [o for o in outcomes if not o.ok]
     proved = sum(o.status == PROVED for o in outcomes if not o.obligation.expect_refuted)
     mutants = [o for o in outcomes if o.obligation.expect_refuted]
-    killed = sum(o.ok for o in mutants)
+    killed = sum(o.ok and o.status != SKIPPED for o in mutants)
+    skipped = sum(o.status == SKIPPED for o in outcomes)
     verdict = "ALL OK" if not failed else f"{len(failed)} FAILED"
     return (
         f"{len(outcomes)} obligations: {proved} proved, {killed}/{len(mutants)} mutants "
-        f"refuted, in {seconds:.1f}s — {verdict}"
+        f"killed{f', {skipped} skipped' if skipped else ''}, in {seconds:.1f}s — {verdict}"
     )
-
-
-def certificate(
-    outcomes: list[Outcome], seconds: float, theorems: dict[str, str], command: str
-) -> str:
-    """A markdown certificate readable without the code: theorems, method, verdicts."""
-    lines = [
-        "# exactattn proof certificate",
-        "",
-        f"Command: `{command}`  ",
-        f"Python {platform.python_version()}, sympy {sympy.__version__}, "
-        f"numpy {np.__version__}, {platform.machine()}  ",
-        f"Result: **{summary(outcomes, seconds)}**",
-        "",
-        "## Method",
-        "",
-        "Every obligation runs the library's own tiled code (`exactattn.algorithm`, through "
-        "the public API where it can) over the exact sympy backend, with symbols as inputs, "
-        "and compares what the code returned with the textbook formula (or with sympy's "
-        "derivative of it).",
-        "",
-        textwrap.dedent("\n\n".join(symbolic.__doc__.split("\n\n")[1:4])).strip(),
-        "",
-        "A REFUTED verdict carries a concrete point (rational inputs) at which the two sides "
-        "evaluate, in 30-digit mpmath arithmetic, to different numbers. Mutants are "
-        "deliberately broken variants of one step of the algorithm, substituted into the "
-        "same code path; each must be refuted.",
-        "",
-        "## Theorems",
-        "",
-    ]
-    for family, text in theorems.items():
-        lines += [f"### {family}", "", text.strip(), ""]
-    lines += [
-        "## Obligations",
-        "",
-        "| family | obligation | sizes | seconds | verdict |",
-        "| --- | --- | --- | ---: | --- |",
-    ]
-    for o in outcomes:
-        ob = o.obligation
-        verdict = o.status + (" (mutant, expected)" if ob.expect_refuted and o.ok else "")
-        if not o.ok:
-            verdict = f"**{verdict} — FAILURE**"
-        name = ob.name.replace("|", "\\|")
-        lines.append(f"| {ob.family} | {name} | {ob.sizes} | {o.seconds:.2f} | {verdict} |")
-    details = [o for o in outcomes if o.counterexample is not None or o.status == UNDECIDED]
-    if details:
-        lines += ["", "## Counterexamples and open items", ""]
-        for o in details:
-            text = o.counterexample.full() if o.counterexample is not None else o.detail
-            lines.append(f"- **{o.obligation.family} / {o.obligation.name}** — {text}")
-    return "\n".join(lines) + "\n"

@@ -1,77 +1,82 @@
 """Family 2 — the tiled forward is exact.
 
-Theorem. For every input size in the grid below, every key-block size ``b`` in
-``1..n_k+1`` and every mask listed, the library's tiled forward
-(``exactattn.attention(..., backend="sympy")``, i.e. ``algorithm.forward`` folding ``⋆``
-over the key blocks ``J_t``) returns
+Theorem. For every problem in the grid below and every key-block size ``b`` in
+``1..n_k+1``, the library's tiled forward (``exactattn.attention``, or
+``algorithm.forward`` where the API does not take the parameter) returns
 
-    Y_i = Σ_{j∈A_i} e^{s_ij} V_j / Σ_{j∈A_i} e^{s_ij},   s_ij = c·q_i·k_j,
+    Y_i = Σ_{j∈A_i} e^{s_ij} ρ_ij V_j / Σ_{j∈A_i} e^{s_ij},   s_ij = c·q_i·k_j,
 
-as an identity in the symbols (all real Q, K, V and every scale c > 0), and its
-statistics satisfy ``lse_i = m_i + log ℓ_i = log Σ_{j∈A_i} e^{s_ij}``.
+as an identity in the symbols (all real Q, K, V and every scale c > 0), with
+``lse_i = m_i + log ℓ_i = log Σ_{j∈A_i} e^{s_ij}``; rows with ``A_i = ∅`` under
+``empty_rows='zero'`` give ``Y_i = 0``, ``lse_i = −∞``. ``A_i`` and ``ρ_ij`` are the
+specification's (:mod:`proofs.spec`: inequalities, ``r_ij/(1 − p)``), never the library's.
 
-Grid (default ``--max-n 4``; ``--max-n N`` raises the first and last rows to N):
+Grid (default ``--max-n 4``; ``--max-n N`` raises the first two rows to N and the mask
+rows to max(6, N)):
 
 * self-attention (Q = K = V = X, d = v = 2) and cross-attention (n_q = n + 1, n_k = n,
   d = 2, v = 3) with a symbolic scale c, n = 1..max-n, no mask;
 * every mask with nonempty rows, exhaustively, at n_q = n_k = n ≤ 3 (343 masks at n = 3),
   on score-level inputs (every score an independent symbol);
-* causal (top-left), sliding window (left = 1), causal bottom-right with n_q = n_k − 1, and
-  key padding over a batch of two (lengths n and ⌈n/2⌉), n = 1..max(6, max-n), score level.
+* every mask case of :mod:`proofs.grid` (causal and windows in both alignments, with
+  n_q ≠ n_k; key padding over a batch of two; ∧ and ∨ compositions), score level,
+  n = 1..max(6, max-n);
+* the same cases with the query rows split into runs (``row_block`` 1 and 2, as the torch
+  path splits them), n = 4;
+* batch broadcasting (q (2, 1, n, 1) against k, v (1, 2, n, 1)) and grouped-query heads
+  (q (H_kv=2, g=2, n, 1) against k, v (2, 1, n, 1)), causal bottom-right, full inputs, n = 3,
+  whole and with ``row_block = 2``;
+* dropout with free keep-factors ``ρ_ij`` (symbols, replayed per tile), n = 1..3, and
+  through the library's real ``Dropout`` at p = 1/4 (ρ_ij = r_ij/(1 − p) with the
+  specified keep-bits), a batch of two, causal ∧ padding, n = 3, whole and split;
+* empty rows under ``empty_rows='zero'`` (window(left=1) with n_q = n_k + 2), n = 3.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-import exactattn
 from exactattn import masks
 
-from .engine import Obligation, check_equal
+from . import spec
+from .checks import Problem, check_forward
+from .coverage import Coverage
+from .engine import Obligation
+from .grid import BY_NAME, CASES, EMPTY_ROWS, MaskCase, score_problem
 from .inputs import (
     C,
-    dense_of,
+    SymbolicDropout,
     every_block_size,
     every_mask_check,
     matrix,
-    naive_exp_lse,
-    naive_output,
     score_inputs,
+    tensor,
 )
 
 FAMILY = "forward"
-
-
-def check_forward(q: Any, k: Any, v: Any, c: Any, b: int, mask: Any = None, allowed: Any = None):
-    """One run of the library's tiled forward against the specification (2-D inputs)."""
-    y, stats = exactattn.attention(
-        q, k, v, scale=c, block_size=b, mask=mask, backend="sympy", return_stats=True
-    )
-    where = f"b={b}: "
-    check_equal(where + "tiled Y vs naive Y", y, naive_output(q, k, v, c, allowed))
-    lse = np.vectorize(lambda x: exactattn.SympyContext().exp(np.array([x]))[0], otypes=[object])
-    check_equal(where + "e^lse vs Σ e^s", lse(stats.lse), naive_exp_lse(q, k, c, allowed))
+ROW_BLOCK_N = 4
 
 
 def self_attention(n: int) -> Obligation:
     x = matrix("x", n, 2)
+    pb = Problem(x, x, x, C)
     return Obligation(
         FAMILY,
         "self-attention Y = naive, lse = log Σ e^s (symbolic c)",
         f"n={n} d=v=2 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_forward(x, x, x, C, b)),
+        every_block_size(n, lambda b: check_forward(pb, b)),
+        coverage=(Coverage("forward", n=n),),
     )
 
 
 def cross_attention(n: int) -> Obligation:
-    q, k, v = matrix("q", n + 1, 2), matrix("k", n, 2), matrix("v", n, 3)
+    pb = Problem(matrix("q", n + 1, 2), matrix("k", n, 2), matrix("v", n, 3), C)
     return Obligation(
         FAMILY,
         "cross-attention Y = naive, lse = log Σ e^s (symbolic c)",
         f"n_q={n + 1} n_k={n} d=2 v=3 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_forward(q, k, v, C, b)),
+        every_block_size(n, lambda b: check_forward(pb, b)),
+        coverage=(Coverage("forward", n=n, cross=True),),
     )
 
 
@@ -79,7 +84,7 @@ def every_mask(n: int) -> Obligation:
     q, k, v = score_inputs(n, n, 2)
 
     def run(allowed: np.ndarray, b: int) -> None:
-        check_forward(q, k, v, 1, b, mask=allowed, allowed=allowed)
+        check_forward(Problem(q, k, v, 1, allowed, spec.dense(allowed)), b)
 
     count = (2**n - 1) ** n
     return Obligation(
@@ -87,40 +92,144 @@ def every_mask(n: int) -> Obligation:
         f"every nonempty-row mask ({count} masks), scores free",
         f"n={n} b=1..{n + 1}",
         every_mask_check(n, run),
+        coverage=(Coverage("forward", "every table", n=n),),
     )
 
 
-def structured(name: str, mask: masks.Mask, n: int, n_q: int | None = None) -> Obligation:
-    n_q = n if n_q is None else n_q
-    q, k, v = score_inputs(n_q, n, 2)
-    allowed = dense_of(mask, n_q, n)
+def structured(case: MaskCase, n: int) -> Obligation:
+    pb = score_problem(case, n)
     return Obligation(
         FAMILY,
-        f"{name} mask, scores free",
-        f"n_q={n_q} n_k={n} b=1..{n + 1}",
-        every_block_size(n, lambda b: check_forward(q, k, v, 1, b, mask=mask, allowed=allowed)),
+        f"{case.name}, scores free",
+        f"{case.sizes(n)} b=1..{n + 1}",
+        every_block_size(n, lambda b: check_forward(pb, b)),
+        coverage=(case.coverage("forward", n),),
     )
 
 
-def key_padding(n: int) -> Obligation:
-    lengths = np.array([n, (n + 1) // 2])
-    mask = masks.key_padding(lengths)
-    q, k, v = score_inputs(n, n, 2)
-    k2 = np.stack([k, matrix("t", n, n).T.copy()])  # a second batch element, its own scores
-    v2 = np.stack([v, matrix("u", n, 2)])
+def split_rows(case: MaskCase, n: int = ROW_BLOCK_N) -> Obligation:
+    while case.n_q(n) < 3:  # enough rows for a split to take effect
+        n += 1
+    pb = score_problem(case, n)
 
-    def run(b: int) -> None:
-        y = exactattn.attention(q, k2, v2, scale=1, block_size=b, mask=mask, backend="sympy")
-        for batch, length in enumerate(lengths):
-            allowed = np.arange(n)[None, :] < length
-            spec = naive_output(q, k2[batch], v2[batch], 1, np.broadcast_to(allowed, (n, n)))
-            check_equal(f"b={b}: batch {batch} tiled Y vs naive Y", y[batch], spec)
+    def check() -> str:
+        for row_block in (1, 2):
+            for b in range(1, n + 2):
+                check_forward(pb, b, row_block)
+        return f"{2 * (n + 1)} runs"
 
     return Obligation(
         FAMILY,
-        "key padding over a batch of 2, scores free",
-        f"n={n} lengths={tuple(lengths.tolist())} b=1..{n + 1}",
-        every_block_size(n, run),
+        f"{case.name}, rows split (row_block 1, 2), scores free",
+        f"{case.sizes(n)} b=1..{n + 1}",
+        check,
+        coverage=(case.coverage("forward", n, row_block=True),),
+    )
+
+
+def _split_and_whole(pb: Problem, n: int) -> str:
+    for row_block in (None, 2):
+        for b in range(1, n + 2):
+            check_forward(pb, b, row_block)
+    return f"{2 * (n + 1)} runs"
+
+
+def grouped(n: int = 3) -> Obligation:
+    """GQA as the generic code runs it: query heads (H_kv, g) against k, v heads (H_kv, 1)."""
+    pb = Problem(
+        tensor("q", 2, 2, n, 1), tensor("k", 2, 1, n, 1), tensor("v", 2, 1, n, 1), C,
+        masks.causal("bottom-right"), spec.causal("bottom-right"),
+    )  # fmt: skip
+    return Obligation(
+        FAMILY,
+        "grouped-query heads (H_kv=2, g=2), causal bottom-right, whole and split rows",
+        f"n={n} d=v=1 b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            Coverage("forward", "causal", "bottom-right", n, batch="GQA"),
+            Coverage("forward", "causal", "bottom-right", n, batch="GQA", row_block=True),
+        ),
+    )
+
+
+def enable_gqa(n: int = 3) -> Obligation:
+    """``enable_gqa``: q (B=1, H=4, n, d) against k, v (1, H_kv=2, n, ·), the library's dropout
+    on the logical heads (flat index b·H + h), causal bottom-right — as the torch path runs."""
+    pb = Problem(
+        tensor("q", 1, 4, n, 1), tensor("k", 1, 2, n, 1), tensor("v", 1, 2, n, 1), C,
+        masks.causal("bottom-right"), spec.causal("bottom-right"), dropout_p=0.5, seed=3,
+        enable_gqa=True,
+    )  # fmt: skip
+    return Obligation(
+        FAMILY,
+        "enable_gqa (H=4 over H_kv=2) with dropout, causal bottom-right, whole and split",
+        f"n={n} d=v=1 p=1/2 b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            Coverage("forward", "causal", "bottom-right", n, batch="GQA", dropout=True),
+            Coverage("forward", "causal", "bottom-right", n, batch="GQA", row_block=True),
+        ),
+    )
+
+
+def broadcast(n: int = 3) -> Obligation:
+    pb = Problem(
+        tensor("q", 2, 1, n, 1), tensor("k", 1, 2, n, 1), tensor("v", 1, 2, n, 1), C,
+        masks.causal("bottom-right"), spec.causal("bottom-right"),
+    )  # fmt: skip
+    return Obligation(
+        FAMILY,
+        "batch broadcasting q (2,1,·) × k, v (1,2,·), causal bottom-right",
+        f"n={n} d=v=1 b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            Coverage("forward", "causal", "bottom-right", n, batch="batch"),
+            Coverage("forward", "causal", "bottom-right", n, batch="batch", row_block=True),
+        ),
+    )
+
+
+def dropout(n: int = 3) -> Obligation:
+    case = BY_NAME["causal ∧ key padding"]
+    pb = score_problem(case, n, dropout_p=0.25, seed=7)
+    return Obligation(
+        FAMILY,
+        "dropout: the library's Dropout at p = 1/4 vs Σ e^s (r/(1−p)) V / Σ e^s",
+        f"{case.sizes(n)} seed=7 b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            case.coverage("forward", n, dropout=True),
+            case.coverage("forward", n, dropout=True, row_block=True),
+        ),
+    )
+
+
+def symbolic_dropout(n: int) -> Obligation:
+    pb = Problem(
+        matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 2), C,
+        symbolic_rho=SymbolicDropout.of_shape(n, n),
+    )  # fmt: skip
+    return Obligation(
+        FAMILY,
+        "dropout, symbolic replayed ρ_ij: Y = Σ e^s ρ V / Σ e^s",
+        f"n={n} d=v=2 b=1..{n + 1}",
+        every_block_size(n, lambda b: check_forward(pb, b)),
+        coverage=(Coverage("forward", n=n, dropout=True),),
+    )
+
+
+def empty_rows(n: int = 3) -> Obligation:
+    case = EMPTY_ROWS
+    pb = score_problem(case, n, empty_rows="zero")
+    return Obligation(
+        FAMILY,
+        "empty rows (empty_rows='zero'): Y = 0, lse = −∞",
+        f"{case.sizes(n)} b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            case.coverage("forward", n, empty_rows=True),
+            case.coverage("forward", n, empty_rows=True, row_block=True),
+        ),
     )
 
 
@@ -130,12 +239,8 @@ def obligations(max_n: int = 4) -> list[Obligation]:
         out += [self_attention(n), cross_attention(n)]
     out += [every_mask(n) for n in range(1, 4)]
     for n in range(1, max(6, max_n) + 1):
-        out.append(structured("causal", masks.causal(), n))
-        if n >= 3:
-            out.append(structured("sliding-window(left=1)", masks.sliding_window(1), n))
-        if n >= 2:
-            out.append(
-                structured("causal bottom-right", masks.causal("bottom-right"), n, n_q=n - 1)
-            )
-            out.append(key_padding(n))
+        out += [structured(case, n) for case in CASES if n >= case.min_n]
+    out += [split_rows(case) for case in CASES]
+    out += [symbolic_dropout(n) for n in (1, 2, 3)]
+    out += [grouped(), enable_gqa(), broadcast(), dropout(), empty_rows()]
     return out

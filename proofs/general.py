@@ -1,153 +1,318 @@
-"""Family 4 — exactness for every n: the general argument, and its lemmas checked.
+"""Family 4 — exactness for every n: lemmas on the steps, and the induction as checked steps.
 
-The enumerated families run the code at fixed sizes. This one proves, for *all* n, b and
-masks, that the code's result is exact, from lemmas about the code's individual steps
-(each checked symbolically below on the library's own step functions) and the structure
-of the loops in ``algorithm.forward`` / ``algorithm.backward``.
+The enumerated families run the whole code at fixed sizes. This one proves, for *all*
+n, b, row runs and masks, that the code's arithmetic is exact: each statement below is
+checked symbolically on the library's own step functions (``exactattn.algorithm``) over
+:class:`~proofs.context.ProofContext`, whose max is a free symbol — so every statement
+holds for *any* value of the running max, not only the true one.
 
 Lemma A (shift). ``e^{s − m} · e^m = e^s`` for every real ``m`` (``ctx.exp_shifted``).
-Lemma B (homomorphism). ``φ(m, ℓ, z) = (ℓ e^m, z e^m)`` satisfies
-``φ(a ⋆ b) = φ(a) + φ(b)`` for whatever shift ``M`` the merge rescales to (``merge`` run
-with a free ``M``).
-Lemma C (ratio). ``z / ℓ = (z e^m) / (ℓ e^m)`` (``finalize``), so ``Y`` depends on the
-summary only through ``φ``.
-Lemma D (softmax gradient, other columns lumped). With ``w = e^σ``, the other keys lumped
-into ``R = Σ_{k≠j} w_k G·V_k`` and ``W = Σ_{k≠j} w_k`` (free symbols: *any* number of
-other keys), ``L = (w·G·V_j + R)/(w + W)`` has ``∂L/∂σ = p (G·V_j − L)`` (``tile_gamma``
-with ``δ = L = G·Y``) and ``∂L/∂V_j = p G`` (``value_gradient``), ``p = w/(w + W)``.
+Lemma B (homomorphism). ``φ(m, ℓ, z) = (ℓ e^m, z e^m)`` satisfies ``φ(a ⋆ b) = φ(a) + φ(b)``
+whatever shift ``M`` the merge rescales to.
+Lemma C (ratio). ``finalize = z/ℓ = (z e^m)/(ℓ e^m)``, so ``Y`` depends on the summary only
+through ``φ``; ``e^{log_sum_exp} = ℓ e^m``; at ⊥ both are exact (``Y = 0``, ``lse = −∞``).
+Lemma D (softmax gradient, other keys lumped). With ``w = e^σ``, the other keys lumped into
+``R = Σ_{k≠j} w_k ρ_k G·V_k`` and ``W = Σ_{k≠j} w_k`` (free symbols: *any* number of other
+keys), ``L = (w ρ G·V_j + R)/(w + W)`` has ``∂L/∂σ = p (ρ G·V_j − L)`` (``tile_gamma``
+with ``δ = L = G·Y``) and ``∂L/∂V_j = p ρ G`` (``value_gradient``), ``p = w/(w + W)``;
+ρ = 1 without dropout.
 Lemma E (chain rule). ``σ = c q·k`` gives ``∂/∂q = c γ k`` and ``∂/∂k = c γ q``
 (``query_gradient``, ``key_gradient``), for any d.
-Lemma F (δ). ``softmax_delta(G, Y) = G·Y = Σ_j p_j G·V_j`` when ``Y = Σ_j p_j V_j``.
+Lemma F (δ). ``softmax_delta(G, Y) = G·Y = Σ_j p_j ρ_j G·V_j`` when ``Y = Σ_j p_j ρ_j V_j``.
+Lemma R (rows). Every step is row-local — row r of its result is the step applied to row r
+alone — except ``key_gradient`` and ``value_gradient``, which are the sum of the rows'
+separate contributions. So splitting the query rows into runs (``row_block``) changes no
+row's arithmetic, and dK, dV add up the same terms whatever the split.
+Lemma P (frozen p). ``tile_probabilities(s, m, ℓ) · ℓ e^m = e^s`` (0 off ``A_i``) for any
+frozen ``m, ℓ`` — the forward's, or the torch path's ``m = lse, ℓ = 1``.
+Lemma S (score modification). The library's soft-cap-then-bias tile (``exactattn.scores``)
+maps a score σ to ``σ' = cap·tanh(σ/cap) + B`` and pulls an upstream ``γ' = ∂L/∂σ'`` back
+to ``γ'·∂σ'/∂σ`` with ``dB += γ'·∂σ'/∂B = γ'`` — for every real σ, B, γ' and cap > 0. The
+modification is elementwise, so the induction below runs unchanged on the modified scores
+σ' (any reals), and Lemma S turns its ``∂L/∂σ'`` into ``∂L/∂σ`` and ``∂L/∂B``.
 
-Induction (forward). By Lemma A, ``φ(block_summary(J ∩ A_i)) = Σ_{j∈J∩A_i}(e^{s_ij},
-e^{s_ij} V_j)`` — a sum of one term per key, whatever the block's size. The forward starts
-from ``φ(⊥) = (0, 0)`` and replaces the state by ``state ⋆ block``; by Lemma B, after
-blocks ``J_1..J_t`` the state's ``φ`` is ``Σ_{j∈(J_1∪…∪J_t)∩A_i} (e^{s_ij}, e^{s_ij}V_j)``
-(empty tiles, which the code skips, contribute nothing). After the last block the union
-is ``A_i``, and by Lemma C ``Y_i = z/ℓ = Σ e^{s_ij}V_j / Σ e^{s_ij}``: exact for every
-n, b and mask (with nonempty ``A_i``). ``lse = m + log ℓ = log(ℓ e^m)`` likewise.
-Reverse. ``L = Σ_i G_i·Y_i``; each ``Y_i`` depends on key j only through ``s_ij`` and
-``V_j``, so ``∂L/∂s_ij`` and ``∂L/∂V_j`` are sums over (i, j) of the per-entry terms of
-Lemma D (with the other keys lumped into R, W — so for any n), and the chain rule
-(Lemma E) turns them into ``dQ``, ``dK``. The code's reverse visits every allowed (i, j)
-exactly once (the tiles partition the key axis; skipped tiles have ``p = 0``), computes
-``p_ij = e^{s_ij − m_i}/ℓ_i`` (= the softmax weight by Lemma A with the frozen m, ℓ), δ by
-Lemma F, and accumulates exactly those terms: exact for every n, b and mask.
+Induction over the tiles (forward), as checked steps. Fix a row i and let ``U_t`` be the
+allowed keys of the first t tiles the loop visits for it. Claim ``H_t``: the state's
+``φ = Σ_{j∈U_t} (e^{s_ij}, e^{s_ij} ρ_ij V_j)``.
+* Base (checked, "induction base"): the loop starts from ⊥ (run with no tile at all),
+  ``φ(⊥) = 0``.
+* Step (checked, "induction step"): one loop body — ``tile_scores`` (−∞ off ``A_i``),
+  ``block_summary`` (with ρ), ``merge`` — from a free state (or ⊥) and a tile of width
+  1..4 with every pattern of masked keys, adds exactly the tile's allowed terms to ``φ``
+  (Lemmas A and B; a width beyond 4 adds terms the same way: ``block_summary`` is
+  elementwise ``exp`` and a row sum).
+* End (Lemma C): ``Y_i = φ_z/φ_ℓ``, ``e^{lse_i} = φ_ℓ``.
+If the loop visits every allowed (b, i, j) exactly once, ``U_T = A_i`` and
+``Y_i = Σ_{A_i} e^s ρ V / Σ_{A_i} e^s``: exact. Reverse: each visit adds
+``c γ_ij k_j`` to dQ_i, ``c γ_ij q_i`` to dK_j and ``p_ij ρ_ij G_i`` to dV_j with
+``p_ij = e^{s_ij}/Σ_{A_i} e^s`` (Lemma P and the forward), δ by Lemma F; by Lemmas D and
+E these are exactly the terms of ``∂L/∂(Q, K, V)``, summed once each: exact (with score
+modification, Lemma S gives each visit's ``∂L/∂σ`` and its ``dB_ij`` term).
 
-What is proved for all n: Lemmas A–F (symbolic in every variable, with the lumped symbols
-standing for any number of other keys) and hence, with the loop structure above, the
-theorem. What is proved only for the enumerated sizes: that the code's *indexing* (tile
-boundaries, masks, row spans, batch broadcasting, the loops themselves) matches that
-structure — families 2, 3 and 5 check this by running the code, at the sizes they list.
+What holds for all n: the lemmas and the three induction steps (symbolic in every variable,
+with lumped symbols standing for any number of other keys), and — the ``smt`` family —
+that the stated tile loop visits every allowed pair exactly once given the masks'
+contracts, which the built-in masks' formulas meet. What holds only at enumerated sizes:
+that ``tiles()`` is the stated loop (``smt``, n ≤ 6), the whole iterator run against the
+definition (``tiles``), and the end-to-end runs of families 2, 3 and 5.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import sympy
 
-import exactattn
-from exactattn import algorithm
+from exactattn import algorithm, masks, scores
 from exactattn.algorithm import Summary
 
-from .engine import Obligation, check_equal
-from .monoid import AnyShift, phi, summary
+from .context import ProofContext
+from .engine import Obligation, Undecided, check_equal
 
 FAMILY = "general"
-CTX = exactattn.SympyContext()
 
 
 def _arr(*rows: list) -> np.ndarray:
     return np.array(rows, dtype=object) + sympy.S.Zero
 
 
+def _sym(name: str, **assumptions: bool) -> sympy.Symbol:
+    return sympy.Symbol(name, **(assumptions or {"real": True}))
+
+
+def free_summary(k: int, v: int) -> Summary:
+    """A one-row summary with symbols ``m_k`` (real), ``l_k`` (> 0), ``z_k_a``."""
+    m, l = _sym(f"m{k}"), _sym(f"l{k}", positive=True)
+    return Summary(_arr([m])[0], _arr([l])[0], _arr([_sym(f"z{k}_{a}") for a in range(v)]))
+
+
+def bottom(v: int) -> Summary:
+    return Summary(_arr([-sympy.oo])[0], _arr([0])[0], _arr([0] * v))
+
+
+def phi(s: Summary) -> tuple[np.ndarray, np.ndarray]:
+    """``φ(m, ℓ, z) = (ℓ e^m, z e^m)`` (``e^{−∞} = 0`` at ⊥)."""
+    e = np.vectorize(sympy.exp, otypes=[object])(s.m)
+    return s.l * e, s.z * e[..., None]
+
+
+# --- lemmas ---------------------------------------------------------------------------------
 def lemma_a() -> None:
-    s, m = sympy.Symbol("s", real=True), sympy.Symbol("m", real=True)
-    shifted = CTX.exp_shifted(_arr([s]), np.array([m], dtype=object))[0, 0]
+    s, m = _sym("s"), _sym("m")
+    shifted = ProofContext().exp_shifted(_arr([s]), np.array([m], dtype=object))[0, 0]
     check_equal("e^{s−m}·e^m vs e^s", shifted * sympy.exp(m), sympy.exp(s))
 
 
 def lemma_b() -> None:
-    a, b = summary(1, 2), summary(2, 2)
-    lhs, (la, za), (lb, zb) = phi(algorithm.merge(AnyShift(), a, b)), phi(a), phi(b)
-    check_equal(
-        "φ(a ⋆_M b) vs φ(a) + φ(b)", [lhs[0][0], *lhs[1][0]], [la[0] + lb[0], *(za + zb)[0]]
-    )
+    a, b = free_summary(1, 2), free_summary(2, 2)
+    lhs, (la, za), (lb, zb) = phi(algorithm.merge(ProofContext(), a, b)), phi(a), phi(b)
+    check_equal("φ(a ⋆_M b) ℓ-part vs φ(a) + φ(b)", lhs[0], la + lb)
+    check_equal("φ(a ⋆_M b) z-part vs φ(a) + φ(b)", lhs[1], za + zb)
 
 
 def lemma_c() -> None:
-    s = summary(1, 2)
-    e = sympy.exp(s.m[0])
-    check_equal(
-        "finalize(m, ℓ, z) vs (z e^m)/(ℓ e^m)",
-        algorithm.finalize(CTX, s)[0],
-        s.z[0] * e / (s.l[0] * e),
-    )
+    ctx, s = ProofContext(), free_summary(1, 2)
+    ell, z = phi(s)
+    check_equal("finalize(m, ℓ, z) vs φ_z/φ_ℓ", algorithm.finalize(ctx, s), z / ell[..., None])
+    lse = algorithm.log_sum_exp(ctx, s.m, s.l)
+    check_equal("e^{log_sum_exp} vs φ_ℓ", np.vectorize(sympy.exp, otypes=[object])(lse), ell)
+    e = bottom(2)
+    y, lse = algorithm.finalize(ctx, e), algorithm.log_sum_exp(ctx, e.m, e.l)
+    if list(y.flat) != [0, 0] or list(lse) != [-sympy.oo]:
+        raise Undecided(f"at ⊥: Y = {y}, lse = {lse}; expected 0 and −∞")
 
 
 def lemma_d() -> None:
-    sigma = sympy.Symbol("sigma", real=True)
-    big_w, big_r = sympy.Symbol("W", positive=True), sympy.Symbol("R", real=True)
-    g = [sympy.Symbol(f"g{a}", real=True) for a in range(2)]
-    vj = [sympy.Symbol(f"vj{a}", real=True) for a in range(2)]
+    ctx = ProofContext()
+    sigma, rho = _sym("sigma"), _sym("rho", nonnegative=True)
+    big_w, big_r = _sym("W", positive=True), _sym("R")
+    g, vj = [_sym(f"g{a}") for a in range(2)], [_sym(f"vj{a}") for a in range(2)]
     w = sympy.exp(sigma)
     gv = g[0] * vj[0] + g[1] * vj[1]
-    loss = (w * gv + big_r) / (w + big_w)
-    p = w / (w + big_w)
-    gamma = algorithm.tile_gamma(CTX, _arr([p]), _arr([gv]), np.array([loss], dtype=object))
-    check_equal("∂L/∂σ vs tile_gamma", sympy.diff(loss, sigma), gamma[0, 0])
-    dv = algorithm.value_gradient(CTX, _arr([p]), _arr(g))
-    check_equal("∂L/∂V_j vs value_gradient", [sympy.diff(loss, x) for x in vj], list(dv[0]))
+    for r in (sympy.S.One, rho):
+        loss = (w * r * gv + big_r) / (w + big_w)
+        p = w / (w + big_w)
+        gamma = algorithm.tile_gamma(ctx, _arr([p]), _arr([gv * r]), np.array([loss], dtype=object))
+        check_equal(f"ρ={r}: ∂L/∂σ vs tile_gamma", sympy.diff(loss, sigma), gamma[0, 0])
+        dv = algorithm.value_gradient(ctx, _arr([p * r]), _arr(g))
+        check_equal(f"ρ={r}: ∂L/∂V_j vs value_gradient", [sympy.diff(loss, x) for x in vj], dv[0])
 
 
 def lemma_e() -> None:
-    c, gamma = sympy.Symbol("c", positive=True), sympy.Symbol("gamma", real=True)
-    q = [sympy.Symbol(f"q{r}", real=True) for r in range(3)]
-    k = [sympy.Symbol(f"k{r}", real=True) for r in range(3)]
+    ctx, c, gamma = ProofContext(), _sym("c", positive=True), _sym("gamma")
+    q, k = [_sym(f"q{r}") for r in range(3)], [_sym(f"k{r}") for r in range(3)]
     sigma = c * sum(a * b for a, b in zip(q, k))
-    dq = algorithm.query_gradient(CTX, _arr([gamma]), _arr(k), c)[0]
-    dk = algorithm.key_gradient(CTX, _arr([gamma]), _arr(q), c)[0]
-    check_equal("γ ∂σ/∂q vs query_gradient", [gamma * sympy.diff(sigma, x) for x in q], list(dq))
-    check_equal("γ ∂σ/∂k vs key_gradient", [gamma * sympy.diff(sigma, x) for x in k], list(dk))
+    dq = algorithm.query_gradient(ctx, _arr([gamma]), _arr(k), c)[0]
+    dk = algorithm.key_gradient(ctx, _arr([gamma]), _arr(q), c)[0]
+    check_equal("γ ∂σ/∂q vs query_gradient", [gamma * sympy.diff(sigma, x) for x in q], dq)
+    check_equal("γ ∂σ/∂k vs key_gradient", [gamma * sympy.diff(sigma, x) for x in k], dk)
 
 
 def lemma_f() -> None:
-    p = [sympy.Symbol(f"p{j}", positive=True) for j in range(3)]
-    v = [[sympy.Symbol(f"v{j}_{a}", real=True) for a in range(2)] for j in range(3)]
-    g = [sympy.Symbol(f"g{a}", real=True) for a in range(2)]
-    y = [sum(p[j] * v[j][a] for j in range(3)) for a in range(2)]
-    delta = algorithm.softmax_delta(CTX, _arr(g), _arr(y))[0]
-    rhs = sum(p[j] * sum(g[a] * v[j][a] for a in range(2)) for j in range(3))
-    check_equal("softmax_delta(G, Y) vs Σ_j p_j G·V_j", delta, rhs)
+    p = [_sym(f"p{j}", positive=True) for j in range(3)]
+    rho = [_sym(f"rho{j}", nonnegative=True) for j in range(3)]
+    v = [[_sym(f"v{j}_{a}") for a in range(2)] for j in range(3)]
+    g = [_sym(f"g{a}") for a in range(2)]
+    y = [sum(p[j] * rho[j] * v[j][a] for j in range(3)) for a in range(2)]
+    delta = algorithm.softmax_delta(ProofContext(), _arr(g), _arr(y))[0]
+    rhs = sum(p[j] * rho[j] * sum(g[a] * v[j][a] for a in range(2)) for j in range(3))
+    check_equal("softmax_delta(G, Y) vs Σ_j p_j ρ_j G·V_j", delta, rhs)
 
 
-def lemma_block_sum() -> None:
-    # φ(block_summary(I)) = Σ_{j∈I} (e^{s_j}, e^{s_j} V_j): one term per key (Lemma A termwise).
-    for size in (1, 2, 3):
-        s = np.array([[sympy.Symbol(f"s{j}", real=True) for j in range(size)]], dtype=object)
-        v = np.array([[sympy.Symbol(f"v{j}", real=True)] for j in range(size)], dtype=object)
-        block = algorithm.block_summary(CTX, s, v)
-        ell, z = phi(Summary(block.m, block.l, block.z))
-        e = [sympy.exp(x) for x in s[0]]
-        check_equal(f"|I|={size} φ ℓ-part vs Σ e^s", ell[0], sum(e))
-        check_equal(
-            f"|I|={size} φ z-part vs Σ e^s V", z[0, 0], sum(a * b for a, b in zip(e, v[:, 0]))
-        )
+def lemma_p() -> None:
+    ctx = ProofContext()
+    s, m, l = [_sym(f"s{j}") for j in range(3)], _sym("m"), _sym("l", positive=True)
+    scores = _arr([s[0], -sympy.oo, s[2]])  # one key off A_i
+    p = algorithm.tile_probabilities(ctx, scores, _arr(m), _arr(l))[0]
+    want = [sympy.exp(s[0]), 0, sympy.exp(s[2])]
+    check_equal("tile_probabilities · ℓ e^m vs e^s (0 off A_i)", p * l * sympy.exp(m), want)
+
+
+def lemma_s() -> None:
+    ctx, geometry = ProofContext(), masks.Geometry(1, 1)
+    sigma, big_b, gamma = _sym("sigma"), _sym("B"), _sym("gamma")
+    cap = _sym("cap", positive=True)
+    bias = scores.bias(_arr([big_b])).adopt(ctx)
+    tile = scores.chain(scores.softcap(cap), bias).at(
+        ctx, masks.tile_index(ctx, geometry, range(1), range(1)), geometry
+    )
+    modified = cap * sympy.tanh(sigma / cap) + big_b  # the definition
+    check_equal("tile apply vs cap·tanh(σ/cap) + B", tile.apply(_arr([sigma]))[0, 0], modified)
+    grads = {"bias": ctx.zeros((1, 1))}
+    pulled = tile.pullback(_arr([gamma]), grads)[0, 0]
+    check_equal("pullback vs γ'·∂σ'/∂σ", pulled, gamma * sympy.diff(modified, sigma))
+    check_equal("dB vs γ'·∂σ'/∂B", grads["bias"][0, 0], gamma * sympy.diff(modified, big_b))
+
+
+def rows() -> None:
+    """Row r of each step's result is the step on row r alone; dK, dV add per row."""
+    ctx, c = ProofContext(), _sym("c", positive=True)
+
+    def sym_rows(name: str, n: int, cols: int) -> np.ndarray:
+        return np.array([[_sym(f"{name}{r}_{a}") for a in range(cols)] for r in range(n)])
+
+    q, k, v = sym_rows("q", 2, 2), sym_rows("k", 3, 2), sym_rows("v", 3, 2)
+    allowed = np.array([[True, False, True], [False, True, True]])
+    s = algorithm.tile_scores(ctx, q, k, c, allowed)
+    for r in range(2):
+        alone = algorithm.tile_scores(ctx, q[r : r + 1], k, c, allowed[r : r + 1])
+        check_equal(f"tile_scores row {r}", s[r], alone[0])
+    m, l = _arr(*[[_sym(f"m{r}")] for r in range(2)])[:, 0], sym_rows("l", 2, 1)[:, 0]
+    z, g, y = sym_rows("z", 2, 2), sym_rows("g", 2, 2), sym_rows("y", 2, 2)
+    block = algorithm.block_summary(ctx, s, v)
+    merged = algorithm.merge(ctx, Summary(m, l, z), block)
+    p = algorithm.tile_probabilities(ctx, s, m, l)
+    delta = algorithm.softmax_delta(ctx, g, y)
+    gamma = algorithm.tile_gamma(ctx, p, g @ v.T, delta)
+    dp = g @ v.T
+    for r in range(2):
+        one = slice(r, r + 1)
+        b1 = algorithm.block_summary(ctx, s[one], v)
+        m1 = algorithm.merge(ctx, Summary(m[one], l[one], z[one]), b1)
+        p1 = algorithm.tile_probabilities(ctx, s[one], m[one], l[one])
+        d1 = algorithm.softmax_delta(ctx, g[one], y[one])
+        gamma1 = algorithm.tile_gamma(ctx, p1, dp[one], d1)
+        for what, whole, alone in (
+            ("block_summary ℓ", block.l[r], b1.l[0]),
+            ("block_summary z", block.z[r], b1.z[0]),
+            ("merge ℓ", merged.l[r], m1.l[0]),
+            ("merge z", merged.z[r], m1.z[0]),
+            ("finalize", algorithm.finalize(ctx, merged)[r], algorithm.finalize(ctx, m1)[0]),
+            ("tile_probabilities", p[r], p1[0]),
+            ("softmax_delta", delta[r], d1[0]),
+            ("tile_gamma", gamma[r], gamma1[0]),
+            (
+                "query_gradient",
+                algorithm.query_gradient(ctx, gamma, k, c)[r],
+                algorithm.query_gradient(ctx, gamma1, k, c)[0],
+            ),
+        ):
+            check_equal(f"{what} row {r}", whole, alone)
+    for name, step, other in (
+        ("key_gradient", algorithm.key_gradient, (q, c)),
+        ("value_gradient", lambda ctx, w, x: algorithm.value_gradient(ctx, w, x), (g,)),
+    ):
+        whole = step(ctx, gamma, *other)
+        parts = sum(step(ctx, gamma[r : r + 1], other[0][r : r + 1], *other[1:]) for r in range(2))
+        check_equal(f"{name} vs the sum of the rows' contributions", whole, parts)
+
+
+# --- the induction over tiles -------------------------------------------------------------
+class _NoTiles(masks.Mask):
+    """A mask that reaches no row: the loop body never runs."""
+
+    def tile(self, i, j, geometry):
+        return (i < 0) & (j < 0)
+
+    def classify(self, rows, cols, geometry):
+        return masks.TileKind.EMPTY
+
+    def row_span(self, cols, geometry):
+        return range(0)
+
+
+def base() -> None:
+    ctx = ProofContext()
+    q, k, v = (_arr(*[[_sym(f"{x}{r}")] for r in range(2)]) for x in "qkv")
+    _, state = algorithm.forward(ctx, q, k, v, scale=sympy.S.One, block_size=1, mask=_NoTiles())
+    values = [*state.m, *state.l, *state.z.flat]
+    if values != [-sympy.oo] * 2 + [0] * 4:
+        raise Undecided(f"the loop does not start from ⊥ = (−∞, 0, 0): {values}")
+    ell, z = phi(state)
+    check_equal("φ(initial state) vs 0", [*ell, *z.flat], [0] * 4)
+
+
+def step() -> str:
+    runs = 0
+    for width in range(1, 5):
+        s = [_sym(f"s{j}") for j in range(width)]
+        v = _arr(*[[_sym(f"v{j}_{a}") for a in range(2)] for j in range(width)])
+        rho = [_sym(f"rho{j}", nonnegative=True) for j in range(width)]
+        for pattern in itertools.product((True, False), repeat=width):
+            for old in (free_summary(0, 2), bottom(2)):
+                for dropout in (False, True):
+                    _one_step(s, v, rho, np.array([pattern]), old, dropout)
+                    runs += 1
+    return f"{runs} steps"
+
+
+def _one_step(s, v, rho, allowed, old: Summary, dropout: bool) -> None:
+    ctx = ProofContext()
+    k = _arr(*[[x] for x in s])
+    tile = algorithm.tile_scores(ctx, _arr([1]), k, sympy.S.One, allowed)
+    factors = _arr(rho) if dropout else None
+    block = algorithm.block_summary(ctx, tile, v, factors)
+    new = algorithm.merge(ctx, old, block)
+    (ell_new, z_new), (ell_old, z_old) = phi(new), phi(old)
+    weight = [sympy.exp(x) if ok else 0 for x, ok in zip(s, allowed[0])]
+    rw = [w * (r if dropout else 1) for w, r in zip(weight, rho)]
+    what = f"width {len(s)} allowed {allowed[0].astype(int).tolist()} ρ={dropout}"
+    check_equal(f"{what}: φ_ℓ(old ⋆ tile) vs φ_ℓ(old) + Σ e^s", ell_new, ell_old + sum(weight))
+    zs = z_old + _arr([sum(w * v[j, a] for j, w in enumerate(rw)) for a in range(2)])
+    check_equal(f"{what}: φ_z(old ⋆ tile) vs φ_z(old) + Σ e^s ρ V", z_new, zs)
 
 
 def obligations(max_n: int = 4) -> list[Obligation]:
     return [
         Obligation(FAMILY, "Lemma A: e^{s−m}·e^m = e^s (exp_shifted)", "any real m", lemma_a),
         Obligation(FAMILY, "Lemma B: φ(a ⋆_M b) = φ(a) + φ(b), any shift M", "z ∈ R^2", lemma_b),
-        Obligation(FAMILY, "Lemma C: z/ℓ = (z e^m)/(ℓ e^m) (finalize)", "z ∈ R^2", lemma_c),
+        Obligation(FAMILY, "Lemma C: Y = φ_z/φ_ℓ, e^lse = φ_ℓ; exact at ⊥", "z ∈ R^2", lemma_c),
         Obligation(
-            FAMILY, "Lemma D: ∂L/∂σ = p(G·V_j − δ), ∂L/∂V_j = p G", "other keys lumped", lemma_d
+            FAMILY, "Lemma D: ∂L/∂σ = p(ρG·V_j − δ), ∂L/∂V_j = pρG", "other keys lumped", lemma_d
         ),
         Obligation(FAMILY, "Lemma E: chain rule through c q·k", "d=3", lemma_e),
+        Obligation(FAMILY, "Lemma F: δ = G·Y = Σ_j p_j ρ_j G·V_j", "3 keys, v=2", lemma_f),
+        Obligation(FAMILY, "Lemma P: p·ℓe^m = e^s for any frozen m, ℓ", "3 keys", lemma_p),
         Obligation(
-            FAMILY, "Lemma F: δ = G·Y = Σ_j p_j G·V_j (softmax_delta)", "3 keys, v=2", lemma_f
+            FAMILY, "Lemma S: softcap then bias, pullback and dB = γ'", "any σ, B, cap", lemma_s
         ),
+        Obligation(FAMILY, "Lemma R: steps are row-local; dK, dV add per row", "2 rows", rows),
+        Obligation(FAMILY, "induction base: the loop starts at ⊥, φ(⊥) = 0", "2 rows", base),
         Obligation(
-            FAMILY, "φ(block_summary(I)) = Σ_{j∈I}(e^s, e^s V)", "|I|=1..3", lemma_block_sum
+            FAMILY,
+            "induction step: one tile adds its allowed terms to φ",
+            "width 1..4, every pattern, ρ",
+            step,
         ),
     ]

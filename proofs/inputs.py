@@ -1,18 +1,14 @@
-"""Symbolic inputs and the textbook formulas the tiled code is compared against.
-
-The *specification* is softmax attention as a formula, with no shift and no tiling:
-
-    Y_i = Σ_{j∈A_i} e^{s_ij} ρ_ij V_j / Σ_{j∈A_i} e^{s_ij},   s_ij = c·q_i·k_j,
-
-(``ρ_ij = 1`` without dropout) and the loss for the reverse is ``Σ_ia G_ia Y_ia``, whose
-derivative sympy takes symbolically. Nothing here is the tiled algorithm.
+"""Symbolic inputs for the obligations, and the loops over block sizes and masks.
 
 Two kinds of input:
 
 * *full*: symbolic ``Q``, ``K``, ``V`` and a symbolic scale ``c`` (scores ``c·(q_i·k_j)``);
 * *score-level*: ``Q = I`` (so ``d = n_q``), ``c = 1`` and ``K[j, i] = s_ij`` symbols, which
   makes every score an independent real symbol; an identity proved for these holds for
-  all real score matrices, and the *full* runs cover the product ``c·q·k`` itself.
+  all real score matrices, and the *full* runs cover the product ``c·q·k`` itself (and
+  ``dQ``, which is not a derivative at score level).
+
+The specification these are checked against is :mod:`.spec`.
 """
 
 from __future__ import annotations
@@ -25,17 +21,20 @@ from typing import Any
 import numpy as np
 import sympy
 
-from exactattn import masks
-
 C = sympy.Symbol("c", positive=True)
+
+
+def tensor(name: str, *shape: int) -> np.ndarray:
+    """An object array of distinct real symbols ``name{index}``, e.g. ``q0_1`` or ``q1_0_2``."""
+    out = np.empty(shape, dtype=object)
+    for index in np.ndindex(*shape):
+        out[index] = sympy.Symbol(name + "_".join(map(str, index)), real=True)
+    return out
 
 
 def matrix(name: str, rows: int, cols: int) -> np.ndarray:
     """A (rows, cols) object array of real symbols ``name{i}_{j}``."""
-    out = np.empty((rows, cols), dtype=object)
-    for i, j in np.ndindex(rows, cols):
-        out[i, j] = sympy.Symbol(f"{name}{i}_{j}", real=True)
-    return out
+    return tensor(name, rows, cols)
 
 
 def identity(n: int) -> np.ndarray:
@@ -50,39 +49,14 @@ def score_inputs(n_q: int, n_k: int, v: int) -> tuple[np.ndarray, np.ndarray, np
     return identity(n_q), matrix("s", n_q, n_k).T.copy(), matrix("v", n_k, v)
 
 
-def naive_output(q: Any, k: Any, v: Any, c: Any, allowed: Any = None, rho: Any = None) -> Any:
-    """The specification ``Y`` for 2-D inputs (no shift, no tiling)."""
-    e = np.vectorize(sympy.exp, otypes=[object])((q @ k.T) * c)
-    if allowed is not None:
-        e = np.where(allowed, e, sympy.S.Zero)
-    weights = e if rho is None else e * rho
-    return (weights @ v) / e.sum(axis=1)[:, None]
+def upstream(shape: tuple[int, ...], row: tuple[int, ...]) -> np.ndarray:
+    """``G`` of ``shape`` (*batch, n_q, v), zero except the query row ``row`` (symbols g_a).
 
-
-def naive_exp_lse(q: Any, k: Any, c: Any, allowed: Any = None) -> Any:
-    """``e^{lse_i} = Σ_{j∈A_i} e^{s_ij}``."""
-    e = np.vectorize(sympy.exp, otypes=[object])((q @ k.T) * c)
-    if allowed is not None:
-        e = np.where(allowed, e, sympy.S.Zero)
-    return e.sum(axis=1)
-
-
-def exp_array(x: Any) -> np.ndarray:
-    return np.vectorize(sympy.exp, otypes=[object])(np.asarray(x, dtype=object))
-
-
-def gradient(loss: sympy.Expr, wrt: np.ndarray) -> np.ndarray:
-    """``∂loss/∂x`` for every symbol of ``wrt``, same shape."""
-    out = np.empty(wrt.shape, dtype=object)
-    for index in np.ndindex(wrt.shape):
-        out[index] = sympy.diff(loss, wrt[index])
-    return out
-
-
-def row_upstream(n_q: int, v: int, row: int) -> np.ndarray:
-    """``G`` zero except row ``row`` (symbols ``g{row}_{a}``): both sides are linear in G."""
-    g = np.full((n_q, v), sympy.S.Zero, dtype=object)
-    g[row] = matrix("g", n_q, v)[row]
+    Both sides of a reverse obligation are linear in ``G``, so checking every such ``G``
+    is checking every ``G``.
+    """
+    g = np.full(shape, sympy.S.Zero, dtype=object)
+    g[row] = [sympy.Symbol(f"g{a}", real=True) for a in range(shape[-1])]
     return g
 
 
@@ -95,24 +69,25 @@ def nonempty_row_masks(n_q: int, n_k: int) -> Iterator[np.ndarray]:
 
 @dataclass(frozen=True)
 class SymbolicDropout:
-    """Dropout whose keep-factor ``ρ_ij`` is the symbol ``rho{i}_{j}``, replayed per tile.
+    """Dropout whose keep-factor ``ρ_ij`` is a free symbol per (batch, i, j), replayed per tile.
 
     Implements the ``factors(ctx, batch_index, i, j)`` protocol of
-    :func:`exactattn.algorithm.forward`: the tile is ``rho[i, j]`` for the tile's query
-    positions ``i`` (r, 1) and key positions ``j`` (1, b).
+    :func:`exactattn.algorithm.forward`: the tile is ``rho[..., i, j]`` for the tile's query
+    positions ``i`` (r, 1) and key positions ``j`` (1, b) — the same symbols in both passes,
+    whatever the tiling.
     """
 
     rho: np.ndarray
 
     @classmethod
-    def of_size(cls, n_q: int, n_k: int) -> SymbolicDropout:
-        rho = np.empty((n_q, n_k), dtype=object)
-        for i, j in np.ndindex(n_q, n_k):
-            rho[i, j] = sympy.Symbol(f"rho{i}_{j}", nonnegative=True)
+    def of_shape(cls, *shape: int) -> SymbolicDropout:
+        rho = np.empty(shape, dtype=object)
+        for index in np.ndindex(*shape):
+            rho[index] = sympy.Symbol("rho" + "_".join(map(str, index)), nonnegative=True)
         return cls(rho)
 
     def factors(self, ctx: Any, batch_index: Any, i: Any, j: Any) -> np.ndarray:
-        return self.rho[np.asarray(i), np.asarray(j)]
+        return self.rho[..., np.asarray(i), np.asarray(j)]
 
 
 def every_block_size(n_k: int, run: Callable[[int], None]) -> Callable[[], str]:
@@ -138,8 +113,3 @@ def every_mask_check(n: int, run: Callable[[np.ndarray, int], None]) -> Callable
         return f"{count} runs"
 
     return check
-
-
-def dense_of(mask: masks.Mask, n_q: int, n_k: int, batch: tuple[int, ...] = ()) -> np.ndarray:
-    """The mask on the whole (n_q, n_k) grid (the proofs' naive side needs it)."""
-    return masks.create_mask(mask, masks.Geometry(n_q=n_q, n_k=n_k, batch=batch))

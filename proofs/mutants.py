@@ -1,72 +1,216 @@
-"""Family 6 — refutations: deliberately broken variants of one step must be REFUTED.
+"""Family 6 — mutants: deliberately broken variants the proofs (and the tests) must kill.
 
-A prover that cannot fail proves nothing. Each mutant replaces *one* step of the
-library's algorithm (a module-level function of ``exactattn.algorithm``, which the loops
-look up at call time, or the context's ``max``) for the duration of one check, and runs
-the *same* obligation checker as families 2, 3 and 5 on it. Theorem (of the test
-harness): every mutant below is REFUTED with a concrete numeric counterexample.
+A prover that cannot fail proves nothing. Each :class:`Mutant` replaces one piece of the
+library for the duration of a check — a step of ``exactattn.algorithm`` (looked up at call
+time by module attribute), a method of a mask class or of ``Dropout`` (patched on the
+class, by name), or the alignment offset — with a broken version built *from the
+original* (a wrapper), so the mutants follow the library through refactors; a target that
+no longer exists is reported, never skipped.
 
-1. merge without rescaling the old accumulator (``α = 1``)            → forward family
-2. merge with the rescale exponent's sign flipped (``e^{M − m_old}``)  → forward family
-3. running max kept from the current block only (stored ``m = m_block``) → forward (lse)
-4. running max from the current block only, used as the shift too   → overflow family
-   (exact in exact arithmetic, as Lemma B says, but ``e^{m_old − m_block}`` can exceed 1)
-5. ``δ = 0``                                                        → reverse family
-6. ``c`` missing from dK                                            → reverse family
-7. mask ignored in the reverse (the allowed tile dropped in ``tile_scores``, in the
-   backward call only)                                              → reverse family
-8. self-attention without the dV term (``dX = dQ + dK``)            → reverse family
-9. min instead of max (block max and merge)                         → overflow family
+Theorem (of the test harness): with any one mutant applied, the default proof families
+(``forward``, ``reverse``, ``scores``, ``general``, ``overflow``, ``monoid``, ``smt``,
+``tiles``, ``dropout``) do not all prove: some obligation is REFUTED with a numeric
+counterexample (or the solver's model), or fails. The mutants family runs each mutant
+against those obligations (the likeliest first) and stops at the first that does not
+prove; a mutant whose probes that ran all proved while some were SKIPPED (z3 missing) is
+SKIPPED, not counted as surviving. ``exactattn prove --mutation-tests`` also runs
+the default test suite against each mutant (:mod:`.mutation`); the certificate's mutation
+table has both verdicts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import importlib
+import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
-import numpy as np
 import sympy
 
-import exactattn
-from exactattn import algorithm, masks
-from exactattn.algorithm import Summary, safe_shift
-
-from . import forward, overflow, reverse
-from .engine import Obligation
-from .inputs import C, matrix, row_upstream, score_inputs
+from . import engine, overflow
 
 FAMILY = "mutants"
-ORIGINAL_MERGE = algorithm.merge
-ORIGINAL_TILE_SCORES = algorithm.tile_scores
+ALGORITHM = "exactattn.algorithm"
+MASKS = "exactattn.masks"
+DROPOUT = "exactattn.dropout"
+SCORES = "exactattn.scores"
 
 
-def merge_no_rescale(ctx: Any, a: Summary, b: Summary) -> Summary:
-    m = ctx.maximum(a.m, b.m)
-    beta = ctx.exp(b.m - safe_shift(ctx, m))
-    return Summary(m, a.l + b.l * beta, a.z + b.z * beta[..., None])
+@dataclass(frozen=True)
+class Target:
+    """``module.attribute`` or ``module.Class.method``; alternatives cover a rename."""
+
+    module: str
+    path: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return ".".join((self.module.removeprefix("exactattn."), *self.path))
+
+    def resolve(self) -> tuple[Any, str, Any] | None:
+        """``(owner, attribute, original)`` or None if it does not exist."""
+        owner: Any = importlib.import_module(self.module)
+        for name in self.path[:-1]:
+            owner = getattr(owner, name, None)
+            if owner is None:
+                return None
+        original = getattr(owner, self.path[-1], None)
+        return None if original is None else (owner, self.path[-1], original)
 
 
-def merge_wrong_sign(ctx: Any, a: Summary, b: Summary) -> Summary:
-    m = ctx.maximum(a.m, b.m)
-    shift = safe_shift(ctx, m)
-    alpha = ctx.exp(shift - safe_shift(ctx, a.m))  # e^{M − m_old}: the sign flipped
-    beta = ctx.exp(b.m - shift)
-    return Summary(m, a.l * alpha + b.l * beta, a.z * alpha[..., None] + b.z * beta[..., None])
+def _target(spec: str) -> Target:
+    module, _, rest = spec.partition(":")
+    return Target(module, tuple(rest.split(".")))
 
 
-def merge_block_max_stored(ctx: Any, a: Summary, b: Summary) -> Summary:
-    merged = ORIGINAL_MERGE(ctx, a, b)
-    return Summary(b.m, merged.l, merged.z)
+@dataclass(frozen=True)
+class Mutant:
+    """One broken variant: ``make(original) -> replacement`` for the first target found."""
+
+    name: str
+    breaks: str  # which step, method or parameter
+    targets: tuple[str, ...]  # "module:attr" or "module:Class.method", alternatives
+    make: Callable[[Any], Any]
+    probes: tuple[str, ...] = ()  # likeliest killers first: "family" or "family/name words"
+
+    def resolve(self) -> tuple[Any, str, Any]:
+        for spec in self.targets:
+            found = _target(spec).resolve()
+            if found is not None:
+                return found
+        wanted = " or ".join(str(_target(s)) for s in self.targets)
+        raise engine.NoTarget(f"mutant {self.name!r}: {wanted} not found in the library (renamed?)")
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        owner, attribute, original = self.resolve()
+        replacement = self.make(original)
+        if isinstance(owner, type):  # a method: keep it a plain function on the class
+            replacement = _as_method(replacement)
+        with mock.patch.object(owner, attribute, replacement):
+            yield
 
 
-def merge_block_max_shift(ctx: Any, a: Summary, b: Summary) -> Summary:
-    # A context whose maximum returns the block's m makes the real merge shift by it.
-    return ORIGINAL_MERGE(_BlockMax(ctx), a, b)
+def _as_method(fn: Callable) -> Callable:
+    def method(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+
+    return method
+
+
+# --- the broken variants, each built from the original -------------------------------------
+def _caller() -> str:
+    return sys._getframe(2).f_code.co_name
+
+
+def _rows_overlapping(tiles: Callable) -> Callable:
+    """Row runs after the first of a key block start one row early (that row counted twice)."""
+
+    def broken(ctx, mask, geometry, block_size, row_block=None, **options):
+        singles = None
+        previous = None
+        for tile in tiles(ctx, mask, geometry, block_size, row_block, **options):
+            if previous is not None and tile.cols == previous.cols:
+                if singles is None:
+                    singles = list(tiles(ctx, mask, geometry, block_size, 1))
+                extra = [t for t in singles if t.cols == tile.cols]
+                extra = [t for t in extra if t.rows.start == tile.rows.start - 1]
+                yield from extra
+            previous = tile
+            yield tile
+
+    return broken
+
+
+def _rows_skipping(tiles: Callable) -> Callable:
+    """Row runs after the first of a key block lose their first row."""
+
+    def broken(ctx, mask, geometry, block_size, row_block=None, **options):
+        singles = None
+        previous = None
+        for tile in tiles(ctx, mask, geometry, block_size, row_block, **options):
+            if previous is None or tile.cols != previous.cols or len(range(*_bounds(tile))) == 1:
+                previous = tile
+                yield tile
+                continue
+            previous = tile
+            if singles is None:
+                singles = list(tiles(ctx, mask, geometry, block_size, 1))
+            start, stop = _bounds(tile)
+            yield from (
+                t for t in singles if t.cols == tile.cols and start + 1 <= t.rows.start < stop
+            )
+
+    return broken
+
+
+def _bounds(tile: Any) -> tuple[int, int]:
+    return tile.rows.start, tile.rows.stop
+
+
+def _scale_dropped(original: Callable) -> Callable:
+    def broken(ctx, q, k, scale, allowed, *rest, **kw):
+        return original(ctx, q, k, ctx.scalar(1), allowed, *rest, **kw)
+
+    return broken
+
+
+def _mask_ignored_in_reverse(original: Callable) -> Callable:
+    def broken(ctx, q, k, scale, allowed, *rest, **kw):
+        if _caller() == "backward":
+            allowed = None
+        return original(ctx, q, k, scale, allowed, *rest, **kw)
+
+    return broken
+
+
+def _dq_dropped_on_partial_tiles(original: Callable) -> Callable:
+    """dQ += 0 on every partially-masked tile (its scores carry a −∞)."""
+
+    def broken(ctx, gamma, k, scale):
+        out = original(ctx, gamma, k, scale)
+        frame = sys._getframe(1)
+        tile = frame.f_locals.get("tile")
+        if tile is not None and getattr(tile, "allowed", None) is not None:
+            return out * 0
+        return out
+
+    return broken
+
+
+def _l_of_dropped_weights(original: Callable) -> Callable:
+    def broken(ctx, s, v, rho=None):
+        out = original(ctx, s, v, rho)
+        if rho is None:
+            return out
+        ones = v[..., :1] * 0 + ctx.scalar(1)
+        out.l = original(ctx, s, ones, rho).z[..., 0]  # Σ p·ρ instead of Σ p
+        return out
+
+    return broken
+
+
+class _MinShift:
+    """A context whose row max is the row min (of the finite entries)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+
+    def rowmax(self, x: Any) -> Any:
+        finite = self._ctx.where(self._ctx.is_neg_inf(x), -self._ctx.neg_inf, x)
+        low = -self._ctx.rowmax(-finite)
+        return self._ctx.where(self._ctx.is_neg_inf(self._ctx.rowmax(x)), self._ctx.neg_inf, low)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
 
 
 class _BlockMax:
+    """A context whose ``maximum`` returns the block's side (the new summary's m)."""
+
     def __init__(self, ctx: Any) -> None:
         self._ctx = ctx
 
@@ -77,22 +221,369 @@ class _BlockMax:
         return getattr(self._ctx, name)
 
 
-def delta_zero(ctx: Any, g: Any, y: Any) -> Any:
-    return ctx.zeros(g.shape[:-1])
+def _merge_no_rescale(original: Callable) -> Callable:
+    def broken(ctx, a, b):
+        out = original(ctx, a, b)
+        beta = ctx.exp(b.m - ctx.where(ctx.is_neg_inf(out.m), ctx.scalar(0), out.m))
+        out.l, out.z = a.l + b.l * beta, a.z + b.z * beta[..., None]
+        return out
+
+    return broken
 
 
-def key_gradient_no_scale(ctx: Any, gamma: Any, q: Any, scale: Any) -> Any:
-    return ctx.matmul(ctx.transpose(gamma), q)
+def _merge_sign_flipped(original: Callable) -> Callable:
+    def broken(ctx, a, b):
+        out = original(ctx, a, b)
+        shift = ctx.where(ctx.is_neg_inf(out.m), ctx.scalar(0), out.m)
+        old = ctx.where(ctx.is_neg_inf(a.m), ctx.scalar(0), a.m)
+        alpha, beta = ctx.exp(shift - old), ctx.exp(b.m - shift)  # e^{M − m_old}: flipped
+        out.l, out.z = a.l * alpha + b.l * beta, a.z * alpha[..., None] + b.z * beta[..., None]
+        return out
+
+    return broken
 
 
-def value_gradient_zero(ctx: Any, weights: Any, g: Any) -> Any:
-    return ctx.zeros((weights.shape[-1], g.shape[-1]))
+def _merge_block_m_stored(original: Callable) -> Callable:
+    def broken(ctx, a, b):
+        out = original(ctx, a, b)
+        out.m = b.m
+        return out
+
+    return broken
 
 
-def tile_scores_unmasked(
-    ctx: Any, q: Any, k: Any, scale: Any, allowed: Any, mod: Any = None
-) -> Any:
-    return ORIGINAL_TILE_SCORES(ctx, q, k, scale, None, mod)
+def _keep(value: Callable) -> Callable:
+    """A replacement that ignores the original."""
+    return lambda original: value
+
+
+def _times_zero(original: Callable) -> Callable:
+    return lambda *args, **kw: original(*args, **kw) * 0
+
+
+def _kind_swapped(old: str, new: str) -> Callable:
+    def make(original: Callable) -> Callable:
+        from exactattn.masks import TileKind
+
+        def broken(self, rows, cols, geometry):
+            kind = original(self, rows, cols, geometry)
+            return TileKind[new] if kind is TileKind[old] else kind
+
+        return broken
+
+    return make
+
+
+def _one_key_wider(original: Callable) -> Callable:
+    """``allowed(i, j) ∨ allowed(i, j − 1)``: the set reaches one key further right."""
+    return lambda self, i, j, geometry: (
+        original(self, i, j, geometry) | original(self, i, j - 1, geometry)
+    )
+
+
+def _span_one_row_late(original: Callable) -> Callable:
+    def broken(self, cols, geometry):
+        span = original(self, cols, geometry)
+        return range(min(span.start + 1, span.stop), span.stop)
+
+    return broken
+
+
+def _span_by_shortest(original: Callable) -> Callable:
+    def broken(self, cols, geometry):
+        if int(self.lengths.min()) <= cols.start:
+            return range(0)
+        return original(self, cols, geometry)
+
+    return broken
+
+
+def _or_span_intersection(original: Callable) -> Callable:
+    def broken(self, cols, geometry):
+        spans = [part.row_span(cols, geometry) for part in self.parts]
+        start, stop = max(s.start for s in spans), min(s.stop for s in spans)
+        return range(start, max(start, stop))
+
+    return broken
+
+
+def _and_full_if_any_full(original: Callable) -> Callable:
+    from exactattn.masks import TileKind
+
+    def broken(self, rows, cols, geometry):
+        kinds = {part.classify(rows, cols, geometry) for part in self.parts}
+        if TileKind.FULL in kinds and TileKind.EMPTY not in kinds:
+            return TileKind.FULL
+        return original(self, rows, cols, geometry)
+
+    return broken
+
+
+def _or_empty_if_any_empty(original: Callable) -> Callable:
+    from exactattn.masks import TileKind
+
+    def broken(self, rows, cols, geometry):
+        kinds = {part.classify(rows, cols, geometry) for part in self.parts}
+        if TileKind.EMPTY in kinds and TileKind.FULL not in kinds:
+            return TileKind.EMPTY
+        return original(self, rows, cols, geometry)
+
+    return broken
+
+
+def _factor_one_plus_p(original: Callable) -> Callable:
+    def broken(self, ctx, batch_index, i, j):
+        one, p = ctx.scalar(1), ctx.scalar(self.p)
+        return original(self, ctx, batch_index, i, j) * ((one - p) / (one + p))
+
+    return broken
+
+
+def _keep_inverted(original: Callable) -> Callable:
+    return lambda self, batch_index, i, j: ~original(self, batch_index, i, j)
+
+
+def _keep_batch_ignored(original: Callable) -> Callable:
+    return lambda self, batch_index, i, j: original(self, batch_index * 0, i, j)
+
+
+def _stop_one_row_short(original: Callable) -> Callable:
+    from exactattn.masks import INT
+
+    def broken(left, right, offset, a, e, n_q, ops=INT):
+        start, stop = original(left, right, offset, a, e, n_q, ops)
+        return start, ops.max(stop - 1, start)
+
+    return broken
+
+
+def _stop_unclamped(original: Callable) -> Callable:
+    """The stop is not clamped to n_q (the shape of the or_masks bug: rows past n_q)."""
+    from exactattn.masks import INT
+
+    def broken(left, right, offset, a, e, n_q, ops=INT):
+        start, stop = original(left, right, offset, a, e, n_q, ops)
+        if left is not None:
+            stop = ops.max(e - offset + left, start)
+        return start, stop
+
+    return broken
+
+
+def _full_one_key_wider(original: Callable) -> Callable:
+    from exactattn.masks import INT
+
+    def broken(left, right, offset, r0, r1, a, e, ops=INT):
+        empty, _ = original(left, right, offset, r0, r1, a, e, ops)
+        return empty, original(left, right, offset, r0, r1, a, e - 1, ops)[1]
+
+    return broken
+
+
+def _empty_one_key_early(original: Callable) -> Callable:
+    from exactattn.masks import INT
+
+    def broken(left, right, offset, r0, r1, a, e, ops=INT):
+        _, full = original(left, right, offset, r0, r1, a, e, ops)
+        return original(left, right, offset, r0, r1, a + 1, e, ops)[0], full
+
+    return broken
+
+
+def _padding_full_one_short(original: Callable) -> Callable:
+    def broken(shortest, longest, a, e):
+        return original(shortest, longest, a, e)[0], original(shortest + 1, longest, a, e)[1]
+
+    return broken
+
+
+def _padding_rows_dropped_one_early(original: Callable) -> Callable:
+    def broken(longest, a, n_q, ops=None):
+        return original(longest - 1, a, n_q, *(() if ops is None else (ops,)))
+
+    return broken
+
+
+def _wider_side(original: Callable) -> Callable:
+    return lambda a, b: original(a, b) if a is None or b is None else max(a, b)
+
+
+def _offset_flipped(original: Callable) -> Callable:
+    return lambda *args, **kw: -original(*args, **kw)
+
+
+def _tiles_reversed(method: Callable) -> Callable:
+    """A chain method run over its tiles in the other order."""
+
+    def broken(self, *args):
+        flipped = copy.copy(self)
+        flipped.tiles = self.tiles[::-1]
+        return method(flipped, *args)
+
+    return broken
+
+
+def _cap_not_divided(original: Callable) -> Callable:
+    """``cap·tanh(s)`` instead of ``cap·tanh(s/cap)``."""
+    return lambda self, s: original(self, s * self.cap)
+
+
+class _FirstNotSum:
+    """A context whose ``sum_to`` keeps the first entry along each reduced axis."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+
+    def sum_to(self, x: Any, shape: tuple[int, ...]) -> Any:
+        x = x[(0,) * (x.ndim - len(shape))]
+        picked = tuple(slice(0, 1) if n == 1 else slice(None) for n in shape)
+        return x[picked]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+def _bias_first_not_sum(original: Callable) -> Callable:
+    def broken(self, gamma, grads):
+        real = self.ctx
+        self.ctx = _FirstNotSum(real)
+        try:
+            return original(self, gamma, grads)
+        finally:
+            self.ctx = real
+
+    return broken
+
+
+def _a(step: str) -> tuple[str, ...]:
+    return (f"{ALGORITHM}:{step}",)
+
+
+FWD, REV, GEN, OVF, TIL, DRP = "forward", "reverse", "general", "overflow", "tiles", "dropout"
+SMT, SCO = "smt", "scores"
+
+MUTANTS: list[Mutant] = [
+    # the forward
+    Mutant("tiles: row runs overlap by one row", "tiles (row_block)", _a("tiles"),
+           _rows_overlapping, (f"{SMT}/stated loop (same", TIL)),
+    Mutant("tiles: row runs skip their first row", "tiles (row_block)", _a("tiles"),
+           _rows_skipping, (f"{SMT}/stated loop (same", TIL)),
+    Mutant("tile_scores: scale c dropped", "tile_scores", _a("tile_scores"), _scale_dropped,
+           (FWD,)),
+    Mutant("tile_scores: mask ignored in the reverse", "tile_scores (reverse)",
+           _a("tile_scores"), _mask_ignored_in_reverse, ("reverse/causal,",)),
+    Mutant("safe_shift: ⊥ shifted by −∞ (NaN)", "safe_shift", _a("safe_shift"),
+           _keep(lambda ctx, m: m), (GEN, FWD)),
+    Mutant("safe_shift: no shift at all (0)", "safe_shift", _a("safe_shift"),
+           _keep(lambda ctx, m: ctx.where(ctx.is_neg_inf(m), ctx.scalar(0), ctx.scalar(0))),
+           (OVF,)),
+    Mutant("block_summary: shift by the row min", "block_summary",
+           _a("block_summary"), lambda o: lambda ctx, s, v, rho=None: o(_MinShift(ctx), s, v, rho),
+           (OVF,)),
+    Mutant("block_summary: ℓ sums the dropped-out weights", "block_summary (dropout)",
+           _a("block_summary"), _l_of_dropped_weights, (GEN, FWD)),
+    Mutant("block_summary: dropout ignored in z", "block_summary (dropout)",
+           _a("block_summary"), lambda o: lambda ctx, s, v, rho=None: o(ctx, s, v, None),
+           (GEN, FWD)),
+    Mutant("merge: old accumulator not rescaled", "merge", _a("merge"), _merge_no_rescale,
+           (GEN,)),
+    Mutant("merge: rescale exponent sign flipped", "merge", _a("merge"), _merge_sign_flipped,
+           (GEN,)),
+    Mutant("merge: stored m is the current block's", "merge", _a("merge"),
+           _merge_block_m_stored, (GEN, FWD)),
+    Mutant("merge: shift by the current block's max", "merge", _a("merge"),
+           lambda o: lambda ctx, a, b: o(_BlockMax(ctx), a, b), (OVF,)),
+    Mutant("finalize: Y = z (no division by ℓ)", "finalize", _a("finalize"),
+           _keep(lambda ctx, state: state.z), (GEN,)),
+    Mutant("log_sum_exp: lse = m", "log_sum_exp", _a("log_sum_exp"),
+           _keep(lambda ctx, m, l: m), (GEN,)),
+    Mutant("_nonzero_l: ℓ = 0 of an empty row kept (0/0)", "_nonzero_l (empty rows)",
+           _a("_nonzero_l"), _keep(lambda ctx, m, l: l), ("forward/empty rows",)),
+    # the reverse
+    Mutant("softmax_delta: δ = 0", "softmax_delta", _a("softmax_delta"), _times_zero,
+           (GEN, REV)),
+    Mutant("tile_probabilities: p not divided by ℓ", "tile_probabilities",
+           _a("tile_probabilities"),
+           lambda o: lambda ctx, s, m, l: o(ctx, s, m, l * 0 + ctx.scalar(1)), (GEN, REV)),
+    Mutant("tile_gamma: δ not subtracted", "tile_gamma", _a("tile_gamma"),
+           _keep(lambda ctx, p, dp, delta: p * dp), (GEN, REV)),
+    Mutant("key_gradient: c missing from dK", "key_gradient", _a("key_gradient"),
+           lambda o: lambda ctx, gamma, q, scale: o(ctx, gamma, q, ctx.scalar(1)), (GEN, REV)),
+    Mutant("query_gradient: c missing from dQ", "query_gradient", _a("query_gradient"),
+           lambda o: lambda ctx, gamma, k, scale: o(ctx, gamma, k, ctx.scalar(1)), (GEN, REV)),
+    Mutant("query_gradient: dQ dropped on partially-masked tiles", "query_gradient (masks)",
+           _a("query_gradient"), _dq_dropped_on_partial_tiles, ("reverse/causal,",)),
+    Mutant("value_gradient: dV = 0", "value_gradient", _a("value_gradient"), _times_zero,
+           (GEN, REV)),
+    Mutant("flat batch·head index: every head reads 0", "Geometry.flat_index (dropout)",
+           (*_a("batch_index_of"), f"{MASKS}:Geometry.flat_index"), _times_zero,
+           ("forward/dropout",)),
+    # the masks
+    Mutant("SlidingWindow.tile: one key too far right", "SlidingWindow.tile",
+           (f"{MASKS}:SlidingWindow.tile",), _one_key_wider, (TIL, FWD)),
+    Mutant("SlidingWindow.classify: PARTIAL reported FULL", "SlidingWindow.classify",
+           (f"{MASKS}:SlidingWindow.classify",), _kind_swapped("PARTIAL", "FULL"), (TIL, FWD)),
+    Mutant("SlidingWindow.classify: PARTIAL reported EMPTY", "SlidingWindow.classify",
+           (f"{MASKS}:SlidingWindow.classify",), _kind_swapped("PARTIAL", "EMPTY"), (TIL, FWD)),
+    Mutant("SlidingWindow.row_span: one row late", "SlidingWindow.row_span",
+           (f"{MASKS}:SlidingWindow.row_span",), _span_one_row_late, (TIL, FWD)),
+    Mutant("alignment offset: sign flipped", "alignment offset",
+           (f"{MASKS}:alignment_offset", f"{MASKS}:_alignment_offset"), _offset_flipped,
+           (f"{SMT}/window_allows", TIL, FWD)),
+    Mutant("window_row_span: stop one row short", "window_row_span",
+           (f"{MASKS}:window_row_span",), _stop_one_row_short, (f"{SMT}/window_row_span", TIL)),
+    Mutant("window_row_span: stop not clamped to n_q", "window_row_span",
+           (f"{MASKS}:window_row_span",), _stop_unclamped, (f"{SMT}/window_row_span", TIL)),
+    Mutant("window_tile_kind: FULL one key too wide", "window_tile_kind",
+           (f"{MASKS}:window_tile_kind",), _full_one_key_wider, (f"{SMT}/window_tile_kind", TIL)),
+    Mutant("window_tile_kind: EMPTY one key too early", "window_tile_kind",
+           (f"{MASKS}:window_tile_kind",), _empty_one_key_early,
+           (f"{SMT}/window_tile_kind", TIL)),
+    Mutant("padding_tile_kind: FULL once the shortest length reaches e − 1",
+           "padding_tile_kind", (f"{MASKS}:padding_tile_kind",), _padding_full_one_short,
+           (f"{SMT}/padding_tile_kind", TIL)),
+    Mutant("padding_row_span: rows dropped once the longest length reaches a + 1",
+           "padding_row_span", (f"{MASKS}:padding_row_span",), _padding_rows_dropped_one_early,
+           (f"{SMT}/padding_row_span", TIL)),
+    Mutant("Band.intersect: the wider window side kept", "Band.intersect (Mask.lower)",
+           (f"{MASKS}:_tighter",), _wider_side, (f"{SMT}/Mask.lower",)),
+    Mutant("KeyPadding.tile: j ≤ length", "KeyPadding.tile", (f"{MASKS}:KeyPadding.tile",),
+           _one_key_wider, (TIL, FWD)),
+    Mutant("KeyPadding.row_span: no row once the shortest length is reached",
+           "KeyPadding.row_span", (f"{MASKS}:KeyPadding.row_span",), _span_by_shortest,
+           (TIL, FWD)),
+    Mutant("KeyPadding.classify: PARTIAL reported FULL", "KeyPadding.classify",
+           (f"{MASKS}:KeyPadding.classify",), _kind_swapped("PARTIAL", "FULL"), (TIL, FWD)),
+    Mutant("And.classify: FULL if any part is FULL", "And.classify",
+           (f"{MASKS}:And.classify",), _and_full_if_any_full, (f"{SMT}/classify", "tiles/∧")),
+    Mutant("Or.classify: EMPTY if any part is EMPTY", "Or.classify",
+           (f"{MASKS}:Or.classify",), _or_empty_if_any_empty, (f"{SMT}/classify", "tiles/∧")),
+    Mutant("Or.row_span: the intersection of the parts' spans", "Or.row_span",
+           (f"{MASKS}:Or.row_span",), _or_span_intersection, (f"{SMT}/row_span meet", "tiles/∧")),
+    # score modification
+    Mutant("softcap pullback: the factor 1 − tanh² dropped", "Softcap (reverse)",
+           (f"{SCORES}:_SoftcapTile.pullback",), _keep(lambda self, gamma, grads: gamma),
+           (f"{GEN}/Lemma S", f"{SCO}/reverse (dQ, dK, dV): softcap")),
+    Mutant("softcap: cap·tanh(s) (s not divided by cap)", "Softcap",
+           (f"{SCORES}:_SoftcapTile.apply",), _cap_not_divided, (f"{SCO}/forward: softcap",)),
+    Mutant("chain: softcap applied after the bias", "Chain (score_mod order)",
+           (f"{SCORES}:_ChainTile.apply",), _tiles_reversed,
+           (f"{GEN}/Lemma S", f"{SCO}/forward: softcap then")),
+    Mutant("chain pullback: forward order (dB gets the softcap factor)", "Chain (reverse)",
+           (f"{SCORES}:_ChainTile.pullback",), _tiles_reversed,
+           (f"{GEN}/Lemma S", f"{SCO}/reverse (dQ, dK, dV, dB): softcap then")),
+    Mutant("bias pullback: a broadcast bias's dB takes one entry, not the sum", "Bias (dB)",
+           (f"{SCORES}:_BiasTile.pullback",), _bias_first_not_sum,
+           (f"{SCO}/reverse (dQ, dK, dV, dB): softcap then a bias broadcast",)),
+    # dropout
+    Mutant("Dropout.factors: 1/(1+p) instead of 1/(1−p)", "Dropout.factors",
+           (f"{DROPOUT}:Dropout.factors",), _factor_one_plus_p, (DRP, FWD)),
+    Mutant("Dropout.keep: keeps at rate p (bits inverted)", "Dropout.keep",
+           (f"{DROPOUT}:Dropout.keep",), _keep_inverted, (DRP, FWD)),
+    Mutant("Dropout.keep: batch·head index ignored", "Dropout.keep",
+           (f"{DROPOUT}:Dropout.keep",), _keep_batch_ignored, (DRP, FWD)),
+]  # fmt: skip
+BY_NAME = {m.name: m for m in MUTANTS}
 
 
 class MinContext(overflow.RecordingContext):
@@ -101,102 +592,99 @@ class MinContext(overflow.RecordingContext):
     _max2 = staticmethod(sympy.Min)
 
 
-@contextlib.contextmanager
-def patched(name: str, replacement: Callable) -> Iterator[None]:
-    with mock.patch.object(algorithm, name, replacement):
-        yield
+# --- killing a mutant with the proofs ------------------------------------------------------
+def probe_obligations(max_n: int) -> dict[str, list[engine.Obligation]]:
+    """The default families' obligations, by family (the mutants' judges)."""
+    from . import dropout, forward, general, monoid, reverse, scores, smt, tiles
+
+    families = {
+        GEN: general, SMT: smt, TIL: tiles, FWD: forward, REV: reverse, SCO: scores,
+        OVF: overflow, DRP: dropout, "monoid": monoid,
+    }  # fmt: skip
+    return {name: module.obligations(max_n) for name, module in families.items()}
 
 
-def _forward_check(patch_name: str, replacement: Callable) -> Callable[[], None]:
-    q, k, v = matrix("q", 2, 2), matrix("k", 3, 2), matrix("v", 3, 2)
+def kill(mutant: Mutant, probes: dict[str, list[engine.Obligation]], baseline: dict) -> str:
+    """Run the probes under ``mutant`` until one does not prove; raise its verdict.
 
-    def check() -> None:
-        with patched(patch_name, replacement):
-            forward.check_forward(q, k, v, C, 1)
+    A probe that does not prove on the unmutated library either (``baseline`` caches that)
+    judges nothing and is passed over, and so is a SKIPPED one (z3 missing). Returns (the
+    mutant survived) only if every probe that proves unmutated also proved under the
+    mutant; raises Skipped instead when some probe could not run.
+    """
+    mutant.resolve()  # a missing target is reported even with no probe to run
+    skipped = []
+    for ob in _ordered(mutant, probes):
+        with mutant.applied():
+            (outcome,) = engine.run([ob], stream=None)
+        if outcome.status == engine.SKIPPED:
+            skipped.append(f"{ob.family} / {ob.name}: {outcome.detail}")
+            continue
+        if outcome.status == engine.PROVED or not _proves_unmutated(ob, baseline):
+            continue
+        where = f"{ob.family} / {ob.name} ({ob.sizes})"
+        if outcome.counterexample is not None:
+            cex = outcome.counterexample
+            raise engine.Refuted(cex.relabelled(f"{where} — {cex.what}"))
+        raise engine.Killed(outcome.status, f"{where} — {outcome.detail}")
+    if skipped:  # not judged: its likeliest judges could not run
+        raise engine.Skipped(f"survived the probes that ran; skipped {skipped[0]}")
+    return "every probe proved"
 
-    return check
+
+def _ordered(mutant: Mutant, probes: dict[str, list[engine.Obligation]]):
+    """The mutant's hinted probes first ("family" or "family/words in the name"), then all."""
+    seen: set[int] = set()
+    hints = [*mutant.probes, *probes]
+    for hint in hints:
+        family, _, words = hint.partition("/")
+        for ob in probes.get(family, []):
+            if id(ob) not in seen and words in ob.name:
+                seen.add(id(ob))
+                yield ob
 
 
-def _reverse_check(patch_name: str, replacement: Callable) -> Callable[[], None]:
-    q, k, v = matrix("q", 2, 2), matrix("k", 2, 2), matrix("v", 2, 2)
-
-    def check() -> None:
-        with patched(patch_name, replacement):
-            reverse.check_reverse(q, k, v, C, 1)
-
-    return check
+# Verdicts of obligations already run on the unmutated library in this process (the
+# families that ran before the mutants family), so a probe's baseline is not run twice.
+_UNMUTATED: dict[tuple[str, str, str], bool] = {}
 
 
-def _mask_ignored_in_reverse() -> None:
-    n, b = 2, 2
-    q, k, v = score_inputs(n, n, 1)
-    mask = masks.causal()
-    allowed = np.tril(np.ones((n, n), dtype=bool))
-    y, stats = exactattn.attention(
-        q, k, v, scale=1, block_size=b, mask=mask, backend="sympy", return_stats=True
-    )
-    g = row_upstream(n, 1, 0)
-    with patched("tile_scores", tile_scores_unmasked):
-        _, dk, dv = exactattn.attention_backward(
-            q, k, v, y, stats, g, scale=1, block_size=b, mask=mask, backend="sympy"
+def remember(outcomes: list[engine.Outcome]) -> None:
+    """Record verdicts reached with no mutant applied (the runner calls this per family)."""
+    for o in outcomes:
+        if not o.obligation.expect_refuted:
+            ob = o.obligation
+            _UNMUTATED[(ob.family, ob.name, ob.sizes)] = o.status == engine.PROVED
+
+
+def _proves_unmutated(ob: engine.Obligation, baseline: dict) -> bool:
+    key = (ob.family, ob.name, ob.sizes)
+    if key in _UNMUTATED:
+        return _UNMUTATED[key]
+    if key not in baseline:
+        (outcome,) = engine.run([ob], stream=None)
+        baseline[key] = outcome.status == engine.PROVED
+    return baseline[key]
+
+
+def obligations(max_n: int = 4) -> list[engine.Obligation]:
+    probes, baseline = probe_obligations(max_n), {}
+    out = [
+        engine.Obligation(
+            FAMILY, m.name, f"first: {', '.join(m.probes)}",
+            lambda m=m: kill(m, probes, baseline), expect_refuted=True,
         )
-    spec = reverse._spec_grads(q, k, v, 1, 0, g, allowed, wrt=[k, v])
-    reverse.check_equal("row 0: tiled dK vs ∂L/∂K", dk, spec[0])
-    reverse.check_equal("row 0: tiled dV vs ∂L/∂V", dv, spec[1])
+        for m in MUTANTS
+    ]  # fmt: skip
 
+    def min_for_max() -> None:
+        for order in ((0, 1), (1, 0)):
+            for b in (1, 2):
+                overflow.check_case(MinContext, order, b)
 
-def _self_without_dv() -> None:
-    with patched("value_gradient", value_gradient_zero):
-        reverse.check_self(matrix("x", 2, 2), C, 1)
-
-
-def _overflow_with(patch_name: str | None, replacement: Any, ctx_type: type) -> Callable[[], None]:
-    def check() -> None:
-        with contextlib.ExitStack() as stack:
-            if patch_name is not None:
-                stack.enter_context(patched(patch_name, replacement))
-            for order in ((0, 1), (1, 0)):
-                for b in (1, 2):
-                    overflow.check_case(ctx_type, order, b)
-
-    return check
-
-
-MUTANTS: list[tuple[str, str, Callable[[], None]]] = [
-    (
-        "merge: old accumulator not rescaled",
-        "fwd n_q=2 n_k=3 b=1",
-        _forward_check("merge", merge_no_rescale),
-    ),
-    (
-        "merge: rescale exponent sign flipped",
-        "fwd n_q=2 n_k=3 b=1",
-        _forward_check("merge", merge_wrong_sign),
-    ),
-    (
-        "merge: stored m is the current block's max",
-        "fwd n_q=2 n_k=3 b=1",
-        _forward_check("merge", merge_block_max_stored),
-    ),
-    (
-        "merge: shift by the current block's max",
-        "overflow n=2 b=1,2",
-        _overflow_with("merge", merge_block_max_shift, overflow.RecordingContext),
-    ),
-    ("softmax_delta: δ = 0", "rev n=2 b=1", _reverse_check("softmax_delta", delta_zero)),
-    (
-        "key_gradient: c missing from dK",
-        "rev n=2 b=1",
-        _reverse_check("key_gradient", key_gradient_no_scale),
-    ),
-    ("tile_scores: mask ignored in the reverse", "rev causal n=2 b=2", _mask_ignored_in_reverse),
-    ("self-attention without dV (dX = dQ + dK)", "rev self n=2 b=1", _self_without_dv),
-    ("ctx: min instead of max", "overflow n=2 b=1,2", _overflow_with(None, None, MinContext)),
-]
-
-
-def obligations(max_n: int = 4) -> list[Obligation]:
-    return [
-        Obligation(FAMILY, name, sizes, check, expect_refuted=True)
-        for name, sizes, check in MUTANTS
-    ]
+    out.append(
+        engine.Obligation(
+            FAMILY, "ctx: min instead of max (sympy)", "overflow n=2 b=1,2", min_for_max, True
+        )
+    )
+    return out

@@ -28,6 +28,9 @@ class Counterexample:
     rhs: str
     relation: str = "≠"
 
+    def relabelled(self, what: str) -> Counterexample:
+        return Counterexample(what, self.point, self.lhs, self.rhs, self.relation)
+
     def short(self, limit: int = 6) -> str:
         items = list(self.point.items())
         shown = ", ".join(f"{k}={v}" for k, v in items[:limit])

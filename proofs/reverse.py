@@ -1,157 +1,260 @@
 """Family 3 — the block-recomputed reverse is exact.
 
-Theorem. For every size in the grid below and every block size ``b`` in ``1..n_k+1``, the
-library's reverse (``exactattn.attention_backward``, i.e. ``algorithm.backward``: recompute
-one tile's scores, ``p = e^{s−m}/ℓ`` from the *frozen* forward statistics ``m, ℓ``,
-``δ_i = G_i·Y_i``, ``γ_ij = p_ij (G_i·V_j − δ_i)``, ``dQ += c γ K``, ``dK += c γᵀ Q``,
-``dV += pᵀ G``) returns exactly
+Theorem. For every problem in the grid below and every block size ``b`` in ``1..n_k+1``,
+the library's reverse (``exactattn.attention_backward``, or ``algorithm.backward`` where
+the API does not take the parameter: recompute one tile's scores, ``p = e^{s−m}/ℓ`` from
+the *frozen* forward statistics ``m, ℓ``, ``δ_i = G_i·Y_i``, ``γ_ij = p_ij (ρ_ij G_i·V_j −
+δ_i)``, ``dQ += c γ K``, ``dK += c γᵀ Q``, ``dV += (p∘ρ)ᵀ G``) returns exactly
 
-    (∂L/∂Q, ∂L/∂K, ∂L/∂V),   L = Σ_{i,a} G_ia Y_ia,   Y the textbook softmax attention,
+    (∂L/∂Q, ∂L/∂K, ∂L/∂V),   L = Σ_{i,a} G_ia Y_ia,   Y the specification's attention,
 
 with the derivative taken by sympy of the formula (no max, nothing frozen: the frozen
 ``m`` cancels). Both sides are linear in ``G``, so the claim is checked one query row at
-a time (``G`` zero except row i, symbolic there), which is equivalent.
+a time (``G`` zero except that row, symbolic there), which is equivalent. Leading dims
+that broadcast (batch, grouped-query heads) make the library *sum* dQ, dK, dV over them:
+the derivative of the one loss does the same.
 
-Grid (default ``--max-n 4``): cross-attention (n_q = n_k = n, d = 2, v = 3, symbolic c)
+Grid (default ``--max-n 4``): cross-attention (n_q = n + 1, n_k = n, d = 2, v = 3, symbolic c)
 and self-attention ``dX = dQ + dK + dV = ∂L/∂X`` (Q = K = V = X, d = 2) for n = 1..max-n;
-every nonempty-row mask at n ≤ 2 and causal / sliding-window masks up to max-n on
-score-level inputs; dropout with symbolic keep-factors ``ρ_ij``, replayed per tile in
-both passes, against ``∂/∂(Q,K,V)`` of ``Σ G_ia Σ_j p_ij ρ_ij V_ja`` for n = 1..3.
+every nonempty-row mask at n ≤ 2 and every mask case of :mod:`proofs.grid` up to
+max(4, max-n) on *full* inputs (symbolic Q, K, V and c, d = 2: dQ is checked under every
+mask); the cases with rows split (``row_block`` 1, 2); the torch path's statistics
+(``m = lse, ℓ = 1``) with split rows; batch broadcasting and grouped-query heads; dropout
+with symbolic keep-factors ``ρ_ij`` (n = 1..3) and through the library's real ``Dropout``
+at p = 1/4; empty rows under ``empty_rows='zero'`` (zero gradients).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-import sympy
 
 import exactattn
-from exactattn import algorithm, masks
+from exactattn import masks
 
+from . import spec
+from .checks import Problem, check_reverse
+from .context import ProofContext
+from .coverage import Coverage
 from .engine import Obligation, check_equal
+from .grid import BY_NAME, CASES, CAUSAL, EMPTY_ROWS, MaskCase, full_problem
 from .inputs import (
     C,
     SymbolicDropout,
-    dense_of,
     every_block_size,
     every_mask_check,
-    gradient,
     matrix,
-    naive_output,
-    row_upstream,
-    score_inputs,
+    tensor,
+    upstream,
 )
 
 FAMILY = "reverse"
-
-
-def _spec_grads(q, k, v, c, row, g, allowed=None, rho=None, wrt=None) -> list[np.ndarray]:
-    loss = sympy.Add(*(g[row] * naive_output(q, k, v, c, allowed, rho)[row]))
-    return [gradient(loss, x) for x in (wrt or (q, k, v))]
-
-
-def check_reverse(q: Any, k: Any, v: Any, c: Any, b: int, mask: Any = None, allowed: Any = None):
-    """Every row of G: the library's (dQ, dK, dV) against sympy's derivative of the spec."""
-    y, stats = exactattn.attention(
-        q, k, v, scale=c, block_size=b, mask=mask, backend="sympy", return_stats=True
-    )
-    for row in range(q.shape[0]):
-        g = row_upstream(q.shape[0], v.shape[1], row)
-        tiled = exactattn.attention_backward(
-            q, k, v, y, stats, g, scale=c, block_size=b, mask=mask, backend="sympy"
-        )
-        symbolic = [x for x in (q, k, v) if _all_symbols(x)]
-        spec = dict(zip(map(id, symbolic), _spec_grads(q, k, v, c, row, g, allowed, wrt=symbolic)))
-        for name, x, lhs in zip(("dQ", "dK", "dV"), (q, k, v), tiled):
-            if id(x) in spec:  # Q = I at score level: dQ is covered by the full runs
-                check_equal(f"b={b} row {row}: tiled {name} vs ∂L/∂{name[1]}", lhs, spec[id(x)])
-
-
-def _all_symbols(x: np.ndarray) -> bool:
-    return all(isinstance(e, sympy.Symbol) for e in x.flat)
+ROW_BLOCK_N = 3
 
 
 def cross_attention(n: int) -> Obligation:
-    q, k, v = matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 3)
+    pb = Problem(matrix("q", n + 1, 2), matrix("k", n, 2), matrix("v", n, 3), C)
     return Obligation(
         FAMILY,
         "dQ, dK, dV = ∂(Σ G∘Y)/∂(Q, K, V), symbolic c",
-        f"n={n} d=2 v=3 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_reverse(q, k, v, C, b)),
+        f"n_q={n + 1} n_k={n} d=2 v=3 b=1..{n + 1}",
+        every_block_size(n, lambda b: check_reverse(pb, b)),
+        coverage=(Coverage("reverse", n=n, cross=True),),
     )
 
 
-def check_self(x: Any, c: Any, b: int) -> None:
+def check_self(x: np.ndarray, c: object, b: int, cache: dict) -> None:
     y, stats = exactattn.self_attention(
-        x, scale=c, block_size=b, backend="sympy", return_stats=True
+        x, scale=c, block_size=b, backend=ProofContext(), return_stats=True
     )
     for row in range(x.shape[0]):
-        g = row_upstream(x.shape[0], x.shape[1], row)
+        g = upstream(x.shape, (row,))
         dx = exactattn.self_attention_backward(
-            x, y, stats, g, scale=c, block_size=b, backend="sympy"
+            x, y, stats, g, scale=c, block_size=b, backend=ProofContext()
         )
-        (spec,) = _spec_grads(x, x, x, c, row, g, wrt=(x,))
-        check_equal(f"b={b} row {row}: dQ + dK + dV vs ∂L/∂X", dx, spec)
+        if row not in cache:
+            loss = sum(g[row] * spec.naive_output(x, x, x, c)[row])
+            cache[row] = spec.gradient(loss, x)
+        check_equal(f"b={b} row {row}: dQ + dK + dV vs ∂L/∂X", dx, cache[row])
 
 
 def self_attention(n: int) -> Obligation:
-    x = matrix("x", n, 2)
+    x, cache = matrix("x", n, 2), {}
     return Obligation(
         FAMILY,
         "self-attention dX = dQ + dK + dV = ∂(Σ G∘Y)/∂X",
         f"n={n} d=2 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_self(x, C, b)),
+        every_block_size(n, lambda b: check_self(x, C, b, cache)),
+        coverage=(Coverage("reverse", n=n),),
     )
 
 
 def every_mask(n: int) -> Obligation:
-    q, k, v = score_inputs(n, n, 2)
+    q, k, v = matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 1)
 
     def run(allowed: np.ndarray, b: int) -> None:
-        check_reverse(q, k, v, 1, b, mask=allowed, allowed=allowed)
+        check_reverse(Problem(q, k, v, C, allowed, spec.dense(allowed)), b)
 
     return Obligation(
         FAMILY,
-        f"every nonempty-row mask ({(2**n - 1) ** n} masks), scores free",
-        f"n={n} b=1..{n + 1}",
+        f"every nonempty-row mask ({(2**n - 1) ** n} masks), full inputs",
+        f"n={n} d=2 v=1 b=1..{n + 1}",
         every_mask_check(n, run),
+        coverage=(Coverage("reverse", "every table", n=n),),
     )
 
 
-def structured(name: str, mask: masks.Mask, n: int) -> Obligation:
-    q, k, v = score_inputs(n, n, 2)
-    allowed = dense_of(mask, n, n)
+def structured(case: MaskCase, n: int) -> Obligation:
+    pb = full_problem(case, n)
     return Obligation(
         FAMILY,
-        f"{name} mask, scores free",
-        f"n={n} b=1..{n + 1}",
-        every_block_size(n, lambda b: check_reverse(q, k, v, 1, b, mask=mask, allowed=allowed)),
+        f"{case.name}, full inputs (dQ too)",
+        f"{case.sizes(n)} d=v=2 b=1..{n + 1}",
+        every_block_size(n, lambda b: check_reverse(pb, b)),
+        coverage=(case.coverage("reverse", n),),
     )
 
 
-def check_dropout(q: Any, k: Any, v: Any, c: Any, b: int, dropout: SymbolicDropout) -> None:
-    ctx = exactattn.SympyContext()
-    y, state = algorithm.forward(ctx, q, k, v, scale=c, block_size=b, dropout=dropout)
-    check_equal(f"b={b}: dropped-out Y", y, naive_output(q, k, v, c, rho=dropout.rho))
-    for row in range(q.shape[0]):
-        g = row_upstream(q.shape[0], v.shape[1], row)
-        tiled = algorithm.backward(
-            ctx, q, k, v, y, state.m, state.l, g, scale=c, block_size=b, dropout=dropout
-        )
-        spec = _spec_grads(q, k, v, c, row, g, rho=dropout.rho)
-        for name, lhs, rhs in zip(("dQ", "dK", "dV"), tiled, spec):
-            check_equal(f"b={b} row {row}: tiled {name} vs ∂L/∂{name[1]}", lhs, rhs)
+def split_rows(case: MaskCase, n: int = ROW_BLOCK_N) -> Obligation:
+    while case.n_q(n) < 2:  # enough rows for a split to take effect
+        n += 1
+    pb = full_problem(case, n, v=1)
 
+    def check() -> str:
+        for row_block in (1, 2):
+            for b in range(1, n + 2):
+                check_reverse(pb, b, row_block)
+        return f"{2 * (n + 1)} runs"
 
-def dropout(n: int) -> Obligation:
-    q, k, v = matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 2)
-    drop = SymbolicDropout.of_size(n, n)
     return Obligation(
         FAMILY,
-        "dropout, symbolic replayed ρ_ij: Y and its exact gradient",
+        f"{case.name}, rows split (row_block 1, 2), full inputs",
+        f"{case.sizes(n)} d=2 v=1 b=1..{n + 1}",
+        check,
+        coverage=(case.coverage("reverse", n, row_block=True),),
+    )
+
+
+def torch_statistics(n: int = ROW_BLOCK_N) -> Obligation:
+    """The torch path's reverse: frozen ``m = lse``, ``ℓ = 1``, rows split into runs."""
+    pb = full_problem(CAUSAL, n, v=1)
+
+    def check() -> str:
+        for row_block in (1, 2):
+            for b in range(1, n + 2):
+                check_reverse(pb, b, row_block, lse_only=True)
+        return f"{2 * (n + 1)} runs"
+
+    return Obligation(
+        FAMILY,
+        "causal, frozen m = lse, ℓ = 1 (torch path), rows split, full inputs",
+        f"n={n} d=2 v=1 b=1..{n + 1}",
+        check,
+        coverage=(CAUSAL.coverage("reverse", n, row_block=True),),
+    )
+
+
+def _split_and_whole(pb: Problem, n: int) -> str:
+    for row_block in (None, 2):
+        for b in range(1, n + 2):
+            check_reverse(pb, b, row_block)
+    return f"{2 * (n + 1)} runs"
+
+
+def grouped(n: int = 3) -> Obligation:
+    pb = Problem(
+        tensor("q", 2, 2, n, 1), tensor("k", 2, 1, n, 1), tensor("v", 2, 1, n, 1), C,
+        masks.causal("bottom-right"), spec.causal("bottom-right"),
+    )  # fmt: skip
+    return Obligation(
+        FAMILY,
+        "grouped-query heads (H_kv=2, g=2): dK, dV summed over the group",
+        f"n={n} d=v=1 b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            Coverage("reverse", "causal", "bottom-right", n, batch="GQA"),
+            Coverage("reverse", "causal", "bottom-right", n, batch="GQA", row_block=True),
+        ),
+    )
+
+
+def enable_gqa(n: int = 3) -> Obligation:
+    """``enable_gqa``: q (B=1, H=4, n, d) against k, v (1, H_kv=2, n, ·), the library's dropout
+    on the logical heads (flat index b·H + h), causal bottom-right — as the torch path runs."""
+    pb = Problem(
+        tensor("q", 1, 4, n, 1), tensor("k", 1, 2, n, 1), tensor("v", 1, 2, n, 1), C,
+        masks.causal("bottom-right"), spec.causal("bottom-right"), dropout_p=0.5, seed=3,
+        enable_gqa=True,
+    )  # fmt: skip
+    return Obligation(
+        FAMILY,
+        "enable_gqa (H=4 over H_kv=2) with dropout, causal bottom-right, whole and split",
+        f"n={n} d=v=1 p=1/2 b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            Coverage("reverse", "causal", "bottom-right", n, batch="GQA", dropout=True),
+            Coverage("reverse", "causal", "bottom-right", n, batch="GQA", row_block=True),
+        ),
+    )
+
+
+def broadcast(n: int = 3) -> Obligation:
+    pb = Problem(
+        tensor("q", 2, 1, n, 1), tensor("k", 1, 2, n, 1), tensor("v", 1, 2, n, 1), C,
+        masks.causal("bottom-right"), spec.causal("bottom-right"),
+    )  # fmt: skip
+    return Obligation(
+        FAMILY,
+        "batch broadcasting q (2,1,·) × k, v (1,2,·): gradients summed over it",
+        f"n={n} d=v=1 b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            Coverage("reverse", "causal", "bottom-right", n, batch="batch"),
+            Coverage("reverse", "causal", "bottom-right", n, batch="batch", row_block=True),
+        ),
+    )
+
+
+def symbolic_dropout(n: int) -> Obligation:
+    pb = Problem(
+        matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 2), C,
+        symbolic_rho=SymbolicDropout.of_shape(n, n),
+    )  # fmt: skip
+    return Obligation(
+        FAMILY,
+        "dropout, symbolic replayed ρ_ij: exact gradient",
         f"n={n} d=v=2 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_dropout(q, k, v, C, b, drop)),
+        every_block_size(n, lambda b: check_reverse(pb, b)),
+        coverage=(Coverage("reverse", n=n, dropout=True),),
+    )
+
+
+def library_dropout(n: int = 3) -> Obligation:
+    case = BY_NAME["causal ∧ key padding"]
+    pb = full_problem(case, n, v=1, dropout_p=0.25, seed=7)
+    return Obligation(
+        FAMILY,
+        "dropout: the library's Dropout at p = 1/4, exact gradient of Σ G·Y",
+        f"{case.sizes(n)} d=2 v=1 seed=7 b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            case.coverage("reverse", n, dropout=True),
+            case.coverage("reverse", n, dropout=True, row_block=True),
+        ),
+    )
+
+
+def empty_rows(n: int = 3) -> Obligation:
+    case = EMPTY_ROWS
+    pb = full_problem(case, n, v=1, empty_rows="zero")
+    return Obligation(
+        FAMILY,
+        "empty rows (empty_rows='zero'): zero gradient from them",
+        f"{case.sizes(n)} d=2 v=1 b=1..{n + 1}",
+        lambda: _split_and_whole(pb, n),
+        coverage=(
+            case.coverage("reverse", n, empty_rows=True),
+            case.coverage("reverse", n, empty_rows=True, row_block=True),
+        ),
     )
 
 
@@ -160,9 +263,10 @@ def obligations(max_n: int = 4) -> list[Obligation]:
     for n in range(1, max_n + 1):
         out += [cross_attention(n), self_attention(n)]
     out += [every_mask(n) for n in (1, 2)]
-    for n in range(2, max_n + 1):
-        out.append(structured("causal", masks.causal(), n))
-        if n >= 3:
-            out.append(structured("sliding-window(left=1)", masks.sliding_window(1), n))
-    out += [dropout(n) for n in (1, 2, 3)]
+    for n in range(2, max(4, max_n) + 1):
+        out += [structured(case, n) for case in CASES if n >= case.min_n]
+    out += [split_rows(case) for case in CASES]
+    out += [torch_statistics(), grouped(), enable_gqa(), broadcast()]
+    out += [symbolic_dropout(n) for n in (1, 2, 3)]
+    out += [library_dropout(), empty_rows()]
     return out

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from ..precision.cli import main as sweep
-    from ..proofs.cli import main as prove
+    from .prove import main as prove
 
     print("== exactattn prove ==", flush=True)
     proved = prove([] if args.report is None else ["--report", args.report])

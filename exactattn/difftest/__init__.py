@@ -1,25 +1,11 @@
-"""Differential testing across number systems (``exactattn difftest``).
+"""Differential testing of exactattn's own number systems (``exactattn difftest``).
 
-Hypothesis draws cases (:mod:`.strategies`, :mod:`.cases`); every backend available on
-the machine (:mod:`.targets`) runs the forward and the reverse; each output is compared
-with naive attention in certified (flint) or high (mpmath) precision (:mod:`.reference`)
-within a bound derived from the configuration's unit roundoff and the problem size
-(:mod:`.tolerance`); failures are shrunk and written as replay files (:mod:`.runner`).
+Hypothesis draws cases (:mod:`.strategies`, :mod:`.cases`); every exactattn configuration
+of the target registry (:mod:`exactattn.targets`) available on the machine runs the
+forward and the reverse (:mod:`.targets`); each output is compared with certified naive
+attention (:mod:`exactattn.certified`) within the bound of the configuration's arithmetic
+(:mod:`exactattn.bounds`), both through :mod:`exactattn.testing.reference`; failures are
+shrunk and written as replay files (:mod:`.runner`). ``exactattn check``
+(:mod:`exactattn.testing`) runs the same machinery over any registered target, foreign ones
+included.
 """
-
-from .cases import Case, Spec, build_case
-from .check import Finding, check_case
-from .runner import run, save_failures
-from .targets import Target, discover
-
-__all__ = [
-    "Case",
-    "Finding",
-    "Spec",
-    "Target",
-    "build_case",
-    "check_case",
-    "discover",
-    "run",
-    "save_failures",
-]

@@ -1,30 +1,44 @@
-"""One differential-test case: sizes, inputs, keywords; self-contained and JSON round-trippable.
+"""One test case: sizes, inputs, keywords; self-contained and JSON round-trippable.
 
-A :class:`Case` holds everything a run needs (the float64 inputs ``q, k, v`` and the upstream
-gradient ``G``, block size ``b``, scale ``c``, the mask as data, dropout rate and seed, the
-empty-row policy), so a failure written with :meth:`Case.to_json` replays on any machine.
-:func:`build_case` turns a small description (sizes, an input distribution, a data seed) into
-a Case; hypothesis draws and shrinks the description, not the array entries.
+A :class:`Case` holds everything a run needs: the float64 inputs ``q, k, v`` and the
+upstream gradient ``G`` (as drawn, before any rounding to a target's dtype), block size
+``b``, scale ``c``, the mask as a spec (:mod:`exactattn.testing.spec`), dropout rate and
+seed, the empty-row policy, and for ``exactattn check`` the dtype the targets run in and
+the memory layout of the inputs. A failure written with :meth:`Case.to_json` replays on any
+machine. :func:`build_case` turns a small description (a :class:`Draw`: sizes, a mask
+template, an input distribution, a data seed) into a Case; hypothesis draws and shrinks the
+description, not the array entries.
+
+Grouped-query attention: ``k`` and ``v`` may have fewer heads (the last leading axis) than
+``q``; query head ``h`` reads key/value head ``h // group``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .. import masks
+from ..testing import spec as maskspec
 
 DISTRIBUTIONS = ("normal", "outliers", "large_logits", "tiny", "uniform_int")
-MASK_KINDS = ("none", "causal", "causal_br", "window", "padding", "dense", "dense_empty")
+LAYOUTS = ("contiguous", "transposed", "strided")
 
 
 @dataclass(frozen=True)
-class Spec:
-    """What hypothesis draws: sizes, keywords and how to fill the arrays."""
+class Draw:
+    """What hypothesis draws: sizes, keywords, a mask template and how to fill the arrays.
+
+    ``mask`` is a mask spec whose random parts are filled by :func:`build_case` from the
+    data seed: a ``padding`` leaf without ``lengths`` gets one length in ``1..n_k`` per
+    batch element, a ``dense`` leaf without ``allowed`` gets a random table (``density``;
+    ``empty_row: true`` empties row 0), a ``document`` leaf without ids gets ``docs``
+    sorted document ids for queries and keys.
+    """
 
     batch: tuple[int, ...]
     n_q: int
@@ -35,11 +49,13 @@ class Spec:
     distribution: str = "normal"
     logit: float = 0.0  # target max |s_ij| for "large_logits" (sets the scale c)
     explicit_scale: bool = False
-    mask: str = "none"
-    window: tuple[int, int] = (1, 0)
+    mask: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
     dropout_p: float = 0.0
     seed: int = 0
     data_seed: int = 0
+    group: int = 1  # query heads per key/value head (GQA); divides batch[-1]
+    dtype: str | None = None
+    layout: str = "contiguous"
 
 
 @dataclass
@@ -57,11 +73,20 @@ class Case:
     seed: int | None = None
     empty_rows: str = "error"
     note: str = ""
+    dtype: str | None = None  # the dtype targets run in (None: each target's own)
+    layout: str = "contiguous"
 
     # --- derived --------------------------------------------------------------------
     @property
     def batch(self) -> tuple[int, ...]:
         return tuple(self.q.shape[:-2])
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head (1 without GQA)."""
+        if self.k.shape[:-2] == self.q.shape[:-2]:
+            return 1
+        return self.q.shape[-3] // self.k.shape[-3]
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -76,38 +101,74 @@ class Case:
         """The scale in float64 (the default ``1/sqrt(d)`` when none is given)."""
         return 1 / math.sqrt(self.q.shape[-1]) if self.scale is None else self.scale
 
+    def allowed(self) -> np.ndarray:
+        """The allowed set as a dense ``(*batch, n_q, n_k)`` boolean array, from the spec's
+        definition (:func:`exactattn.testing.spec.allowed`, never through the library)."""
+        n = self.sizes
+        return maskspec.allowed(self.mask, self.batch, n["n_q"], n["n_k"])
+
+    def rho(self) -> np.ndarray:
+        """Dropout factors ``ρ = r/(1−p)`` by formula from the keep-bits (ones without)."""
+        n = self.sizes
+        return maskspec.rho(self.dropout_p, self.seed, self.batch, n["n_q"], n["n_k"])
+
     def mask_object(self, like: Any = None) -> Any:
-        """The mask as an exactattn mask (``like``: a torch tensor to put lengths on)."""
-        spec = self.mask
+        """The mask as the library's :class:`~exactattn.masks.Mask` (None for ``none``).
+
+        ``like``: a torch tensor to put arrays on. Document ids become a ``mask_mod(b, h,
+        i, j)`` written from their definition (ids per element of the first batch axis) for a
+        torch call, their dense table otherwise.
+        """
+        return self._lower(self.mask, like)
+
+    def _lower(self, spec: dict[str, Any], like: Any) -> Any:
         kind = spec["kind"]
         if kind == "none":
             return None
-        if kind in ("causal", "causal_br"):
-            return masks.causal("top-left" if kind == "causal" else "bottom-right")
+        if kind == "causal":
+            return masks.causal(spec.get("align", "top-left"))
         if kind == "window":
-            return masks.sliding_window(spec["left"], spec["right"])
+            return masks.sliding_window(
+                spec.get("left"), spec.get("right"), spec.get("align", "top-left")
+            )
         if kind == "padding":
-            lengths = np.asarray(spec["lengths"], dtype=np.int64)
-            if like is not None:
-                lengths = like.new_tensor(lengths, dtype=_torch().int64)
-            return masks.key_padding(lengths)
-        if kind == "dense":
-            allowed = self.allowed()
-            if like is not None:
-                allowed = _torch().from_numpy(allowed.copy()).to(like.device)
-            return masks.dense(allowed)
-        raise ValueError(f"unknown mask kind {kind!r} in case")
+            return masks.key_padding(self._array(spec["lengths"], like, "int64"))
+        if kind == "dense" or (kind == "document" and like is None):
+            # a mask_mod is evaluated on torch index tensors (FlexAttention's): a NumPy call
+            # gets the document mask as its dense table, so checking it imports no torch
+            n = self.sizes
+            table = maskspec.allowed(spec, self.batch, n["n_q"], n["n_k"])
+            return masks.dense(self._array(table, like, "bool"))
+        if kind == "document":
+            return masks.from_mask_mod(self._documents(spec, like))
+        parts = [self._lower(part, like) for part in spec["parts"]]
+        if kind == "or" and None in parts:  # "none" (every key) absorbs an or
+            return None
+        parts = [part for part in parts if part is not None]  # ... and is the identity of and
+        if not parts:
+            return None
+        return masks.and_masks(*parts) if kind == "and" else masks.or_masks(*parts)
 
-    def allowed(self) -> np.ndarray:
-        """The allowed set as a dense (*batch, n_q, n_k) boolean array (for the tolerance)."""
-        n_q, n_k = self.q.shape[-2], self.k.shape[-2]
-        spec, batch = self.mask, self.batch
-        if spec["kind"] == "dense":
-            return np.broadcast_to(np.asarray(spec["allowed"], dtype=bool), (*batch, n_q, n_k))
-        mask = self.mask_object()
-        if mask is None:
-            return np.ones((*batch, n_q, n_k), dtype=bool)
-        return masks.create_mask(mask, masks.Geometry(n_q, n_k, batch))
+    def _documents(self, spec: dict[str, Any], like: Any) -> Any:
+        q_doc = self._array(spec["q_doc"], like, "int64")
+        k_doc = self._array(spec["k_doc"], like, "int64")
+        # ids per element of batch axis 0: the library's b for (B, H) inputs, h for (B,)
+        per_b = len(self.batch) == 2
+
+        def mask_mod(b: Any, h: Any, i: Any, j: Any) -> Any:
+            if q_doc.ndim == 1:
+                return q_doc[i] == k_doc[j]
+            first = b if per_b else h
+            return q_doc[first, i] == k_doc[first, j]
+
+        return mask_mod
+
+    @staticmethod
+    def _array(values: Any, like: Any, dtype: str) -> Any:
+        arr = np.array(values, dtype=dtype)  # a writable copy (torch shares its memory)
+        if like is None:
+            return arr
+        return _torch().from_numpy(arr).to(like.device)
 
     def keywords(self) -> dict[str, Any]:
         """Keywords for :func:`exactattn.attention` (mask left to the caller)."""
@@ -117,6 +178,32 @@ class Case:
         if self.dropout_p:
             out.update(dropout_p=self.dropout_p, seed=self.seed)
         return out
+
+    def expanded(self) -> Case:
+        """The same problem without GQA: ``k, v`` repeated to one head per query head."""
+        group = self.group
+        if group == 1:
+            return self
+        k, v = (np.repeat(x, group, axis=-3) for x in (self.k, self.v))
+        return replace(self, k=k, v=v)
+
+    def describe(self, block_size: bool = True) -> str:
+        """Shapes, dtype, mask and keywords on one line (for counterexamples); ``block_size``
+        False leaves out the block size (a foreign kernel picks its own)."""
+        n = self.sizes
+        parts = [
+            f"q {tuple(self.q.shape)}, k {tuple(self.k.shape)}, v {tuple(self.v.shape)}",
+            f"dtype {self.dtype}" if self.dtype else "",
+            f"mask {maskspec.describe(self.mask)}",
+            f"scale {self.c():.6g}" + ("" if self.scale is not None else " (default)"),
+            f"block_size {self.block_size}" if block_size else "",
+            f"dropout p={self.dropout_p} seed={self.seed}" if self.dropout_p else "",
+            f"GQA group {self.group}" if self.group > 1 else "",
+            f"layout {self.layout}" if self.layout != "contiguous" else "",
+            "empty rows -> 0" if self.empty_rows == "zero" else "",
+            "n_q != n_k" if n["n_q"] != n["n_k"] else "",
+        ]
+        return "; ".join(p for p in parts if p)
 
     # --- files ------------------------------------------------------------------------
     def to_json(self) -> str:
@@ -132,7 +219,8 @@ class Case:
         shapes = data.pop("shape")
         for name in ("q", "k", "v", "g"):
             data[name] = np.asarray(data[name], dtype=np.float64).reshape(shapes[name])
-        data.pop("expect", None)
+        for extra in ("expect", "finding"):
+            data.pop(extra, None)
         return cls(**data)
 
 
@@ -153,52 +241,90 @@ def _fill(rng: np.random.Generator, shape: tuple[int, ...], distribution: str) -
     return rng.standard_normal(shape)
 
 
-def build_case(spec: Spec) -> Case:
-    """Fill a :class:`Spec` with arrays drawn from ``spec.data_seed``."""
-    rng = np.random.default_rng(spec.data_seed)
-    b = spec.batch
-    dist = spec.distribution
-    q = _fill(rng, (*b, spec.n_q, spec.d), dist)
-    k = _fill(rng, (*b, spec.n_k, spec.d), dist)
-    v = _fill(rng, (*b, spec.n_k, spec.v), "normal" if dist == "tiny" else dist)
-    g = _fill(rng, (*b, spec.n_q, spec.v), "uniform_int" if dist == "uniform_int" else "normal")
+def _fill_mask(
+    template: dict[str, Any], rng: np.random.Generator, batch: tuple[int, ...], n_q: int, n_k: int
+) -> dict[str, Any]:
+    """The template with its random parts drawn (see :class:`Draw`)."""
+    kind = template["kind"]
+    if kind in maskspec.COMBINATORS:
+        parts = [_fill_mask(part, rng, batch, n_q, n_k) for part in template["parts"]]
+        return {"kind": kind, "parts": parts}
+    spec = dict(template)
+    if kind == "padding" and "lengths" not in spec:
+        spec["lengths"] = np.asarray(rng.integers(1, n_k + 1, size=batch[:1])).tolist()
+    elif kind == "dense" and "allowed" not in spec:
+        table = rng.random((*batch, n_q, n_k)) < spec.pop("density", 0.6)
+        if spec.pop("empty_row", False):
+            table[..., 0, :] = False
+        else:
+            table[..., rng.integers(0, n_k)] = True  # every row nonempty
+        spec["allowed"] = table.tolist()
+    elif kind == "document" and "q_doc" not in spec:
+        docs = spec.pop("docs", 2)
+        spec["q_doc"] = np.sort(rng.integers(0, docs, size=(*batch[:1], n_q)), axis=-1).tolist()
+        spec["k_doc"] = np.sort(rng.integers(0, docs, size=(*batch[:1], n_k)), axis=-1).tolist()
+    return spec
+
+
+def build_case(draw: Draw) -> Case:
+    """Fill a :class:`Draw` with arrays drawn from ``draw.data_seed``."""
+    rng = np.random.default_rng(draw.data_seed)
+    b = draw.batch
+    kv_b = b if draw.group == 1 else (*b[:-1], b[-1] // draw.group)
+    dist = draw.distribution
+    q = _fill(rng, (*b, draw.n_q, draw.d), dist)
+    k = _fill(rng, (*kv_b, draw.n_k, draw.d), dist)
+    v = _fill(rng, (*kv_b, draw.n_k, draw.v), "normal" if dist == "tiny" else dist)
+    g = _fill(rng, (*b, draw.n_q, draw.v), "uniform_int" if dist == "uniform_int" else "normal")
     scale = None
     if dist == "large_logits":
-        raw = np.abs(q @ np.swapaxes(k, -1, -2)).max()
-        scale = float(spec.logit / raw) if raw > 0 else 1.0
-    elif spec.explicit_scale:
+        kk = np.repeat(k, draw.group, axis=-3) if draw.group > 1 else k
+        raw = np.abs(q @ np.swapaxes(kk, -1, -2)).max()
+        scale = float(draw.logit / raw) if raw > 0 else 1.0
+    elif draw.explicit_scale:
         scale = float(rng.choice([0.5, 2.0, -1.0, 1 / 3]))
-    mask: dict[str, Any] = {"kind": spec.mask}
-    empty_rows = "error"
-    if spec.mask == "window":
-        mask.update(left=spec.window[0], right=spec.window[1])
-    elif spec.mask == "padding":
-        lengths = rng.integers(1, spec.n_k + 1, size=b[:1])  # one per batch element
-        mask["lengths"] = np.asarray(lengths).tolist()
-    elif spec.mask in ("dense", "dense_empty"):
-        allowed = rng.random((*b, spec.n_q, spec.n_k)) < 0.6
-        if spec.mask == "dense":
-            allowed[..., rng.integers(0, spec.n_k)] = True  # every row nonempty
-        else:
-            allowed[..., 0, :] = False  # row 0 empty: exercises empty_rows='zero'
-            empty_rows = "zero"
-        mask = {"kind": "dense", "allowed": allowed.tolist()}
-    if spec.mask in ("causal", "causal_br", "window"):
-        case = Case(q, k, v, g, spec.block_size, scale, mask)
-        if not case.allowed().any(axis=-1).all():
-            # bottom-right alignment with n_q > n_k (or a narrow window) leaves rows with
-            # no allowed key: the opt-in convention is then what is under test.
-            empty_rows = "zero"
-    dropout = spec.dropout_p
-    return Case(
+    mask = _fill_mask(draw.mask, rng, b, draw.n_q, draw.n_k)
+    case = Case(
         q,
         k,
         v,
         g,
-        spec.block_size,
+        draw.block_size,
         scale,
         mask,
-        dropout_p=dropout,
-        seed=spec.seed if dropout else None,
-        empty_rows=empty_rows,
+        dropout_p=draw.dropout_p,
+        seed=draw.seed if draw.dropout_p else None,
+        dtype=draw.dtype,
+        layout=draw.layout,
     )
+    if not case.allowed().any(axis=-1).all():
+        # a row with no allowed key (bottom-right alignment with n_q > n_k, a narrow
+        # window, a composition, a document without keys): the opt-in convention is tested
+        case.empty_rows = "zero"
+    return case
+
+
+def hold(x: np.ndarray, fmt: str) -> np.ndarray:
+    """``x`` rounded to the number format ``fmt`` (to nearest), returned as float64.
+
+    ``fmt``: a NumPy float name, ``bfloat16`` or ``pN`` (``N`` significand bits, unbounded
+    exponent, as mpmath). The result is exactly representable in ``fmt``, so handing it to
+    a target in that format is exact whatever conversion path the target takes.
+    """
+    if fmt in ("float64", "longdouble"):
+        return np.asarray(x, dtype=np.float64)
+    if fmt in ("float32", "float16"):
+        return np.asarray(x, dtype=np.float64).astype(fmt).astype(np.float64)
+    if fmt == "bfloat16":  # nearest-even on float32's top 16 bits, through float32 first
+        bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+        finite = np.isfinite(np.asarray(x, dtype=np.float32))
+        out = np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
+        return out.astype(np.float64)
+    if fmt.startswith("p") and fmt[1:].isdigit():
+        import mpmath
+
+        with mpmath.workprec(int(fmt[1:])):
+            out = np.frompyfunc(lambda e: float(mpmath.mpf(float(e))), 1, 1)(x)
+        return np.asarray(out, dtype=np.float64).reshape(np.shape(x))
+    raise ValueError(f"cannot hold values in format {fmt!r}")

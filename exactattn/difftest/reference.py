@@ -1,39 +1,31 @@
-"""The reference a backend is judged against: naive attention in a certified or high precision.
+"""The reference a backend is judged against: certified naive attention (exactattn.certified).
 
-With python-flint the reference is :func:`exactattn.naive_attention` (and its exact VJP)
-over arb balls: the ball encloses the exact answer and its radius is added to the
-tolerance. Without flint it is the same naive computation over mpmath at ``REF_PREC`` bits,
-whose own error (``≲ (n + d)·2^-REF_PREC`` relative) is far below any configuration tested.
-The naive path materialises ``P`` and forms ``δ`` as ``rowsum(P∘dP)``, so it shares no
-step with the tiled pass being tested. Float64 magnitudes of ``s, m, p, ρ`` for the
+For a case, the reference gets the allowed set as a dense boolean array and the dropout
+factors as the keep-bits ``r_ij`` of the counter-based hash with ``ρ = r/(1 − p)``
+(``1/(1 − p)`` enclosed, not rounded), so it shares no step with the tiled code it judges.
+It runs at ``REF_PREC`` bits; its midpoints come back as double-double ``hi + lo`` (exact
+mpf here) and its radii cover both the arb radius and ``mid − (hi + lo)`` (≤ 2^-104
+relative), and are added to every tolerance. Float64 magnitudes of ``s, m, p, ρ`` for the
 tolerance come from the same formulas evaluated in NumPy.
+
+The reference needs python-flint: a verdict is only as good as its reference, so there is
+no uncertified fallback (python-flint ships wheels wherever NumPy does;
+``pip install 'exactattn[flint]'``).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
 import mpmath
 import numpy as np
 
-from .. import api
 from ..dropout import make_dropout
 from .cases import Case
 
 REF_PREC = 160
-
-
-def reference_context() -> tuple[str, Any]:
-    """``("flint", ctx)`` when the ball backend is importable, else ``("mpmath", ctx)``."""
-    try:
-        module = importlib.import_module("exactattn.backends.flint_backend")
-        return "flint", module.FlintContext(REF_PREC)
-    except Exception:
-        from ..backends import MpmathContext
-
-        return "mpmath", MpmathContext(REF_PREC)
+OUTPUTS = ("y", "dq", "dk", "dv")
 
 
 @dataclass
@@ -41,7 +33,7 @@ class Values:
     """The reference for one case: high-precision ``mid``/``rad`` and float64 magnitudes."""
 
     mid: dict[str, np.ndarray]  # mpf object arrays: y, dq, dk, dv
-    rad: dict[str, np.ndarray]  # float64 radii (0 for mpmath)
+    rad: dict[str, np.ndarray]  # float64 radii
     y: np.ndarray
     dq: np.ndarray
     dk: np.ndarray
@@ -55,15 +47,6 @@ class Values:
     allowed: np.ndarray
 
 
-def _split(ctx_kind: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(mpf midpoints, float64 radii) of a reference output."""
-    if ctx_kind == "flint":
-        mid = np.frompyfunc(arb_mid, 1, 1)(x)
-        rad = np.frompyfunc(lambda e: float(e.rad()), 1, 1)(x).astype(np.float64)
-        return mid.astype(object), rad * (1 + 2.0**-40) + 2.0**-190 * np.abs(mid.astype(float))
-    return np.asarray(x, dtype=object), np.zeros(x.shape)
-
-
 def arb_mid(e: Any) -> mpmath.mpf:
     """The exact midpoint of an arb ball as an mpf."""
     man, exp = e.mid().man_exp()
@@ -71,9 +54,20 @@ def arb_mid(e: Any) -> mpmath.mpf:
         return mpmath.mpf((int(man), int(exp)))
 
 
-def magnitudes(case: Case, q, k, v) -> tuple[np.ndarray, ...]:
-    """Float64 ``s`` (−∞ off ``A_i``), ``m``, ``p``, ``ρ`` and the allowed set."""
-    allowed = case.allowed()
+def keep_bits(case: Case) -> np.ndarray | None:
+    """The realised keep-bits ``r_ij`` (*batch, n_q, n_k), or ``None`` without dropout."""
+    dropout = make_dropout(case.dropout_p, case.seed)
+    if dropout is None:
+        return None
+    n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+    batch = case.batch
+    index = np.arange(int(np.prod(batch))).reshape((*batch, 1, 1))
+    keep = dropout.keep(index, np.arange(n_q)[:, None], np.arange(n_k)[None, :])
+    return np.broadcast_to(keep, (*batch, n_q, n_k))
+
+
+def magnitudes(case: Case, q, k, v, allowed, keep) -> tuple[np.ndarray, ...]:
+    """Float64 ``s`` (−∞ off ``A_i``), ``m``, ``p`` and ``ρ``."""
     s = case.c() * (q @ np.swapaxes(k, -1, -2))
     s = np.where(allowed, s, -np.inf)
     with np.errstate(invalid="ignore"):
@@ -82,28 +76,39 @@ def magnitudes(case: Case, q, k, v) -> tuple[np.ndarray, ...]:
         e = np.exp(s - shift[..., None])
     l = e.sum(axis=-1)
     p = e / np.where(l > 0, l, 1.0)[..., None]
-    rho = np.ones_like(p)
-    dropout = make_dropout(case.dropout_p, case.seed)
-    if dropout is not None:
-        n_q, n_k = p.shape[-2:]
-        batch = p.shape[:-2]
-        index = np.arange(int(np.prod(batch))).reshape((*batch, 1, 1))
-        keep = dropout.keep(index, np.arange(n_q)[:, None], np.arange(n_k)[None, :])
-        rho = np.where(keep, 1 / (1 - case.dropout_p), 0.0) * np.ones_like(p)
-    return s, m, p, rho, allowed
+    rho = np.ones_like(p) if keep is None else np.where(keep, 1 / (1 - case.dropout_p), 0.0)
+    return s, m, p, rho
+
+
+def require() -> Any:
+    """:func:`exactattn.certified.certified_attention`, or an ImportError that says what to
+    install (a command can call this before it starts drawing cases)."""
+    try:
+        from ..certified import certified_attention
+    except ImportError as error:
+        raise ImportError(
+            "the difftest reference is certified (arb balls) and needs python-flint: "
+            "pip install 'exactattn[flint]'"
+        ) from error
+    return certified_attention
 
 
 def compute(case: Case, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray) -> Values:
     """The reference for ``case`` on the inputs exactly as given (already rounded)."""
-    kind, ctx = reference_context()
-    keywords = case.keywords()
-    keywords.pop("block_size")
-    mask = case.mask_object()
-    y, stats = api.naive_attention(q, k, v, mask=mask, backend=ctx, return_stats=True, **keywords)
-    grads = api.naive_attention_backward(q, k, v, y, stats, g, mask=mask, backend=ctx, **keywords)
-    mid, rad = {}, {}
-    for name, x in zip(("y", "dq", "dk", "dv"), (y, *grads)):
-        mid[name], rad[name] = _split(kind, np.asarray(x, dtype=object))
-    as_float = {name: mid[name].astype(np.float64) for name in mid}
-    s, m, p, rho, allowed = magnitudes(case, q, k, v)
+    allowed, keep = case.allowed(), keep_bits(case)
+    enc = require()(
+        q,
+        k,
+        v,
+        g,
+        scale=case.scale,
+        allowed=allowed,
+        keep=keep,
+        dropout_p=case.dropout_p,
+        prec=REF_PREC,
+    )
+    mid = {name: enc[name].mpf() for name in OUTPUTS}
+    rad = {name: enc[name].rad for name in OUTPUTS}
+    as_float = {name: enc[name].hi + enc[name].lo for name in OUTPUTS}
+    s, m, p, rho = magnitudes(case, q, k, v, allowed, keep)
     return Values(mid, rad, **as_float, v=v, g=g, s=s, m=m, p=p, rho=rho, allowed=allowed)

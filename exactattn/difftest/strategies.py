@@ -1,59 +1,106 @@
-"""Hypothesis strategies for :class:`~exactattn.difftest.cases.Spec`: what a case may be.
+"""Hypothesis strategies for :class:`~exactattn.difftest.cases.Draw`: what a case may be.
 
-Sizes include 1 and non-powers of two; the block size ranges from 1 to beyond ``n_k``;
-every mask kind (dense masks with nonempty rows, and with an empty row to exercise the
-opt-in ``empty_rows='zero'``), every input distribution (normal, outliers, logits up to
-1e4, tiny values, small integers for the exact sympy run), dropout with a seed, an explicit
-scale. Hypothesis shrinks the sizes, the kinds and the data seed towards the simplest case.
+Sizes include 1 and non-powers of two, ``n_q ≠ n_k`` (cross attention) and ``v ≠ d``; the
+block size ranges from 1 to beyond ``n_k``; masks are every leaf kind (causal and sliding
+windows in both alignments, key padding, dense tables, document ids) and their and/or
+compositions up to depth 2 (:func:`masks`); rows with no allowed key exercise the opt-in
+``empty_rows='zero'``. Every input distribution (normal, outliers, logits up to 1e4, tiny
+values, small integers for the exact sympy run), dropout with a seed, an explicit scale,
+grouped heads (GQA), and for ``exactattn check`` the dtype and memory layout. Hypothesis
+shrinks the sizes, the kinds and the data seed towards the simplest case.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import strategies as st
 
-from .cases import DISTRIBUTIONS, MASK_KINDS, Spec
+from ..testing.spec import ALIGNMENTS
+from .cases import DISTRIBUTIONS, Draw
+
+BATCHES = ((), (1,), (2,), (1, 1), (2, 3), (1, 2), (2, 4), (1, 4), (1, 6))
 
 
 @st.composite
-def specs(draw: st.DrawFn, max_n: int = 12, max_d: int = 8) -> Spec:
-    if draw(st.integers(0, 9)) == 0:
-        return draw(exact_specs())
-    batch = draw(st.sampled_from([(), (1,), (2,), (2, 3), (1, 2)]))
+def leaves(draw: st.DrawFn) -> dict[str, Any]:
+    """One leaf mask template (random parts filled by :func:`~.cases.build_case`)."""
+    kind = draw(st.sampled_from(("none", "causal", "window", "padding", "dense", "document")))
+    align = draw(st.sampled_from(ALIGNMENTS))
+    if kind == "causal":
+        return {"kind": "causal", "align": align}
+    if kind == "window":
+        left = draw(st.one_of(st.none(), st.integers(0, 4)))
+        right = draw(st.one_of(st.none(), st.integers(0, 3)))
+        return {"kind": "window", "left": left, "right": right, "align": align}
+    if kind == "dense":
+        return {"kind": "dense", "density": 0.6, "empty_row": draw(st.booleans())}
+    if kind == "document":
+        return {"kind": "document", "docs": draw(st.integers(1, 3))}
+    return {"kind": kind}
+
+
+@st.composite
+def masks(draw: st.DrawFn, depth: int = 2) -> dict[str, Any]:
+    """A leaf, or an and/or of 2–3 parts each a mask of depth ``depth − 1`` (compositions up
+    to depth 2: the ``or_masks`` row-span bug of issue 11 lives there)."""
+    if depth == 0 or draw(st.integers(0, 2)) > 0:
+        return draw(leaves())
+    kind = draw(st.sampled_from(("and", "or")))
+    parts = draw(st.lists(masks(depth - 1), min_size=2, max_size=3))
+    return {"kind": kind, "parts": parts}
+
+
+@st.composite
+def draws(
+    draw: st.DrawFn,
+    max_n: int = 12,
+    max_d: int = 8,
+    dtypes: tuple[str, ...] | None = None,
+    layouts: tuple[str, ...] = ("contiguous",),
+    batches: tuple[tuple[int, ...], ...] = BATCHES,
+    exact_share: int = 10,
+    dropout: bool = True,
+) -> Draw:
+    """A case description; one in ``exact_share`` is a tiny integer case (0: never);
+    ``dropout=False`` when no unit under test replays exactattn's keep-bits."""
+    if exact_share and draw(st.integers(0, exact_share - 1)) == 0:
+        return draw(exact_draws())
+    batch = draw(st.sampled_from(batches))
     n_q = draw(st.integers(1, max_n))
     n_k = draw(st.integers(1, max_n))
-    d = draw(st.integers(1, max_d))
-    v = draw(st.integers(1, max_d))
-    block_size = draw(st.integers(1, n_k + 2))
     distribution = draw(st.sampled_from(DISTRIBUTIONS))
     logit = (
         draw(st.sampled_from([10.0, 100.0, 1e3, 1e4])) if distribution == "large_logits" else 0.0
     )
-    mask = draw(st.sampled_from(MASK_KINDS))
-    window = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
-    dropout_p = draw(st.sampled_from([0.0, 0.0, 0.1, 0.5]))
-    return Spec(
+    dropout_p = draw(st.sampled_from([0.0, 0.0, 0.1, 0.5])) if dropout else 0.0
+    heads = batch[-1] if len(batch) == 2 else 1
+    groups = [g for g in range(1, heads + 1) if heads % g == 0]  # GQA: g query heads per k/v head
+    return Draw(
         batch=batch,
         n_q=n_q,
         n_k=n_k,
-        d=d,
-        v=v,
-        block_size=block_size,
+        d=draw(st.integers(1, max_d)),
+        v=draw(st.integers(1, max_d)),
+        block_size=draw(st.integers(1, n_k + 2)),
         distribution=distribution,
         logit=logit,
         explicit_scale=draw(st.booleans()),
-        mask=mask,
-        window=window,
+        mask=draw(masks()),
         dropout_p=dropout_p,
         seed=draw(st.integers(0, 2**64 - 1)) if dropout_p else 0,
         data_seed=draw(st.integers(0, 2**32 - 1)),
+        group=draw(st.sampled_from(groups)),
+        dtype=draw(st.sampled_from(dtypes)) if dtypes else None,
+        layout=draw(st.sampled_from(layouts)),
     )
 
 
 @st.composite
-def exact_specs(draw: st.DrawFn) -> Spec:
-    """Tiny integer cases (one in ten): sympy can run them exactly, in closed form."""
+def exact_draws(draw: st.DrawFn) -> Draw:
+    """Tiny integer cases: sympy can run them exactly, in closed form."""
     n_k = draw(st.integers(1, 3))
-    return Spec(
+    return Draw(
         batch=draw(st.sampled_from([(), (1,)])),
         n_q=draw(st.integers(1, 3)),
         n_k=n_k,
@@ -61,7 +108,6 @@ def exact_specs(draw: st.DrawFn) -> Spec:
         v=draw(st.integers(1, 2)),
         block_size=draw(st.integers(1, n_k + 1)),
         distribution="uniform_int",
-        mask=draw(st.sampled_from(MASK_KINDS)),
-        window=(draw(st.integers(0, 2)), 0),
+        mask=draw(leaves()),
         data_seed=draw(st.integers(0, 2**32 - 1)),
     )

@@ -1,74 +1,30 @@
-"""Precision configurations: which arithmetic a run uses, given as data.
+"""Precision configurations of the sweep: views of the target registry's exactattn entries.
 
-A configuration is a small dict (see :data:`CONFIGS`) naming a backend and its precision
-policy: ``storage`` (inputs and outputs), ``compute`` (scores, running ``m, ℓ, z``,
-accumulators), ``p_cast`` (``p`` is rounded to it before the ``p·V`` product; the
-FlashAttention-2 policy casts to the input dtype) and optionally ``quantize`` (inputs are
-quantised per tensor to an FP8 format, the baseline FP8 recipe of FlashAttention-3 §4.3).
-``mpN`` (for any ``N ≥ 2``) is mpmath at ``N`` significand bits with every operation
-rounded, the emulated-mantissa experiment of Golden et al. (2024).
+A configuration is a registry entry of the ``api`` convention (:mod:`exactattn.targets.builtin`
+holds the list: NumPy, torch, FP8 and ``mpN``): a backend and its precision policy —
+``storage`` (inputs and outputs), ``compute`` (scores, running ``m, ℓ, z``, accumulators),
+``p_cast`` (``p`` is rounded to it before the ``p·V`` product; the FlashAttention-2 policy
+casts to the input dtype) and ``quantize`` (per-tensor FP8 inputs, FlashAttention-3 §4.3's
+baseline). :func:`get_config` reads an entry; :func:`available` says whether it runs here.
 
 The same configuration runs the tiled algorithm and the naive reference, in the same
-arithmetic. Torch rows need :mod:`exactattn.backends.torch_backend`; when it cannot be
+arithmetic. Torch rows need :mod:`exactattn.backends.torch_backend`; when torch cannot be
 imported, :func:`available` says why and the sweep skips them with a note.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..backends import MpmathContext, NumpyContext
+from .. import targets
 from ..backends.base import ArrayContext
 from .formats import Format, get_format
 
-CONFIGS: dict[str, dict[str, Any]] = {
-    "np-fp16": {"backend": "numpy", "storage": "float16"},
-    "np-fp32": {"backend": "numpy", "storage": "float32"},
-    "np-fp64": {"backend": "numpy", "storage": "float64"},
-    "np-fa2-fp16": {
-        "backend": "numpy",
-        "storage": "float16",
-        "compute": "float32",
-        "p_cast": "float16",
-    },
-    "torch-fp16": {"backend": "torch", "storage": "float16", "compute": "float16"},
-    "torch-bf16": {"backend": "torch", "storage": "bfloat16", "compute": "bfloat16"},
-    "torch-fp32": {"backend": "torch", "storage": "float32"},
-    "torch-fp64": {"backend": "torch", "storage": "float64"},
-    "torch-fa2-fp16": {
-        "backend": "torch",
-        "storage": "float16",
-        "compute": "float32",
-        "p_cast": "float16",
-    },
-    "torch-fa2-bf16": {
-        "backend": "torch",
-        "storage": "bfloat16",
-        "compute": "float32",
-        "p_cast": "bfloat16",
-    },
-    "torch-fp8-e4m3": {
-        "backend": "torch",
-        "storage": "float32",
-        "quantize": "e4m3",
-        "p_cast": "e4m3",
-    },
-    "torch-fp8-e5m2": {
-        "backend": "torch",
-        "storage": "float32",
-        "quantize": "e5m2",
-        "p_cast": "e5m2",
-    },
-}
-
-_MP = re.compile(r"mp(\d+)")
-_FP8 = ("e4m3", "e5m2")
+SWEEP_BACKENDS = ("numpy", "torch", "mpmath")
 
 
 @dataclass(frozen=True)
@@ -107,13 +63,7 @@ class Config:
         return self.input_format.p
 
     def make_ctx(self) -> ArrayContext:
-        if self.backend == "numpy":
-            return NumpyContext(self.storage, compute=self.compute, p_cast=self.p_cast)
-        if self.backend == "mpmath":
-            return MpmathContext(prec=get_format(self.compute).p)
-        from . import fp8
-
-        return fp8.torch_context(self.storage, self.compute, self.p_cast)
+        return targets.get(self.name).options["ctx"]()
 
     def prepare(self, x: np.ndarray) -> np.ndarray:
         """The input as this configuration receives it (FP8 per-tensor quantised if set)."""
@@ -126,32 +76,45 @@ class Config:
 
 @functools.cache
 def get_config(name: str) -> Config:
-    """The configuration called ``name`` (a key of :data:`CONFIGS` or ``mpN``)."""
-    match = _MP.fullmatch(name)
-    if match:
-        bits = int(match.group(1))
-        if bits < 2:
-            raise ValueError(f"mpN needs N >= 2 significand bits; got {name!r}")
-        return Config(name, "mpmath", f"p{bits}", f"p{bits}")
-    if name not in CONFIGS:
-        raise ValueError(f"unknown configuration {name!r}; use one of {sorted(CONFIGS)} or mpN")
-    spec = dict(CONFIGS[name])
-    spec.setdefault("compute", spec["storage"])
-    return Config(name=name, **spec)
+    """The configuration called ``name`` (a registry entry of the ``api`` convention or ``mpN``)."""
+    try:
+        target = targets.get(name)
+    except targets.UnknownTarget:
+        raise ValueError(
+            f"unknown configuration {name!r}; use one of {sorted(names())} or mpN"
+        ) from None
+    options = target.options
+    if target.convention != "api" or options.get("backend") not in SWEEP_BACKENDS:
+        raise ValueError(
+            f"{name!r} is a registry target but not a precision configuration; use one of "
+            f"{sorted(names())} or mpN"
+        )
+    return Config(
+        name,
+        options["backend"],
+        options["storage"],
+        options["compute"],
+        options["p_cast"],
+        options["quantize"],
+    )
+
+
+def names() -> list[str]:
+    """The registered precision configurations (``mpN`` besides)."""
+    return [
+        name
+        for name, target in targets.registry().items()
+        if target.convention == "api"
+        and target.options.get("backend") in SWEEP_BACKENDS
+        and not target.options.get("path")
+        and not name.startswith("mp")
+    ]
 
 
 def available(name: str) -> tuple[bool, str]:
     """Whether the configuration can run here, and if not, why."""
-    config = get_config(name)
-    if config.backend != "torch":
-        return True, ""
-    if importlib.util.find_spec("torch") is None:
-        return False, "torch is not installed"
-    try:
-        importlib.import_module("exactattn.backends.torch_backend")
-    except ImportError as error:
-        return False, f"exactattn.backends.torch_backend is not importable ({error})"
-    return True, ""
+    why = targets.unavailable(targets.get(get_config(name).name))
+    return why is None, why or ""
 
 
 def to_float64(x: Any) -> np.ndarray:

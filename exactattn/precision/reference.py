@@ -1,72 +1,61 @@
-"""The certified reference: the library's tiled code over arb balls (python-flint).
+"""The sweep's view of the certified reference (:func:`exactattn.certified.certified_attention`).
 
-:class:`~exactattn.backends.flint_backend.FlintContext` runs ``exactattn.attention`` and
-``attention_backward`` unchanged; every output is a ball that encloses the exact value for
-the given float64 inputs (and the float64 scale ``c``). The sweep measures every
-configuration against the balls' midpoints, stored as double-double pairs
-``(hi, lo)`` with ``mid ≈ hi + lo`` so that even float64 runs are measured against a
-reference far more accurate than themselves; ``radius`` is the largest ball radius over
-Y and the gradients, a certificate that the reference is exact to that absolute accuracy.
+One problem's inputs ``{"q", "k", "v", "g"}`` and its allowed set go in; the midpoints of
+``Y`` (and ``dQ, dK, dV``) come out as double-double pairs ``(hi, lo)``, so even float64
+runs are measured against a reference far more accurate than themselves, with the
+precision the reference used and its largest radius (a certificate: the exact values are
+within ``radius`` of ``hi + lo``).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
-from .. import api
-from ..backends.flint_backend import FlintContext
+from ..certified import certified_attention
 
 OUTPUTS = ("y", "dq", "dk", "dv")
 
 
 @dataclass
 class Reference:
-    """Midpoints ``hi + lo`` per output, the largest radius, and the time it took."""
+    """Midpoints ``hi + lo`` per output, the largest radius, the precision and the time."""
 
     hi: dict[str, np.ndarray]
     lo: dict[str, np.ndarray]
     radius: float
     seconds: float
     prec: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def split_balls(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """arb balls → ``(hi, lo, largest radius)``, ``hi = fl(mid)``, ``lo = fl(mid − hi)``."""
-    flat = list(np.asarray(x, dtype=object).flat)
-    hi = np.array([float(e) for e in flat], dtype=np.float64)
-    lo = np.array([float(e.mid() - h) for e, h in zip(flat, hi)], dtype=np.float64)
-    radius = max((float(e.rad()) for e in flat), default=0.0)
-    return hi.reshape(x.shape), lo.reshape(x.shape), radius
 
 
 def certified_reference(
     inputs: dict[str, np.ndarray],
     *,
     scale: float,
-    mask: Any = None,
-    prec: int = 200,
-    block_size: int = 256,
+    allowed: np.ndarray | None = None,
+    prec: int | None = None,
     grads: bool = True,
 ) -> Reference:
-    """Enclosures of ``Y`` (and ``dQ, dK, dV`` at upstream ``G`` when ``grads``)."""
-    ctx = FlintContext(prec)
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    keywords = dict(scale=scale, mask=mask, block_size=block_size, backend=ctx)
-    start = time.perf_counter()
-    y, stats = api.attention(q, k, v, return_stats=True, **keywords)
-    outputs = {"y": y}
-    if grads:
-        outputs["dq"], outputs["dk"], outputs["dv"] = api.attention_backward(
-            q, k, v, y, stats, inputs["g"], **keywords
-        )
-    seconds = time.perf_counter() - start
-    hi, lo, radius = {}, {}, 0.0
-    for name, x in outputs.items():
-        hi[name], lo[name], r = split_balls(x)
-        radius = max(radius, r)
-    return Reference(hi=hi, lo=lo, radius=radius, seconds=seconds, prec=prec)
+    """Enclosures of ``Y`` (and of ``dQ, dK, dV`` at upstream ``G`` when ``grads``).
+
+    ``allowed``: the (n_q, n_k) allowed set, written from the mask's definition by the
+    caller; ``prec=None`` lets :mod:`exactattn.certified` choose the precision.
+    """
+    enc = certified_attention(
+        inputs["q"],
+        inputs["k"],
+        inputs["v"],
+        inputs["g"] if grads else None,
+        scale=scale,
+        allowed=allowed,
+        prec=prec,
+    )
+    names = [name for name in OUTPUTS if name in enc.balls]
+    return Reference(
+        hi={name: enc[name].hi for name in names},
+        lo={name: enc[name].lo for name in names},
+        radius=max(enc[name].max_radius for name in names),
+        seconds=enc.seconds,
+        prec=enc.prec,
+    )

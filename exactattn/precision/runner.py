@@ -118,7 +118,7 @@ def run_sweep(
     by_problem: dict[Any, list[Point]] = defaultdict(list)
     for point in points:
         by_problem[point.problem].append(point)
-    prec = int(preset.get("reference_prec", 200))
+    prec = preset.get("reference_prec")  # None: the reference picks the lowest sufficient
     stamp = versions()
     written = 0
     executor = make_executor(workers, scheduler)

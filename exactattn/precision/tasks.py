@@ -1,6 +1,7 @@
 """The sweep's two kinds of independent task, as plain picklable functions.
 
-* :func:`reference_task`: the certified reference (arb balls) of one problem;
+* :func:`reference_task`: the certified reference (:mod:`exactattn.certified`) of one
+  problem, its allowed set written from the mask's definition;
 * :func:`run_task`: one grid point, the tiled and the naive computation in the
   configuration's arithmetic, measured against the reference; returns two CSV rows.
 """
@@ -35,17 +36,31 @@ def build_mask(name: str, n: int) -> Any:
     raise ValueError(f"mask must be one of {MASKS}; got {name!r}")
 
 
+def allowed_set(name: str, n: int) -> np.ndarray | None:
+    """The allowed set of :func:`build_mask`'s mask, written from its definition for the
+    reference (not through :mod:`exactattn.masks`): ``j ≤ i`` (causal), and also
+    ``j ≥ i − max(1, n//8)`` (window); ``None`` when every pair is allowed."""
+    if name not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}; got {name!r}")
+    if name == "none":
+        return None
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    allowed = j <= i
+    return allowed & (j >= i - max(1, n // 8)) if name == "window" else allowed
+
+
 def scale_of(problem: Problem | Point) -> float:
     """The score scale ``c = scale / sqrt(d)`` as a float64 (exact input of every run)."""
     return float(problem.scale) / math.sqrt(problem.d)
 
 
-def reference_task(problem: Problem, prec: int) -> Reference:
+def reference_task(problem: Problem, prec: int | None) -> Reference:
+    """The certified reference of one problem (``prec=None``: chosen by the reference)."""
     inputs = make_inputs(problem.dist, problem.n, problem.d, problem.seed)
     return certified_reference(
         inputs,
         scale=scale_of(problem),
-        mask=build_mask(problem.mask, problem.n),
+        allowed=allowed_set(problem.mask, problem.n),
         prec=prec,
         grads=problem.grads,
     )

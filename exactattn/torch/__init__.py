@@ -5,7 +5,9 @@
   ``is_causal`` in either alignment);
 * :func:`scaled_dot_product_attention` — ``torch.nn.functional.scaled_dot_product_attention``'s
   signature and contract, exactly;
-* :func:`exact_sdpa` — a context manager routing every SDPA call in its block here.
+* :func:`exact_sdpa` — a context manager routing every SDPA call in its block here;
+* :func:`flex_attention` — ``torch.nn.attention.flex_attention.flex_attention``'s signature
+  and semantics (mask_mods, BlockMasks, score_mods), exact, with a backward on the CPU.
 
 Which path runs: a call whose mask and bias lower to tensors and integers (no mask, a boolean
 mask tensor, causal or sliding windows in either alignment, per-batch key lengths, a bias
@@ -25,6 +27,7 @@ with needs("exactattn.torch"):  # the package's modules import torch freely afte
     import torch  # noqa: F401
 
 from .api import attention
+from .flex import flex_attention
 from .mode import ExactSDPA, exact_sdpa
 from .passes import DEFAULT_BLOCK_SIZE
 from .sdpa import SDPAInputError, scaled_dot_product_attention
@@ -35,5 +38,6 @@ __all__ = [
     "SDPAInputError",
     "attention",
     "exact_sdpa",
+    "flex_attention",
     "scaled_dot_product_attention",
 ]

@@ -4,7 +4,7 @@ A :class:`Case` is sizes, an input distribution, the allowed set, dropout, bias,
 GQA and a block size; a :class:`Target` is one implementation with the arithmetic it
 claims. :func:`measure` rounds the float64 inputs to the target's storage format, runs the
 target forward and backward, computes the exact answer on the *same held inputs* as arb
-balls (``exactattn.attention`` over ``FlintContext``), and returns, per output,
+balls (:func:`exactattn.certified.certified_attention`), and returns, per output,
 ``max |computed − exact| / bound`` (≤ 1 wherever the bound holds).
 
 The specification side is written from the definitions, not through the code under test:
@@ -16,21 +16,22 @@ part of the input: the reference replays the very bits the target used).
 from __future__ import annotations
 
 import importlib.util
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import exactattn
 from exactattn import masks
 from exactattn.backends import MpmathContext, NumpyContext
-from exactattn.backends.flint_backend import FlintContext
 from exactattn.bounds import Arith, bounds, ratio
 from exactattn.dropout import Dropout
+from tests.optional import requires
 
-REFERENCE_PREC = 200
+if TYPE_CHECKING:
+    from exactattn.certified import Ball
+
 GRADS = ("dq", "dk", "dv")
 
 
@@ -364,34 +365,27 @@ class Measurement:
         return max(self.ratios[x] for x in GRADS)
 
 
-def reference(case: Case, held: dict[str, Any]) -> dict[str, np.ndarray]:
-    """arb balls enclosing the exact outputs on the held inputs (object arrays)."""
-    ctx = FlintContext(REFERENCE_PREC)
-    kw = _keywords(case, held)
-    q, k, v, g = (held[x] for x in "qkvg")
-    y, stats = exactattn.attention(q, k, v, backend=ctx, return_stats=True, **kw)
-    grads = exactattn.attention_backward(
-        q, k, v, y, stats, g, backend=ctx, bias_grad=held["bias"] is not None, **kw
+def reference(case: Case, held: dict[str, Any]) -> dict[str, Ball]:
+    """Enclosures of the exact outputs on the held inputs: y, lse, dq, dk, dv (and dbias),
+    with the dropout factors ρ = r/(1 − p) from the same keep-bits."""
+    requires("flint")
+    from exactattn.certified import certified_attention
+
+    enc = certified_attention(
+        *(held[x] for x in "qkvg"),
+        allowed=held["allowed"],
+        keep=None if held["rho"] is None else held["rho"] > 0,
+        dropout_p=case.dropout,
+        bias=held["bias"],
+        softcap=case.softcap,
+        enable_gqa=case.gqa,
     )
-    return dict(y=y, lse=stats.lse, **dict(zip((*GRADS, "dbias"), grads)))
+    return enc.balls
 
 
-def distance(x: np.ndarray, balls: np.ndarray) -> tuple[np.ndarray, float]:
-    """Upper bounds on ``|x − exact|`` entrywise, and the largest ball radius."""
-    import flint
-
-    balls = np.asarray(balls, dtype=object)
-    if balls.size == 0:
-        return np.zeros(balls.shape), 0.0
-
-    def one(value: float, ball: Any) -> float:
-        if ball.is_finite():
-            return float((flint.arb(value) - ball).abs_upper())
-        return 0.0 if value == float(ball) else math.inf  # lse = −∞ of an empty row
-
-    dist = np.frompyfunc(one, 2, 1)(np.asarray(x, dtype=np.float64), balls).astype(np.float64)
-    radius = max(float(b.rad()) for b in balls.flat)
-    return dist, radius
+def distance(x: np.ndarray, ball: Ball) -> tuple[np.ndarray, float]:
+    """Upper bounds on ``|x − exact|`` entrywise, and the largest radius."""
+    return ball.distance(np.asarray(x, dtype=np.float64)), ball.max_radius
 
 
 def held_inputs(case: Case, target: Target) -> dict[str, Any]:

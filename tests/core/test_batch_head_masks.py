@@ -16,7 +16,7 @@ from exactattn import algorithm, masks
 from exactattn.backends import NumpyContext
 from exactattn.masks import Geometry, TileKind
 
-from . import spec
+from . import definition as spec
 
 ALIGN = st.sampled_from(masks.ALIGNMENTS)
 SIDE = st.one_of(st.none(), st.integers(0, 5))
@@ -87,7 +87,7 @@ def test_compositions_run_and_equal_the_spec(case, b, row_block):
     k, v = rng.standard_normal((2, *batch, n_k, 3))
     ctx = NumpyContext("float64")
     y, _ = algorithm.forward(ctx, q, k, v, scale=0.5, block_size=b, mask=mask, row_block=row_block)
-    y_s, _ = spec.attention(q, k, v, scale=0.5, allowed=allowed)
+    y_s = spec.attention(q, k, v, 0.5, allowed)
     np.testing.assert_allclose(y, y_s, atol=1e-13)
 
 
@@ -100,7 +100,7 @@ def test_or_of_causal_and_window_with_more_keys_than_queries(backend):
     mask = masks.causal() | masks.sliding_window(None, 2)
     y = ea.attention(q, k, v, block_size=2, mask=mask, backend=backend)
     allowed = spec.causal(1, 4) | spec.window(1, 4, None, 2)
-    y_s, _ = spec.attention(q, k, v, allowed=allowed)
+    y_s = spec.attention(q, k, v, 2**-0.5, allowed)
     np.testing.assert_allclose(np.asarray(y, dtype=np.float64), y_s, atol=1e-13)
 
 
@@ -126,7 +126,8 @@ def test_mask_mod_sees_batch_and_head(block_size):
     same_doc = doc[:, None, :, None] == doc[:, None, None, :]
     even = (np.arange(H) % 2 == 0)[None, :, None, None]
     allowed = same_doc & (~even | (j <= i))
-    y_s, _, (dq_s, dk_s, dv_s, _) = spec.attention(q, k, v, g, allowed=allowed)
+    y_s = spec.attention(q, k, v, 3**-0.5, allowed)
+    dq_s, dk_s, dv_s = spec.gradients(q, k, v, 3**-0.5, g, allowed)
     for got, want in ((y, y_s), (dq, dq_s), (dk, dk_s), (dv, dv_s)):
         np.testing.assert_allclose(got, want, atol=1e-13)
 
@@ -194,9 +195,9 @@ def test_gqa_equals_attention_with_repeated_key_value_heads(name, block_size):
     kw = dict(mask=mask, block_size=block_size, enable_gqa=True)
     y, stats = ea.attention(q, k, v, return_stats=True, **kw)
     dq, dk, dv = ea.attention_backward(q, k, v, y, stats, g, **kw)
-    y_s, lse_s, (dq_s, dk_s, dv_s, _) = spec.attention(
-        q, _repeat(k), _repeat(v), g, allowed=allowed
-    )
+    kr, vr, c = _repeat(k), _repeat(v), D**-0.5
+    y_s, lse_s = spec.attention(q, kr, vr, c, allowed), spec.log_sum_exp(q, kr, c, allowed)
+    dq_s, dk_s, dv_s = spec.gradients(q, kr, vr, c, g, allowed)
     np.testing.assert_allclose(y, y_s, atol=1e-13)
     np.testing.assert_allclose(stats.lse, lse_s, atol=1e-13)
     np.testing.assert_allclose(dq, dq_s, atol=1e-13)
@@ -224,7 +225,8 @@ def test_gqa_with_split_rows_and_a_bias_gradient():
     y, st = algorithm.forward(ctx, q, k, v, **kw)
     grads = {"bias": np.zeros(bias.shape)}
     algorithm.backward(ctx, q, k, v, y, st.m, st.l, g, mod_grads=grads, **kw)
-    y_s, _, (*_, ds_s) = spec.attention(q, _repeat(k), _repeat(v), g, scale=0.5, bias=bias)
+    y_s = spec.attention(q, _repeat(k), _repeat(v), 0.5, bias=bias)
+    ds_s = spec.score_gradient(q, _repeat(k), _repeat(v), 0.5, g, bias=bias)
     np.testing.assert_allclose(y, y_s, atol=1e-13)
     np.testing.assert_allclose(grads["bias"], ds_s.sum(axis=0), atol=1e-13)
 

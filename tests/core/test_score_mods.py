@@ -13,7 +13,7 @@ import exactattn as ea
 from exactattn import algorithm, scores
 from exactattn.backends import NumpyContext
 
-from . import spec
+from . import definition as spec
 
 BATCH, N_Q, N_K, D, DV = (2, 3), 7, 11, 4, 3
 
@@ -47,7 +47,10 @@ def test_bias_array_forward_backward_and_its_gradient(shape, block_size):
     dq, dk, dv, dbias = ea.attention_backward(
         q, k, v, y, stats, g, bias=bias, block_size=block_size, bias_grad=True
     )
-    y_s, lse_s, (dq_s, dk_s, dv_s, ds_s) = spec.attention(q, k, v, g, bias=bias)
+    c = D**-0.5
+    y_s, lse_s = spec.attention(q, k, v, c, bias=bias), spec.log_sum_exp(q, k, c, bias=bias)
+    dq_s, dk_s, dv_s = spec.gradients(q, k, v, c, g, bias=bias)
+    ds_s = spec.score_gradient(q, k, v, c, g, bias=bias)
     np.testing.assert_allclose(y, y_s, atol=1e-13)
     np.testing.assert_allclose(stats.lse, lse_s, atol=1e-13)
     for got, want in ((dq, dq_s), (dk, dk_s), (dv, dv_s)):
@@ -64,7 +67,10 @@ def test_softcap_then_bias_forward_and_backward(block_size):
     kw = dict(bias=bias, softcap=2.5, block_size=block_size)
     y, stats = ea.attention(q, k, v, return_stats=True, **kw)
     grads = ea.attention_backward(q, k, v, y, stats, g, bias_grad=True, **kw)
-    y_s, _, (dq_s, dk_s, dv_s, ds_s) = spec.attention(q, k, v, g, bias=bias, softcap=2.5)
+    mods = dict(bias=bias, softcap=2.5)
+    y_s = spec.attention(q, k, v, D**-0.5, **mods)
+    dq_s, dk_s, dv_s = spec.gradients(q, k, v, D**-0.5, g, **mods)
+    ds_s = spec.score_gradient(q, k, v, D**-0.5, g, **mods)
     np.testing.assert_allclose(y, y_s, atol=1e-13)
     wants = (dq_s, dk_s, dv_s, spec.sum_to(ds_s, bias.shape))
     for got, want in zip(grads, wants):
@@ -103,7 +109,8 @@ def test_alibi_bias_function_is_evaluated_per_tile_and_equals_the_dense_bias():
     dense = -slopes[:, None, None] * np.abs(i - j)  # (H, n_q, n_k)
     y, stats = ea.attention(q, k, v, bias=alibi, block_size=3, return_stats=True)
     dq, dk, dv = ea.attention_backward(q, k, v, y, stats, g, bias=alibi, block_size=3)
-    y_s, _, (dq_s, dk_s, dv_s, _) = spec.attention(q, k, v, g, bias=dense)
+    y_s = spec.attention(q, k, v, D**-0.5, bias=dense)
+    dq_s, dk_s, dv_s = spec.gradients(q, k, v, D**-0.5, g, bias=dense)
     for got, want in ((y, y_s), (dq, dq_s), (dk, dk_s), (dv, dv_s)):
         np.testing.assert_allclose(got, want, atol=1e-13)
 
@@ -117,7 +124,8 @@ def test_a_row_excluded_by_the_bias_is_empty_not_an_overflow():
     y, stats = ea.attention(q, k, v, bias=bias, empty_rows="zero", return_stats=True)
     assert np.all(y[..., 2, :] == 0) and np.all(np.isneginf(stats.lse[..., 2]))
     dq, dk, dv = ea.attention_backward(q, k, v, y, stats, g, bias=bias, empty_rows="zero")
-    y_s, _, (dq_s, dk_s, dv_s, _) = spec.attention(q, k, v, g, bias=bias)
+    y_s = spec.attention(q, k, v, D**-0.5, bias=bias)
+    dq_s, dk_s, dv_s = spec.gradients(q, k, v, D**-0.5, g, bias=bias)
     for got, want in ((y, y_s), (dq, dq_s), (dk, dk_s), (dv, dv_s)):
         np.testing.assert_allclose(got, want, atol=1e-13)
 
@@ -136,7 +144,7 @@ def test_split_rows_and_blocks_give_the_same_bias_gradient():
         algorithm.backward(ctx, q, k, v, y, st.m, st.l, g, row_block=row_block, **kw,
                            mod_grads=grads)  # fmt: skip
         out.append(grads["bias"])
-    _, _, (*_, ds_s) = spec.attention(q, k, v, g, bias=bias)
+    ds_s = spec.score_gradient(q, k, v, D**-0.5, g, bias=bias)
     for got in out:
         np.testing.assert_allclose(got, ds_s, atol=1e-13)
 

@@ -1,34 +1,33 @@
-"""Run a difftest target on a case and compare two runs within their derived bounds."""
+"""Run a difftest unit on a case and compare two runs within their derived bounds."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import mpmath
 import numpy as np
+import pytest
 
-from exactattn.difftest import reference
 from exactattn.difftest.cases import Case
-from exactattn.difftest.targets import Target
-from exactattn.difftest.tolerance import bounds
+from exactattn.targets import Variant
+from exactattn.testing.reference import bounds, compute
+from tests.optional import requires
 
 NAMES = ("y", "dq", "dk", "dv")
 
 
-def held(target: Target, case: Case) -> Case:
-    """The case with its arrays rounded to what the target stores (so runs are comparable)."""
-    import dataclasses
-
-    return dataclasses.replace(case, **{n: target.hold(getattr(case, n)) for n in "qkvg"})
+def held(unit: Variant, case: Case) -> Case:
+    """The case with its arrays rounded to what the unit stores (so runs are comparable)."""
+    return dataclasses.replace(case, **{n: unit.hold(getattr(case, n)) for n in "qkvg"})
 
 
-def run(target: Target, case: Case) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def run(unit: Variant, case: Case) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``name -> (value as float64 or mpf array, ball radius)`` for y, dq, dk, dv."""
-    if not target.supports(case):
-        import pytest
-
-        pytest.skip(f"{target.name} does not take this case")
-    out = target.run(case, {n: getattr(case, n) for n in "qkvg"})
+    why = unit.unsupported(case)
+    if why is not None:
+        pytest.skip(f"{unit.name} does not take this case: {why}")
+    out = unit.run(case, {n: getattr(case, n) for n in "qkvg"}, True)
     result = {}
     for name in NAMES:
         value = out[name]
@@ -39,23 +38,17 @@ def run(target: Target, case: Case) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return result
 
 
-def allowance(target: Target, case: Case) -> dict[str, np.ndarray]:
-    """Per-entry bound on |output − exact| for this target (2× the first-order bound)."""
-    if target.enclosure:
-        return {n: np.zeros(case.q.shape) for n in NAMES} | _zero_like(case)
-    ref = reference.compute(case, case.q, case.k, case.v, case.g)
-    b = bounds(case, case.q, case.k, ref, target.arith)
-    return {"y": b.y, "dq": b.dq, "dk": b.dk, "dv": b.dv}
+def allowance(unit: Variant, case: Case) -> dict[str, np.ndarray]:
+    """Per-entry bound on |output − exact| for this unit (2× the first-order bound)."""
+    if unit.target.options.get("enclosure"):
+        return {n: np.zeros(np.shape(_like(case, n))) for n in NAMES}
+    requires("flint")
+    ref = compute(case, {n: getattr(case, n) for n in "qkvg"})
+    return {n: b for n, b in bounds(unit, ref).bound.items() if n in NAMES}
 
 
-def _zero_like(case: Case) -> dict[str, np.ndarray]:
-    n_q = case.q.shape[:-1]
-    return {
-        "y": np.zeros((*n_q, case.v.shape[-1])),
-        "dq": np.zeros(case.q.shape),
-        "dk": np.zeros(case.k.shape),
-        "dv": np.zeros(case.v.shape),
-    }
+def _like(case: Case, name: str) -> np.ndarray:
+    return {"y": case.g, "dq": case.q, "dk": case.k, "dv": case.v}[name]
 
 
 def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@
 Each property transforms a case in a way whose effect on the exact result is known and
 checks the backend's two runs against each other: exactly where floating point is exact
 (powers of two, terms that are exact zeros, the same computation twice), else within the
-sum of the two runs' derived bounds (``exactattn.difftest.tolerance``).
+sum of the two runs' derived bounds (``exactattn.testing.reference.bounds``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import mpmath
 import numpy as np
 import pytest
 
-from exactattn.difftest.cases import Spec, build_case
+from exactattn.difftest.cases import Draw, build_case
+from exactattn.difftest.targets import BITWISE as BITWISE_FAMILIES
 from exactattn.difftest.targets import discover
 
 from .metamorphic_helpers import allowance, assert_close, assert_identical, held, run
@@ -22,12 +23,12 @@ from .metamorphic_helpers import allowance, assert_close, assert_identical, held
 TARGETS, _ = discover()
 BY_NAME = {t.name: t for t in TARGETS}
 IDS = sorted(BY_NAME)
-BITWISE = sorted(t.name for t in TARGETS if "bitwise" in t.tags)
+BITWISE = sorted(n for n, t in BY_NAME.items() if t.target.family in BITWISE_FAMILIES)
 
 
 def _case(target, mask="none", data_seed=0, **sizes):
     """A small integer-valued case every backend supports (sympy included)."""
-    spec = Spec(
+    spec = Draw(
         batch=sizes.get("batch", (1,)),
         n_q=sizes.get("n_q", 3),
         n_k=sizes.get("n_k", 3),
@@ -35,11 +36,11 @@ def _case(target, mask="none", data_seed=0, **sizes):
         v=sizes.get("v", 2),
         block_size=sizes.get("b", 2),
         distribution="uniform_int",
-        mask=mask,
+        mask={"kind": mask},
         data_seed=data_seed,
     )
     case = held(target, build_case(spec))
-    if not target.supports(case):
+    if target.unsupported(case) is not None:
         pytest.skip(f"{target.name} does not take this case")
     return case
 
@@ -47,7 +48,7 @@ def _case(target, mask="none", data_seed=0, **sizes):
 def _exact(target, name, a, b):
     """Bit-identical, except for sympy whose exact results are compared after evaluation to
     50 digits (two algebraically equal forms may round differently there): 2^-150 relative."""
-    if "sympy" in target.tags:
+    if target.target.family == "sympy":
         slack = 2.0**-150 * (1 + np.abs(np.asarray(a[0], dtype=np.float64)))
         assert_close(name, a, b, slack, slack)
     else:
@@ -83,7 +84,7 @@ def test_permuting_keys_with_values_and_mask_leaves_y_unchanged(target, masked):
     if masked:
         mask["allowed"] = np.asarray(mask["allowed"])[..., perm].tolist()
     other = dataclasses.replace(base, k=base.k[..., perm, :], v=base.v[..., perm, :], mask=mask)
-    if not target.supports(other):
+    if target.unsupported(other) is not None:
         pytest.skip("target does not take the permuted case")
     a, b = run(target, base), run(target, other)
     ba, bb = allowance(target, base), allowance(target, other)
@@ -116,7 +117,7 @@ def test_masked_keys_and_values_change_nothing_and_get_zero_gradient(target):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_batch_elements_are_independent(target):
     whole = _case(target, batch=(1,), data_seed=5)
-    pair = build_case(Spec((2,), 3, 3, 2, 2, 2, distribution="uniform_int", data_seed=9))
+    pair = build_case(Draw((2,), 3, 3, 2, 2, 2, distribution="uniform_int", data_seed=9))
     both = dataclasses.replace(
         whole,
         **{
@@ -124,7 +125,7 @@ def test_batch_elements_are_independent(target):
             for n in "qkvg"
         },
     )
-    if not target.supports(both):
+    if target.unsupported(both) is not None:
         pytest.skip("target does not take a batch of 2")
     a, b = run(target, whole), run(target, both)
     ba, bb = allowance(target, whole), allowance(target, both)
@@ -156,7 +157,7 @@ def test_shifting_every_score_of_a_row_leaves_y_unchanged(target):
     q = np.concatenate([base.q, shift], axis=-1)
     k = np.concatenate([base.k, np.ones((*base.k.shape[:-1], 1))], axis=-1)
     other = dataclasses.replace(base, q=q, k=k)
-    if not target.supports(other):
+    if target.unsupported(other) is not None:
         pytest.skip("target does not take d + 1")
     a, b = run(target, base), run(target, other)
     ba, bb = allowance(target, base), allowance(target, other)
@@ -175,7 +176,7 @@ def test_shifting_every_score_of_a_row_leaves_y_unchanged(target):
 @pytest.mark.parametrize("name", BITWISE)
 def test_repeated_runs_are_bit_identical(name):
     target = BY_NAME[name]
-    spec = Spec(
+    spec = Draw(
         (2, 3),
         7,
         9,
@@ -183,7 +184,7 @@ def test_repeated_runs_are_bit_identical(name):
         3,
         4,
         distribution="normal",
-        mask="causal",
+        mask={"kind": "causal"},
         dropout_p=0.25,
         seed=11,
         data_seed=1,

@@ -1,9 +1,9 @@
 """Replay every file of ``tests/regressions/``.
 
-* ``*.json``: a differential-test case written by ``exactattn difftest --save-failures``
-  (arrays, keywords) with ``expect.target`` (and ``expect.also``): each named target that
-  exists here must be judged ``ok`` (or ``refused``: the API's overflow error where the
-  case's magnitudes reach the type's range) against the reference.
+* ``*.json``: a case written by ``exactattn difftest --save-failures`` or ``exactattn check``
+  (arrays, keywords) with ``expect.target`` (and ``expect.also``): each named registry
+  variant that exists here must take the case and be judged ``ok`` (or ``refused``: an
+  overflow error where the case's magnitudes reach the type's range) against the reference.
 * ``*.py``: a bug report with ``replay()`` asserting the correct behaviour.
 
 A file with an open bug (``OPEN`` in a .py, ``expect.open`` in a .json) is a strict xfail:
@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from exactattn import targets
 from exactattn.difftest.cases import Case
-from exactattn.difftest.check import check_case
-from exactattn.difftest.targets import discover
+from exactattn.testing.check import Options, check_case
+from tests.optional import requires
 
 FOLDER = Path(__file__).resolve().parents[1] / "regressions"
 
@@ -51,18 +52,17 @@ def test_replay(path: Path):
     if path.suffix == ".py":
         _load_py(path).replay()
         return
+    requires("flint")
     data = json.loads(path.read_text())
     expect = data["expect"]
     names = [expect["target"], *expect.get("also", [])]
-    targets, missing = discover(names)
-    targets = [t for t in targets if t.name in names]
-    if not targets:
-        pytest.skip(f"none of {names} is available here ({missing or 'not discovered'})")
+    units = [targets.variant(name) for name in names]
+    units = [u for u in units if targets.unavailable(u.target) is None]
+    if not units:
+        pytest.skip(f"none of {names} is available here")
     case = Case.from_json(path.read_text())
-    for t in targets:
-        t.rate = 1  # a replay always runs
-    findings = check_case(case, targets)
-    assert findings, "no target accepted the case"
+    findings = check_case(case, units, Options(sampled=False))
+    assert findings, "no variant accepted the case"
     bad = [f for f in findings if f.status not in ("ok", "refused")]
     assert not bad, "; ".join(f"{f.target}: {f.status} {f.detail}" for f in bad)
 

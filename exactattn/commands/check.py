@@ -1,0 +1,248 @@
+"""``exactattn check``: any attention implementation against the certified reference.
+
+    exactattn check TARGET [TARGET ...] [--examples N] [--dtypes D [D ...]] [--max-n N]
+                    [--grads | --no-grads] [--seed S] [--jobs J] [--device cpu|cuda]
+                    [--report DIR] [--save-failures DIR] [--convention C] [--claim TEXT]
+                    [--supports TEXT] [--list] [--replay FILE]
+
+TARGET is a registry name (``--list``), ``mpN``, or your own function as
+``package.module:function`` or ``path/to/file.py:function`` (``--convention sdpa|flash|
+exactattn|hf``, ``--claim input=fp16,scores=fp32,stats=fp32,p=fp16,acc=fp32,block=128``,
+``--supports masks=none+causal,gqa=no,...`` for what it takes). Prints one line per variant
+(target × dtype): cases run, skipped, failed, the forward error, the ratio to naive attention
+in the same dtype and to the FlashAttention-2 policy, the vacuous-bound share; each failure as
+a shrunk counterexample with its replay file. ``--report DIR`` writes ``report.md`` and
+``report.json``. Exit status 0 only when nothing failed (1: a failure; 2: bad usage; 130:
+interrupted, the report then holds what was seen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+DEFAULT_FAILURES = "check-failures"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="exactattn check", description=__doc__.split("\n")[0])
+    parser.add_argument("targets", nargs="*", metavar="TARGET")
+    parser.add_argument("--examples", type=int, default=200, help="cases to draw (default 200)")
+    parser.add_argument("--dtypes", nargs="+", default=None, help="default: each target's own")
+    parser.add_argument("--max-n", type=int, default=32, help="largest n_q, n_k (default 32)")
+    parser.add_argument("--grads", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--report", metavar="DIR", default=None)
+    parser.add_argument("--save-failures", metavar="DIR", default=None)
+    parser.add_argument("--convention", default=None, help="for MODULE:FUNCTION targets")
+    parser.add_argument("--claim", default=None, help="claimed arithmetic of your target")
+    parser.add_argument("--supports", default=None, help="what your target takes")
+    parser.add_argument("--list", action="store_true", help="list the targets and exit")
+    parser.add_argument("--replay", metavar="FILE", default=None, help="re-run a replay file")
+    parser.add_argument("--no-determinism", action="store_true", help="skip the second run")
+    parser.add_argument("--no-baselines", action="store_true", help="skip naive / FA-2 runs")
+    parser.add_argument("--no-probes", action="store_true", help="skip the dropout probe")
+    parser.add_argument("--progress", action="store_true", help="progress lines on stderr")
+    return parser
+
+
+def _error(text: str) -> int:
+    print(f"exactattn check: {text}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    import importlib.util
+
+    from .. import targets
+
+    if importlib.util.find_spec("hypothesis") is None:
+        return _error("the check draws cases with hypothesis: pip install 'exactattn[check]'")
+    if args.list:
+        return _list(args.device)
+    try:
+        spec = _spec(args)
+    except ValueError as error:
+        return _error(str(error))
+    if args.replay:
+        return _replay(args, spec)
+    if not args.targets:
+        return _error("name at least one TARGET (see --list)")
+    if args.examples < 1:
+        return _error(f"--examples must be >= 1; got {args.examples}")
+    try:
+        chosen = [targets.get(name, **(spec if ":" in name else {})) for name in args.targets]
+        dtypes = tuple(targets.base.format_name(d) for d in args.dtypes) if args.dtypes else None
+    except (ValueError, TypeError) as error:
+        return _error(str(error))
+    return _check(args, chosen, dtypes, spec)
+
+
+def _spec(args: argparse.Namespace) -> dict:
+    """Keywords for :func:`exactattn.targets.get` of a ``MODULE:FUNCTION`` target."""
+    from .. import targets
+
+    spec: dict = {}
+    if args.convention:
+        spec["convention"] = args.convention
+    if args.claim:
+        spec["claim"] = targets.Claim.parse(args.claim)
+    if args.supports:
+        spec["supports"] = targets.Capabilities.parse(
+            args.supports, targets.Capabilities(devices=("cpu", "cuda"))
+        )
+    return spec
+
+
+def _check(args, chosen, dtypes, spec) -> int:
+    from ..testing import report, session
+
+    settings = session.Settings(
+        examples=args.examples,
+        dtypes=dtypes,
+        max_n=args.max_n,
+        grads=args.grads,
+        seed=args.seed,
+        device=args.device,
+        jobs=max(1, args.jobs),
+        determinism=not args.no_determinism,
+        baselines=not args.no_baselines,
+        probes=not args.no_probes,
+        progress=args.progress,
+    )
+    names = [(t.name, spec if ":" in t.name else {}) for t in chosen]
+    try:
+        result = session.run(chosen, settings, names=names)
+    except KeyboardInterrupt:  # outside the search (a reference, a probe): nothing to report
+        print("exactattn check: interrupted", file=sys.stderr)
+        return 130
+    folder = args.save_failures or args.report or DEFAULT_FAILURES
+    failures = []
+    seen = set()
+    for finding, text in result.report.failures:
+        if (finding.target, text) in seen:  # two workers shrank to the same counterexample
+            continue
+        seen.add((finding.target, text))
+        target = result.targets.get(finding.target.split("[")[0])
+        saved = _target_spec(target, spec)
+        path = report.save_failure(finding, text, folder, saved)
+        failures.append(report.counterexample(finding, text, path))
+    failures += [f"FAIL dropout probe {p.target}: {p.detail}" for p in result.probes if not p.ok]
+    _print(result, report.summary(result), failures)
+    if args.report:
+        md, js = report.write(result, args.report, failures)
+        print(f"report: {md}, {js}")
+    if result.report.interrupted:
+        return 130
+    return 1 if result.failed else 0
+
+
+def _target_spec(target, spec: dict) -> dict | None:
+    """What a replay needs to rebuild a user's target (None for registered ones)."""
+    if target is None or ":" not in target.name:
+        return None
+    out = {"name": target.name, "convention": target.convention}
+    if "claim" in spec:
+        out["claim"] = spec["claim"].as_text()
+    return out
+
+
+def _print(result, rows, failures: list[str]) -> None:
+    s = result.settings
+    print(
+        f"check: {result.report.examples} examples, {len(result.variants)} variants, "
+        f"{result.seconds:.1f} s, seed {s.seed}, max n {s.max_n}, "
+        f"gradients {'on' if s.grads else 'off'}, device {s.device}"
+        + (" — INTERRUPTED (partial)" if result.report.interrupted else "")
+    )
+    for name, why in result.unavailable.items():
+        print(f"  unavailable: {name} ({why})")
+    for name, missing in result.unsupported_dtypes.items():
+        print(f"  {name} does not take {', '.join(missing)}")
+    head = (
+        f"  {'variant':<26} {'run':>5} {'skip':>5} {'fail':>4} {'fwd max':>9} {'ulps max':>9}"
+        f" {'grad max':>9} {'/naive':>7} {'/FA-2':>7} {'vacuous':>8}"
+    )
+    print(head)
+    for r in rows:
+        print(
+            f"  {r['variant']:<26} {r['run']:>5} {r['skipped']:>5} {r['failed']:>4}"
+            f" {_num(r['y_max']):>9} {_num(r['ulps_max']):>9} {_num(r['grads_max']):>9}"
+            f" {_num(r['naive_median']):>7} {_num(r['fa2_median']):>7} {_num(r['vacuous']):>8}"
+        )
+    if result.compile:
+        c = result.compile
+        print(
+            f"  flex: {c['compiles']} compiles {c['compile_seconds']:.1f} s, "
+            f"{c['runs']} compiled runs {c['run_seconds']:.2f} s"
+        )
+    for p in result.probes:
+        state = "ok" if p.ok else f"FAIL: {p.detail}"
+        print(f"  dropout probe {p.target}: keep rate {p.keep_rate:.4f} (p={p.p}) {state}")
+    for text in failures:
+        print(text)
+
+
+def _num(x: float) -> str:
+    return "–" if isinstance(x, float) and math.isnan(x) else f"{x:.3g}"
+
+
+def _list(device: str) -> int:
+    from .. import targets
+
+    for name, target in targets.registry().items():
+        why = targets.unavailable(target, device)
+        state = "available" if why is None else f"unavailable: {why}"
+        print(f"{name:<18} {target.convention:<10} {state}")
+        print(f"{'':<18} {target.description}")
+    print("mpN                api        mpmath at N bits (any N >= 2)")
+    print("MODULE:FUNCTION    --convention sdpa|flash|exactattn|hf, --claim, --supports")
+    return 0
+
+
+def _replay(args, spec: dict) -> int:
+    from .. import targets
+    from ..difftest.cases import Case
+    from ..testing.check import Options, check_case
+    from ..testing.report import counterexample
+
+    path = Path(args.replay)
+    try:
+        data = json.loads(path.read_text())
+        case = Case.from_json(path.read_text())
+    except (OSError, ValueError, TypeError) as error:
+        return _error(f"cannot read replay file {path}: {error}")
+    expect = data.get("expect", {})
+    saved = expect.get("spec") or {}
+    names = args.targets or [expect.get("target")]
+    if saved:
+        spec = {"convention": saved["convention"], **spec}
+        if "claim" in saved:
+            spec.setdefault("claim", targets.Claim.parse(saved["claim"]))
+    try:
+        units = [
+            targets.variant(name, args.device, case.dtype, **(spec if ":" in name else {}))
+            for name in names
+        ]
+    except (ValueError, TypeError) as error:
+        return _error(str(error))
+    findings = check_case(case, units, Options(grads=args.grads))
+    bad = [f for f in findings if f.status == "fail"]
+    for f in findings:
+        if f.status == "fail":
+            print(counterexample(f, case.to_json()))
+        else:
+            print(f"{f.target}: {f.status} {f.detail}".rstrip())
+    if not findings:
+        return _error(f"{names} did not take the case (dtype {case.dtype})")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

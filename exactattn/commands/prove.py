@@ -1,0 +1,118 @@
+"""``exactattn prove [FAMILY ...] [--max-n N] [--report FILE] [--mutants] [--mutation-tests]``
+and ``exactattn prove --mask-mod module:fn [--score-mod module:fn] [--batch B] [--heads H]``.
+
+Runs the selected theorem families of :mod:`exactattn.proofs` (every family but ``reach``
+by default, the mutants included), prints one line per obligation, writes a markdown
+certificate with ``--report`` and returns 1 if any obligation is not PROVED (SKIPPED, for a
+missing optional solver, is not a failure) or any mutant is not killed, 2 for a usage
+error. ``--mutation-tests`` also runs the default test suite against every mutant and puts
+the mutation table in the certificate. ``--mask-mod`` / ``--score-mod`` prove a user's
+FlexAttention program instead (forward and reverse, every n ≤ N and every block size; see
+:mod:`exactattn.proofs.program`). ``python -m exactattn.proofs`` (or ``python -m proofs`` in a
+checkout) is the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser(
+    families: list[str], default_max_n: int, tiles_n: tuple[int, int]
+) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="exactattn prove",
+        description="Symbolic proofs that the library's tiled attention is exact.",
+    )
+    parser.add_argument(
+        "families",
+        nargs="*",
+        metavar="FAMILY",
+        help=f"families to run (default: all but reach): {', '.join(families)}",
+    )
+    parser.add_argument(
+        "--max-n",
+        type=int,
+        default=default_max_n,
+        metavar="N",
+        help=f"largest n for the forward and reverse grids (default {default_max_n}); the "
+        f"tiles family's exhaustive check goes to max({tiles_n[0]}, N) for single masks and "
+        f"max({tiles_n[1]}, N) for compositions",
+    )
+    parser.add_argument("--report", metavar="FILE", help="write a markdown certificate here")
+    parser.add_argument(
+        "--mutants",
+        action="store_true",
+        help="run the refutations of broken variants (alone, or with the FAMILYs named)",
+    )
+    parser.add_argument(
+        "--mutation-tests",
+        action="store_true",
+        help="also run the default tests against every mutant (minutes); table in --report",
+    )
+    program = parser.add_argument_group("a user's FlexAttention program (runs it alone)")
+    program.add_argument("--mask-mod", metavar="MODULE:FN", help="mask_mod(b, h, q_idx, kv_idx)")
+    program.add_argument(
+        "--score-mod", metavar="MODULE:FN", help="score_mod(score, b, h, q_idx, kv_idx)"
+    )
+    program.add_argument("--batch", type=int, default=1, metavar="B", help="batch size (1)")
+    program.add_argument("--heads", type=int, default=1, metavar="H", help="heads (1)")
+    return parser
+
+
+def _program(args: argparse.Namespace) -> object:
+    """The user's program from ``--mask-mod`` / ``--score-mod``, or None; ValueError if bad."""
+    from ..proofs import program
+
+    if args.mask_mod is None and args.score_mod is None:
+        return None
+    if args.families:
+        raise ValueError("--mask-mod/--score-mod run the program alone; name no FAMILY")
+    if args.batch < 1 or args.heads < 1:
+        raise ValueError(f"--batch and --heads must be >= 1; got {args.batch}, {args.heads}")
+    mods = {
+        "mask_mod": None if args.mask_mod is None else program.load(args.mask_mod, "--mask-mod"),
+        "score_mod": None
+        if args.score_mod is None
+        else program.load(args.score_mod, "--score-mod"),
+    }
+    name = " + ".join(ref for ref in (args.mask_mod, args.score_mod) if ref)
+    return program.Program(**mods, batch=(args.batch, args.heads), name=name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..proofs import runner, tiles
+
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser(
+        list(runner.FAMILIES), runner.DEFAULT_MAX_N, (tiles.SINGLE_N, tiles.COMPOSITE_N)
+    )
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    unknown = [f for f in args.families if f not in runner.FAMILIES]
+    if unknown:
+        print(
+            f"exactattn prove: unknown family {unknown}; choose from {list(runner.FAMILIES)}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.max_n < 1:
+        print(f"exactattn prove: --max-n must be >= 1; got {args.max_n}", file=sys.stderr)
+        return 2
+    try:
+        program = _program(args)
+    except (ValueError, ImportError) as error:
+        print(f"exactattn prove: {error}", file=sys.stderr)
+        return 2
+    selected = list(dict.fromkeys(args.families + (["mutants"] if args.mutants else [])))
+    return runner.run(
+        selected or runner.default_families(),
+        args.max_n,
+        report=args.report,
+        mutation_tests=args.mutation_tests,
+        command=("exactattn prove " + " ".join(argv)).strip(),
+        program=program,
+    )

@@ -1,0 +1,213 @@
+"""What a target is: a callable, its calling convention, what it supports, what it claims.
+
+A :class:`Target` names an attention implementation under test. Its callable is loaded on
+first use (:meth:`Target.load`), so the registry can list torch or transformers targets
+without importing either. :class:`Capabilities` say which cases it takes (every other case
+is skipped with the reason, never passed); :class:`Claim` states its arithmetic — the
+formats of the inputs, the scores ``s``, the statistics ``m, ℓ, lse``, the weights ``p``
+before the ``P·V`` product and the accumulators, and its key-block size ``b`` — from which
+the tolerance is derived (:func:`exactattn.testing.reference.bounds`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+ALIASES = {
+    "fp64": "float64",
+    "double": "float64",
+    "fp32": "float32",
+    "float": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp8-e4m3": "e4m3",
+    "fp8-e5m2": "e5m2",
+}
+CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block")
+NAIVE_BLOCK = 0  # ``block=0``: one block spanning every key (naive attention)
+
+
+def format_name(name: str) -> str:
+    """The canonical name of a number format (``fp16`` → ``float16``; ``pN`` kept)."""
+    from ..precision.formats import get_format
+
+    canonical = ALIASES.get(name, name)
+    if canonical != "longdouble":
+        get_format(canonical)  # raises ValueError naming the accepted formats
+    return canonical
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The arithmetic a target claims; ``None`` formats default to the input's.
+
+    ``input=None`` means "the dtype of the case", so one claim serves a target that runs in
+    several dtypes. ``block=None`` means "not stated": the bound then assumes the worst case,
+    one key per block; ``block=0`` is one block over all keys (naive attention).
+    """
+
+    input: str | None = None
+    scores: str | None = None
+    stats: str | None = None
+    p: str | None = None
+    acc: str | None = None
+    block: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Claim:
+        """``input=fp16,scores=fp32,stats=fp32,p=fp16,acc=fp32,block=128`` (any subset)."""
+        values: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or key not in CLAIM_FIELDS:
+                raise ValueError(
+                    f"--claim item {item!r} is not KEY=VALUE with KEY one of {CLAIM_FIELDS}"
+                )
+            if key == "block":
+                if value in ("naive", "all"):
+                    values[key] = NAIVE_BLOCK
+                    continue
+                if not value.isdigit():
+                    raise ValueError(f"--claim block must be an integer >= 0; got {value!r}")
+                values[key] = int(value)
+            else:
+                values[key] = format_name(value)
+        return cls(**values)
+
+    def resolve(self, dtype: str) -> Claim:
+        """Every format filled in for inputs of ``dtype`` (unstated ones follow the input)."""
+        source = self.input or dtype
+        return replace(
+            self,
+            input=source,
+            scores=self.scores or source,
+            stats=self.stats or source,
+            p=self.p or source,
+            acc=self.acc or source,
+        )
+
+    def bound_block(self, n_k: int) -> int | None:
+        """The block size the bound assumes for ``n_k`` keys (None: unstated, the worst case)."""
+        if self.block is None:
+            return None
+        return max(n_k, 1) if self.block == NAIVE_BLOCK else self.block
+
+    def as_text(self) -> str:
+        """The ``--claim`` text that parses back to this claim."""
+        parts = [
+            f"{name}={getattr(self, name)}"
+            for name in CLAIM_FIELDS
+            if getattr(self, name) is not None
+        ]
+        return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Which cases a target takes; anything else is skipped and counted with the reason.
+
+    ``grads`` / ``dropout`` / ``lse`` / ``empty_rows``: ``True`` when supported, else a
+    string saying why not. ``dropout=True`` means the target replays exactattn's keep-bits
+    (compared element by element); ``"own"`` means it draws its own (checked by the dropout
+    probe, :mod:`exactattn.testing.probes`). ``max_size`` bounds ``n_q·n_k·(d+v)·batch``
+    for slow number systems.
+    """
+
+    dtypes: tuple[str, ...] = FLOAT_DTYPES
+    devices: tuple[str, ...] = ("cpu",)
+    grads: bool | str = True
+    dropout: bool | str = True
+    lse: bool | str = "the calling convention returns no log-sum-exp"
+    gqa: bool | str = True
+    cross: bool | str = True
+    empty_rows: bool | str = True
+    equal_head_dims: bool = False  # needs v == d
+    batch_dims: tuple[int, ...] = (0, 1, 2)  # leading dims it accepts
+    max_size: int | None = None
+    max_n: int | None = None  # largest n_q, n_k, d, v and batch element count
+    masks: tuple[str, ...] | None = None  # mask kinds taken (None: all the convention can)
+
+    @classmethod
+    def parse(cls, text: str, base: Capabilities | None = None) -> Capabilities:
+        """``masks=none+causal,gqa=no,dropout=own,grads=no,dtypes=float16+bfloat16`` (any
+        subset; ``yes``/``no`` for the features; lists joined by ``+``) over ``base``."""
+        base = base or cls()
+        lists = {"dtypes", "devices", "masks"}
+        flags = {"grads", "dropout", "lse", "gqa", "cross", "empty_rows", "equal_head_dims"}
+        values: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = (x.strip() for x in item.partition("="))
+            if not sep or key not in lists | flags:
+                raise ValueError(
+                    f"--supports item {item!r} is not KEY=VALUE with KEY one of "
+                    f"{sorted(lists | flags)}"
+                )
+            if key in lists:
+                items = tuple(filter(None, value.split("+")))
+                values[key] = tuple(format_name(x) for x in items) if key == "dtypes" else items
+            elif key == "equal_head_dims":
+                values[key] = value == "yes"
+            elif value in ("yes", "no", "own"):
+                values[key] = {"yes": True, "no": "not supported (--supports)", "own": "own"}[value]
+            else:
+                raise ValueError(
+                    f"--supports {key} takes yes, no (or own for dropout); got {value!r}"
+                )
+        return replace(base, **values)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A named implementation under test (see the module docstring).
+
+    ``loader`` returns the callable (imported on first use); ``requires`` lists modules
+    that must import for it to be available; ``devices_needed`` says when it needs CUDA.
+    ``options`` are the convention's settings (an SDPA backend, a mask form, a ``ctx``
+    factory for exactattn's own number systems). ``rate``: run on about one case in
+    ``rate`` (slow interpreters). ``family`` groups targets for ``difftest --backends``.
+    """
+
+    name: str
+    convention: str
+    loader: Callable[[], Any]
+    caps: Capabilities
+    claim: Claim
+    description: str = ""
+    requires: tuple[str, ...] = ()
+    needs_cuda: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    family: str = "foreign"
+    rate: int = 1
+
+    def load(self) -> Any:
+        """The callable (imports its module on first use; cached by the loader)."""
+        return self.loader()
+
+    def unavailable(self) -> str | None:
+        """Why this target cannot run here (a missing package, no CUDA device), or None."""
+        for module in self.requires:
+            if importlib.util.find_spec(module.split(".")[0]) is None:
+                return f"{module} is not installed"
+            try:
+                importlib.import_module(module)
+            except Exception as error:
+                return f"importing {module} failed: {type(error).__name__}: {error}"
+        if self.needs_cuda:
+            import torch
+
+            if not torch.cuda.is_available():
+                return "needs a CUDA device (torch.cuda.is_available() is False)"
+        check = self.options.get("check")
+        return check() if check is not None else None
+
+
+def size_of(batch: tuple[int, ...], n_q: int, n_k: int, d: int, v: int) -> int:
+    return math.prod(batch) * n_q * n_k * (d + v)

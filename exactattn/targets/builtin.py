@@ -1,0 +1,275 @@
+"""exactattn's own configurations as registry entries (the ``api`` and ``exactattn`` conventions).
+
+Each precision configuration — a number system and its policy: ``storage`` (inputs and
+outputs), ``compute`` (scores, running ``m, ℓ, z``, accumulators), ``p_cast`` (``p`` is
+rounded to it before ``p·V``; the FlashAttention-2 policy casts to the input dtype) and
+``quantize`` (per-tensor FP8 inputs, FlashAttention-3 §4.3's baseline) — is one entry;
+``mpN`` (any ``N ≥ 2``) is mpmath at ``N`` bits with every operation rounded (the
+emulated-mantissa experiment of Golden et al., 2024). The sweep (:mod:`exactattn.precision`),
+``exactattn difftest`` and ``exactattn check`` all read these entries; there is no other list.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+from typing import Any
+
+from .base import Capabilities, Claim, Target
+
+# name: (backend, storage, compute, p_cast, quantize)
+CONFIGS: dict[str, tuple[str, str, str, str | None, str | None]] = {
+    "np-fp16": ("numpy", "float16", "float16", None, None),
+    "np-fp32": ("numpy", "float32", "float32", None, None),
+    "np-fp64": ("numpy", "float64", "float64", None, None),
+    "np-longdouble": ("numpy", "longdouble", "longdouble", None, None),
+    "np-fa2-fp16": ("numpy", "float16", "float32", "float16", None),
+    "torch-fp16": ("torch", "float16", "float16", None, None),
+    "torch-bf16": ("torch", "bfloat16", "bfloat16", None, None),
+    "torch-fp32": ("torch", "float32", "float32", None, None),
+    "torch-fp64": ("torch", "float64", "float64", None, None),
+    "torch-fa2-fp16": ("torch", "float16", "float32", "float16", None),
+    "torch-fa2-bf16": ("torch", "bfloat16", "float32", "bfloat16", None),
+    "torch-fp8-e4m3": ("torch", "float32", "float32", "e4m3", "e4m3"),
+    "torch-fp8-e5m2": ("torch", "float32", "float32", "e5m2", "e5m2"),
+}
+MP = re.compile(r"mp(\d+)")
+DIFFTEST_MP = (11, 24, 80)  # the mpmath widths difftest runs
+SMALL = 600  # n_q·n_k·(d+v)·batch: where the exact and object-array systems stay fast
+
+
+def _ctx_factory(backend: str, storage: str, compute: str, p_cast: str | None) -> Any:
+    def make() -> Any:
+        if backend == "numpy":
+            from ..backends import NumpyContext
+
+            return NumpyContext(storage, compute=compute, p_cast=p_cast)
+        if backend == "mpmath":
+            from ..backends import MpmathContext
+
+            return MpmathContext(prec=int(storage[1:]))
+        from ..precision import fp8
+
+        return fp8.torch_context(storage, compute, p_cast)
+
+    return make
+
+
+def config_target(name: str) -> Target:
+    """The entry of a precision configuration (a key of :data:`CONFIGS` or ``mpN``)."""
+    match = MP.fullmatch(name)
+    if match:
+        bits = int(match.group(1))
+        if bits < 2:
+            raise ValueError(f"mpN needs N >= 2 significand bits; got {name!r}")
+        fmt = f"p{bits}"
+        spec: tuple[str, str, str, str | None, str | None] = ("mpmath", fmt, fmt, None, None)
+    else:
+        spec = CONFIGS[name]
+    backend, storage, compute, p_cast, quantize = spec
+    claim = Claim(
+        input=quantize or storage,
+        scores=compute,
+        stats=compute,
+        p=p_cast or compute,
+        acc=compute,
+        block=None,  # the case's block size: see exactattn's entries in testing.reference
+    )
+    caps = Capabilities(
+        dtypes=(quantize or storage,),
+        max_size=SMALL if backend == "mpmath" else None,
+    )
+    family = "mpmath" if backend == "mpmath" else backend
+    return Target(
+        name=name,
+        convention="api",
+        loader=lambda: None,
+        caps=caps,
+        claim=claim,
+        description=_describe(backend, storage, compute, p_cast, quantize),
+        requires=("torch",) if backend == "torch" else (),
+        options={
+            "ctx": _ctx_factory(backend, storage, compute, p_cast),
+            "backend": backend,
+            "storage": storage,
+            "compute": compute,
+            "p_cast": p_cast,
+            "quantize": quantize,
+            "fine": backend == "mpmath" and int(storage[1:]) > 53,
+            "difftest": quantize is None
+            and (backend != "mpmath" or int(storage[1:]) in DIFFTEST_MP),
+            "exact_block": True,
+            "reverse": (("ml", "gy"),),  # the tiled reverse: frozen m, ℓ; δ = G·Y
+        },
+        family=family,
+    )
+
+
+def _describe(backend: str, storage: str, compute: str, p_cast: str | None, quantize) -> str:
+    parts = [f"{backend} tiled: {storage} storage, {compute} compute"]
+    if p_cast:
+        parts.append(f"p cast to {p_cast}")
+    if quantize:
+        parts.append(f"per-tensor {quantize} inputs")
+    return ", ".join(parts)
+
+
+def _naive_numpy() -> Target:
+    base = config_target("np-fp32")
+    return Target(
+        name="np-naive-fp32",
+        convention="api",
+        loader=base.loader,
+        caps=base.caps,
+        claim=Claim(input="float32", block=0),
+        description="numpy naive (materialising) attention in float32",
+        options={
+            **base.options,
+            "path": "naive",
+            "exact_block": False,
+            "reverse": (("ml", "rowsum"),),
+        },
+        family="numpy",
+    )
+
+
+def _sympy() -> Target:
+    def make() -> Any:
+        from ..backends import SympyContext
+
+        return SympyContext()
+
+    return Target(
+        name="sympy",
+        convention="api",
+        loader=lambda: None,
+        caps=Capabilities(
+            dtypes=("float64",),
+            dropout="the exact run is kept to tiny integer cases",
+            batch_dims=(0, 1),
+            max_n=3,
+        ),
+        claim=Claim(input="float64", scores="p150", stats="p150", p="p150", acc="p150"),
+        description="sympy: exact symbols (rational inputs, Y in closed form, 50 digits)",
+        options={"ctx": make, "backend": "sympy", "fine": True, "difftest": True},
+        family="sympy",
+        rate=5,
+    )
+
+
+def _flint() -> Target:
+    def make() -> Any:
+        from ..backends.flint_backend import FlintContext
+
+        return FlintContext(53)
+
+    return Target(
+        name="flint",
+        convention="api",
+        loader=lambda: None,
+        caps=Capabilities(dtypes=("float64",), max_size=2000),
+        claim=Claim(input="float64", scores="p200", stats="p200", p="p200", acc="p200"),
+        description="python-flint arb balls at 53 bits: each output must enclose the exact value",
+        requires=("flint",),
+        options={"ctx": make, "backend": "flint", "enclosure": True, "difftest": True},
+        family="flint",
+    )
+
+
+@functools.cache
+def _torch_attention() -> Any:
+    from .. import torch as exactattn_torch
+
+    return exactattn_torch.attention
+
+
+def _exactattn_torch() -> Target:
+    return Target(
+        name="exactattn",
+        convention="exactattn",
+        loader=_torch_attention,
+        caps=Capabilities(devices=("cpu", "cuda")),
+        claim=Claim(),  # resolved per dtype: see fa2_claim
+        description="exactattn.torch.attention (generic path; FA-2 policy for fp16/bf16)",
+        requires=("torch",),
+        options={
+            "keywords": {"impl": "generic"},
+            "fa2_policy": True,
+            "exact_block": True,
+            "reverse": (("lse", "gy"),),  # exactattn.torch freezes lse (ℓ = 1)
+        },
+        family="torch",
+    )
+
+
+@functools.cache
+def _triton_attention() -> Any:
+    import torch
+
+    if not torch.cuda.is_available():
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError("triton was imported for a GPU that is not here")
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton decorates anything
+    return _torch_attention()
+
+
+def _triton_check() -> str | None:
+    """Import the kernels the way they must be (the interpreter chosen before triton loads)."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    try:
+        _triton_attention()
+        from ..torch import dispatch
+
+        dispatch.triton()
+    except Exception as error:
+        return f"the Triton kernels do not load: {type(error).__name__}: {error}"
+    return None
+
+
+def _exactattn_triton() -> Target:
+    return Target(
+        name="exactattn-triton",
+        convention="exactattn",
+        loader=_triton_attention,
+        caps=Capabilities(
+            dtypes=("float32", "float16", "bfloat16"),
+            devices=("cuda", "cpu"),
+            dropout="the Triton kernels take no dropout",
+            empty_rows="the Triton kernels assume every row has an allowed key",
+            max_size=None,
+        ),
+        claim=Claim(block=None),  # FA-2 policy; kernel block sizes are the kernels' own
+        description="exactattn.torch.attention(impl='triton'): the FlashAttention-2 kernels "
+        "(CUDA; on the CPU under TRITON_INTERPRET=1, sampled)",
+        requires=("torch",),
+        options={
+            "keywords": {"impl": "triton"},
+            "fa2_policy": True,
+            "triton": True,
+            "check": _triton_check,
+            "reverse": (("lse", "gy"),),
+        },
+        family="triton",
+        rate=25,  # on the CPU (the interpreter is slow); every case on CUDA
+    )
+
+
+def fa2_claim(dtype: str) -> Claim:
+    """FlashAttention-2's policy for ``dtype``: fp32 statistics and accumulators, ``p``
+    cast to the input for fp16/bf16; the input's own arithmetic for fp32/fp64."""
+    if dtype in ("float16", "bfloat16"):
+        return Claim(input=dtype, scores="float32", stats="float32", p=dtype, acc="float32")
+    return Claim(input=dtype)
+
+
+def entries() -> list[Target]:
+    """Every built-in exactattn entry (``mpN`` beyond the listed widths on demand)."""
+    out = [config_target(name) for name in CONFIGS]
+    out += [config_target(f"mp{bits}") for bits in DIFFTEST_MP]
+    out += [_naive_numpy(), _sympy(), _flint(), _exactattn_torch(), _exactattn_triton()]
+    return out

@@ -1,0 +1,540 @@
+"""Calling conventions: how a case becomes a call, and the call's result comes back.
+
+A convention turns a :class:`~exactattn.difftest.cases.Case` (float64 arrays already held
+in the target's format, a mask spec, keywords) into the arguments one family of attention
+functions takes, calls the target, and returns its outputs as NumPy arrays keyed ``y``,
+``lse``, ``dq``, ``dk``, ``dv`` (gradients by autograd at the case's upstream ``G``).
+It also says which masks it can express: the mask arguments are derived from the case's
+mask spec (:mod:`exactattn.testing.spec`), never from the library's mask objects, except
+for the ``api`` and ``exactattn`` conventions whose argument *is* a library mask.
+
+* ``api``: exactattn's own number systems (``exactattn.attention`` /
+  ``attention_backward`` with ``backend=ctx``), any leading dims.
+* ``exactattn``: a torch function with this library's keywords (``scale``, ``mask`` — an
+  :class:`exactattn.masks.Mask` —, ``dropout_p``, ``seed``, ``enable_gqa``, ``block_size``,
+  ``empty_rows``), tensors ``(B, H, n, d)``; e.g. ``exactattn.torch.attention``.
+  GQA passes ``enable_gqa=True`` here and in ``api``.
+* ``sdpa``: ``F.scaled_dot_product_attention``'s signature: ``(B, H, n, d)``, boolean
+  ``attn_mask`` (True = attend) or ``is_causal`` (top-left), ``dropout_p``, ``scale``,
+  ``enable_gqa``.
+* ``flash``: flash-attn's ``flash_attn_func``: ``(B, n, H, d)``, ``causal`` and
+  ``window_size=(left, right)`` aligned bottom-right, ``softmax_scale``, ``dropout_p``;
+  fewer key/value heads for GQA. Masks other than causal/window conjunctions are skipped.
+* ``hf``: transformers' attention interface ``fn(module, query, key, value,
+  attention_mask, dropout=, scaling=, is_causal=)`` → ``(output (B, n, H, v), weights)``,
+  with a stand-in module carrying ``num_key_value_groups``, ``is_causal``, ``scaling``,
+  ``training``; the mask is boolean (``sdpa``) or additive with the dtype's minimum
+  (``eager``), as transformers' own mask builders make them.
+* ``flex``: ``flex_attention(q, k, v, block_mask=, scale=, enable_gqa=, return_lse=)``
+  with the block mask from ``create_block_mask`` (:mod:`.flex`).
+
+Leading batch dims are lifted to the 4-d ``(B, H)`` layout foreign functions take:
+``()`` → ``(1, 1)``, ``(B,)`` → ``(B, 1)``, ``(B, H)`` unchanged (:func:`lift`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..difftest.cases import Case
+from ..testing import spec as maskspec
+
+Outputs = dict[str, Any]
+
+
+class TargetError(Exception):
+    """The target's result is unusable (wrong type or shape): a failed case, with this text."""
+
+
+# --- shared helpers ------------------------------------------------------------------------
+def lift(batch: tuple[int, ...]) -> tuple[int, int]:
+    """The ``(B, H)`` a case's leading dims become for a 4-d convention: ``()`` → ``(1, 1)``,
+    ``(B,)`` → ``(B, 1)`` (the first axis stays the batch axis that per-batch mask data —
+    key lengths, document ids — is indexed by), ``(B, H)`` unchanged."""
+    if len(batch) > 2:
+        raise ValueError(f"4-d conventions take at most 2 leading dims; got {batch}")
+    return (*batch, 1, 1)[:2]  # type: ignore[return-value]
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def tensor(x: np.ndarray, dtype: str, device: str, layout: str, grad: bool) -> Any:
+    """A torch tensor holding ``x`` (exact in ``dtype``) in the memory ``layout``.
+
+    ``transposed``: stored with the last two leading/sequence axes swapped (a ``(B, n, H,
+    d)`` buffer seen as ``(B, H, n, d)``); ``strided``: rows padded and offset inside a wider
+    buffer (as a slice of a packed QKV projection). With ``grad`` the buffer requires grad
+    and gradients are taken with respect to the view returned, the tensor the target gets.
+    """
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(torch_dtype(dtype)).to(device)
+    if layout == "transposed" and t.ndim >= 3:
+        return t.transpose(-2, -3).contiguous().requires_grad_(grad).transpose(-2, -3)
+    if layout == "strided":
+        base = torch.zeros((*t.shape[:-1], 2 * t.shape[-1] + 1), dtype=t.dtype, device=device)
+        base[..., 1 : t.shape[-1] + 1] = t
+        return base.requires_grad_(grad)[..., 1 : t.shape[-1] + 1]
+    return t.contiguous().requires_grad_(grad)
+
+
+def to_numpy(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A returned tensor as float64 NumPy, after checking it is a tensor of ``shape``."""
+    if not hasattr(x, "detach") or not hasattr(x, "shape"):
+        raise TargetError(f"{name} is a {type(x).__name__}; expected a tensor of shape {shape}")
+    if tuple(x.shape) != tuple(shape):
+        raise TargetError(f"{name} has shape {tuple(x.shape)}; expected {tuple(shape)}")
+    return x.detach().to("cpu").double().numpy()
+
+
+def dtype_name(x: Any) -> str:
+    return str(getattr(x, "dtype", type(x).__name__)).removeprefix("torch.")
+
+
+def autograd(y: Any, views: list[Any], g: np.ndarray, dtype: str, device: str) -> list[Any]:
+    """``(dq, dk, dv)`` of ``Σ G∘y`` with respect to the tensors the target received."""
+    import torch
+
+    if not getattr(y, "requires_grad", False):
+        raise TargetError("y does not require grad: the target's output is detached")
+    upstream = torch.from_numpy(g).to(torch_dtype(dtype)).to(device)
+    grads = torch.autograd.grad(y, views, upstream, allow_unused=True)
+    return [torch.zeros_like(v) if d is None else d for d, v in zip(grads, views)]
+
+
+def causal_top_left_only(spec: dict[str, Any], n_q: int, n_k: int) -> bool:
+    """Whether the spec is exactly SDPA's ``is_causal`` (causal, top-left or square)."""
+    return spec["kind"] == "causal" and (spec.get("align", "top-left") == "top-left" or n_q == n_k)
+
+
+def lifted_allowed(case: Case) -> np.ndarray:
+    n = case.sizes
+    return case.allowed().reshape((*lift(case.batch), n["n_q"], n["n_k"]))
+
+
+# --- conventions ---------------------------------------------------------------------------
+class Convention:
+    """Base: the case's layout in, ``{y, lse?, dq?, dk?, dv?}`` and their dtypes out."""
+
+    name = ""
+
+    def unsupported(self, target: Any, case: Case, device: str, grads: bool) -> str | None:
+        """Why this convention cannot express the case (None: it can)."""
+        return None
+
+    def run(self, target: Any, case: Case, held: dict[str, np.ndarray], device: str, grads: bool):
+        raise NotImplementedError
+
+
+class Sdpa(Convention):
+    name = "sdpa"
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        fn = target.load()
+        dtype = case.dtype
+        B, H = lift(case.batch)
+        n = case.sizes
+        four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
+        views = [tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"]
+        kwargs: dict[str, Any] = {"scale": case.scale}
+        if causal_top_left_only(case.mask, n["n_q"], n["n_k"]):
+            kwargs["is_causal"] = True
+        elif case.mask["kind"] != "none":
+            kwargs["attn_mask"] = torch.from_numpy(lifted_allowed(case).copy()).to(device)
+        if case.group > 1:
+            kwargs["enable_gqa"] = True
+        if case.dropout_p:
+            kwargs["dropout_p"] = case.dropout_p
+        context = _sdpa_backend(target.options.get("backend"))
+        with context:
+            y = fn(*views, **kwargs)
+            out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
+            if grads:
+                dq, dk, dv = autograd(y, views, four_g(held, B), dtype, device)
+                _grads_out(out, (dq, dk, dv), four, held)
+        out["y"] = out["y"].reshape(held["g"].shape)
+        return out
+
+
+def four_g(held: dict[str, np.ndarray], B: int) -> np.ndarray:
+    return held["g"].reshape((B, -1, *held["g"].shape[-2:]))
+
+
+def _grads_out(out: Outputs, grads: Any, four: dict[str, np.ndarray], held: dict) -> None:
+    for name, grad, x in zip(("dq", "dk", "dv"), grads, "qkv"):
+        out[name] = to_numpy(name, grad, four[x].shape).reshape(held[x].shape)
+
+
+def _sdpa_backend(name: str | None) -> Any:
+    import contextlib
+
+    if name is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {
+        "math": SDPBackend.MATH,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+    }[name]
+    return sdpa_kernel(backend)
+
+
+class Hf(Convention):
+    """transformers' attention interface (see the module docstring)."""
+
+    name = "hf"
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        fn = target.load()
+        dtype = case.dtype
+        B, H = lift(case.batch)
+        n = case.sizes
+        four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
+        views = [tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"]
+        module = _HfModule(case.group, case.c(), training=bool(case.dropout_p))
+        mask = None
+        additive = target.options.get("mask") == "additive"
+        # transformers reads is_causal only for square problems: with one query it attends
+        # every key (a decode step), with n_k > n_q it crops the keys; its mask builders
+        # materialise every other case, and so does this convention
+        square = n["n_q"] == n["n_k"]
+        if causal_top_left_only(case.mask, n["n_q"], n["n_k"]) and square and not additive:
+            module.is_causal = True
+        elif case.mask["kind"] != "none":
+            allowed = torch.from_numpy(lifted_allowed(case).copy()).to(device)
+            mask = allowed
+            if additive:
+                low = torch.finfo(torch_dtype(dtype)).min
+                zero = torch.zeros((), dtype=torch_dtype(dtype), device=device)
+                mask = torch.where(allowed, zero, torch.full_like(zero, low))
+        result = fn(
+            module,
+            *views,
+            mask,
+            dropout=case.dropout_p,
+            scaling=case.c(),
+            is_causal=module.is_causal,
+        )
+        if not isinstance(result, tuple) or len(result) != 2:
+            raise TargetError(
+                f"returned a {type(result).__name__}; the hf convention returns (output, weights)"
+            )
+        y = result[0]
+        expected = (B, n["n_q"], H, n["v"])
+        out = {"y": to_numpy("y", y, expected), "_dtype": dtype_name(y)}
+        out["y"] = out["y"].transpose(0, 2, 1, 3).reshape(held["g"].shape)
+        if grads:
+            g = four_g(held, B).transpose(0, 2, 1, 3).copy()
+            grads_ = autograd(y, views, g, dtype, device)
+            _grads_out(out, grads_, four, held)
+        return out
+
+
+class _HfModule:
+    """The attributes transformers' attention functions read from their module."""
+
+    def __init__(self, group: int, scaling: float, training: bool):
+        self.num_key_value_groups = group
+        self.is_causal = False
+        self.scaling = scaling
+        self.training = training
+
+
+class Flash(Convention):
+    """flash-attn's ``flash_attn_func`` (see the module docstring)."""
+
+    name = "flash"
+
+    def unsupported(self, target, case, device, grads):
+        window = flash_window(case)
+        return window if isinstance(window, str) else None
+
+    def run(self, target, case, held, device, grads):
+        fn = target.load()
+        dtype = case.dtype
+        B, H = lift(case.batch)
+        n = case.sizes
+        bnhd = {
+            x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3) for x in "qkv"
+        }
+        views = [tensor(bnhd[x], dtype, device, case.layout, grads) for x in "qkv"]
+        left, right = flash_window(case)  # type: ignore[misc]
+        kwargs: dict[str, Any] = {
+            "softmax_scale": case.c(),
+            "causal": right == 0 and left == -1,
+            "window_size": (left, right),
+        }
+        if case.dropout_p:
+            kwargs["dropout_p"] = case.dropout_p
+        want_lse = target.caps.lse is True
+        if want_lse:
+            kwargs["return_attn_probs"] = True
+        result = fn(*views, **kwargs)
+        y = result[0] if isinstance(result, (tuple, list)) else result
+        out = {
+            "y": to_numpy("y", y, (B, n["n_q"], H, n["v"])).transpose(0, 2, 1, 3),
+            "_dtype": dtype_name(y),
+        }
+        out["y"] = out["y"].reshape(held["g"].shape)
+        if want_lse:
+            lse = to_numpy("lse", result[1], (B, H, n["n_q"]))
+            out["lse"] = lse.reshape(held["g"].shape[:-1])
+        if grads:
+            g = four_g(held, B).transpose(0, 2, 1, 3).copy()
+            grads_ = autograd(y, views, g, dtype, device)
+            for name, grad, x in zip(("dq", "dk", "dv"), grads_, "qkv"):
+                back = to_numpy(name, grad, bnhd[x].shape).transpose(0, 2, 1, 3)
+                out[name] = back.reshape(held[x].shape)
+        return out
+
+
+def flash_window(case: Case) -> tuple[int, int] | str:
+    """flash-attn's ``window_size`` (−1 = unbounded) for a conjunction of causal / window
+    leaves aligned bottom-right, or the reason the mask is not expressible."""
+    n = case.sizes
+    left, right = math.inf, math.inf
+    spec = case.mask
+    parts = spec["parts"] if spec["kind"] == "and" else [spec]
+    for part in parts:
+        kind = part["kind"]
+        if kind == "none":
+            continue
+        if kind not in ("causal", "window"):
+            return "the flash convention expresses causal / sliding-window masks only"
+        if part.get("align", "top-left") != "bottom-right" and n["n_q"] != n["n_k"]:
+            return "the flash convention aligns masks bottom-right (top-left with n_q != n_k)"
+        part_left = None if kind == "causal" else part.get("left")
+        part_right = 0 if kind == "causal" else part.get("right")
+        left = min(left, math.inf if part_left is None else part_left)
+        right = min(right, math.inf if part_right is None else part_right)
+    as_int = lambda x: -1 if x == math.inf else int(x)  # noqa: E731
+    return as_int(left), as_int(right)
+
+
+class Exactattn(Convention):
+    """A torch function with exactattn's keywords (e.g. ``exactattn.torch.attention``)."""
+
+    name = "exactattn"
+
+    def run(self, target, case, held, device, grads):
+        fn = target.load()
+        dtype = case.dtype
+        B, H = lift(case.batch)
+        n = case.sizes
+        four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
+        views = [tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"]
+        lifted = lifted_case(case)
+        kwargs: dict[str, Any] = {
+            "scale": case.scale,
+            "mask": lifted.mask_object(like=views[0]),
+            "block_size": case.block_size,
+            **target.options.get("keywords", {}),
+        }
+        if case.group > 1:
+            kwargs["enable_gqa"] = True
+        if case.dropout_p:
+            kwargs.update(dropout_p=case.dropout_p, seed=case.seed)
+        if case.empty_rows == "zero":
+            kwargs["empty_rows"] = "zero"
+        y = fn(*views, **kwargs)
+        out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
+        out["y"] = out["y"].reshape(held["g"].shape)
+        if grads:
+            grads_ = autograd(y, views, four_g(held, B), dtype, device)
+            _grads_out(out, grads_, four, held)
+        return out
+
+
+def lifted_case(case: Case) -> Case:
+    """The case with its leading dims lifted to ``(B, H)``; dense tables follow."""
+    from dataclasses import replace
+
+    if len(case.batch) == 2:
+        return case
+    B, H = lift(case.batch)
+    arrays = {x: getattr(case, x).reshape((B, -1, *getattr(case, x).shape[-2:])) for x in "qkvg"}
+    n = case.sizes
+
+    def lifted(spec: dict[str, Any]) -> dict[str, Any]:
+        if spec["kind"] in maskspec.COMBINATORS:
+            return {**spec, "parts": [lifted(part) for part in spec["parts"]]}
+        if spec["kind"] == "dense":
+            table = maskspec.allowed(spec, case.batch, n["n_q"], n["n_k"])
+            return {**spec, "allowed": table.reshape((B, H, n["n_q"], n["n_k"])).tolist()}
+        return spec
+
+    return replace(case, mask=lifted(case.mask), **arrays)
+
+
+class Api(Convention):
+    """exactattn's own number systems: ``exactattn.attention`` over ``options["ctx"]()``.
+
+    Outputs come back as float64 (IEEE contexts), mpf object arrays (mpmath, sympy
+    evaluated to 50 digits: ``fine``) or ``(midpoint, radius)`` pairs (flint balls:
+    ``enclosure``).
+    """
+
+    name = "api"
+
+    def run(self, target, case, held, device, grads):
+        from .. import api
+
+        options = target.options
+        ctx = options["ctx"]()
+        shapes = {x: held[x].shape for x in "qkvg"}
+        backend = options["backend"]
+        like = None
+        arrays = dict(held)
+        if backend == "torch":
+            arrays = {x: _torch_array(held[x], ctx, case.layout) for x in "qkvg"}
+            like = arrays["q"]
+        elif backend == "numpy":
+            arrays = {x: _numpy_array(held[x], ctx, case.layout) for x in "qkvg"}
+        elif backend == "sympy":
+            import sympy
+
+            arrays = {x: np.frompyfunc(sympy.Rational, 1, 1)(a) for x, a in held.items()}
+        keywords = case.keywords()
+        if case.group > 1:
+            keywords["enable_gqa"] = True
+        if options.get("path") == "naive":
+            keywords.pop("block_size")
+            forward, backward = api.naive_attention, api.naive_attention_backward
+        else:
+            forward, backward = api.attention, api.attention_backward
+        if backend == "sympy" and case.scale is not None:
+            keywords["scale"] = sympy.Rational(case.scale)  # the binary scale, exactly
+        mask = case.mask_object(like=like)
+        q, k, v, g = (arrays[x] for x in "qkvg")
+        y, stats = forward(q, k, v, mask=mask, backend=ctx, return_stats=True, **keywords)
+        out: Outputs = {"y": y, "lse": stats.lse}
+        if grads:
+            out["dq"], out["dk"], out["dv"] = backward(
+                q, k, v, y, stats, g, mask=mask, backend=ctx, **keywords
+            )
+        result: Outputs = {"_dtype": options.get("storage", "")}
+        expected = {"y": shapes["g"], "lse": shapes["g"][:-1], "dq": shapes["q"]}
+        expected.update(dk=shapes["k"], dv=shapes["v"])
+        for name, x in out.items():
+            result[name] = _api_output(backend, x, expected[name])
+        return result
+
+
+def _numpy_array(x: np.ndarray, ctx: Any, layout: str) -> np.ndarray:
+    a = x.astype(ctx.storage_dtype)
+    if layout == "transposed" and a.ndim >= 3:
+        return np.swapaxes(np.ascontiguousarray(np.swapaxes(a, -2, -3)), -2, -3)
+    if layout == "strided":
+        base = np.zeros((*a.shape[:-1], 2 * a.shape[-1] + 1), dtype=a.dtype)
+        base[..., 1 : a.shape[-1] + 1] = a
+        return base[..., 1 : a.shape[-1] + 1]
+    return a
+
+
+def _torch_array(x: np.ndarray, ctx: Any, layout: str) -> Any:
+    dtype = str(ctx.storage_dtype).removeprefix("torch.")
+    return tensor(x, dtype, str(ctx.device), layout, grad=False)
+
+
+def _api_output(backend: str, x: Any, shape: tuple[int, ...]) -> Any:
+    """A number system's output, reshaped: float64, mpf objects, or (mid, radius)."""
+    import mpmath
+
+    if backend == "torch":
+        return x.detach().to("cpu").double().numpy().reshape(shape)
+    if backend == "numpy":
+        arr = np.asarray(x)
+        return (arr if arr.dtype == np.longdouble else arr.astype(np.float64)).reshape(shape)
+    arr = np.asarray(x, dtype=object).reshape(shape)
+    if backend == "flint":
+        from ..difftest.reference import arb_mid
+
+        def mid_of(e: Any) -> Any:
+            return arb_mid(e) if e.is_finite() else mpmath.mpf(float(e.mid()))
+
+        mid = np.frompyfunc(mid_of, 1, 1)
+        rad = np.frompyfunc(lambda e: float(e.rad()) * (1 + 2.0**-50), 1, 1)  # rounded up
+        with mpmath.workprec(200):
+            return np.asarray(mid(arr), dtype=object), np.asarray(rad(arr), dtype=np.float64)
+    if backend == "sympy":
+        import sympy
+
+        def numeric_of(e: Any) -> Any:
+            if e in (sympy.oo, -sympy.oo):
+                return mpmath.mpf("inf") if e == sympy.oo else mpmath.mpf("-inf")
+            return mpmath.mpf(str(sympy.N(e, 50)))
+
+        numeric = np.frompyfunc(numeric_of, 1, 1)
+        with mpmath.workprec(200):
+            return np.asarray(numeric(arr), dtype=object)
+    return arr
+
+
+class Xformers(Convention):
+    """``xformers.ops.memory_efficient_attention``: ``(B, n, H, d)``; causal masks as its
+    ``LowerTriangularMask`` (top-left) / ``LowerTriangularFromBottomRightMask``, any other
+    mask as an additive ``−∞`` bias tensor ``(B, H, n_q, n_k)``; ``p`` for dropout."""
+
+    name = "xformers"
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        fn = target.load()
+        dtype = case.dtype
+        B, H = lift(case.batch)
+        n = case.sizes
+        bnhd = {
+            x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3) for x in "qkv"
+        }
+        views = [tensor(bnhd[x], dtype, device, case.layout, grads) for x in "qkv"]
+        bias: Any = None
+        if case.mask["kind"] == "causal":
+            from xformers.ops import fmha
+
+            bottom = case.mask.get("align") == "bottom-right"
+            bias = (
+                fmha.attn_bias.LowerTriangularFromBottomRightMask()
+                if bottom
+                else fmha.attn_bias.LowerTriangularMask()
+            )
+        elif case.mask["kind"] != "none":
+            allowed = torch.from_numpy(lifted_allowed(case).copy()).to(device)
+            zero = torch.zeros((), dtype=torch_dtype(dtype), device=device)
+            bias = torch.where(allowed, zero, torch.full_like(zero, -math.inf))
+        y = fn(*views, attn_bias=bias, p=case.dropout_p, scale=case.c())
+        out = {
+            "y": to_numpy("y", y, (B, n["n_q"], H, n["v"])).transpose(0, 2, 1, 3),
+            "_dtype": dtype_name(y),
+        }
+        out["y"] = out["y"].reshape(held["g"].shape)
+        if grads:
+            g = four_g(held, B).transpose(0, 2, 1, 3).copy()
+            grads_ = autograd(y, views, g, dtype, device)
+            for name, grad, x in zip(("dq", "dk", "dv"), grads_, "qkv"):
+                back = to_numpy(name, grad, bnhd[x].shape).transpose(0, 2, 1, 3)
+                out[name] = back.reshape(held[x].shape)
+        return out
+
+
+def conventions() -> dict[str, Convention]:
+    """Every calling convention by name."""
+    from .flex import Flex
+
+    return {c.name: c for c in (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex())}
+
+
+USER_CONVENTIONS = ("sdpa", "flash", "exactattn", "hf")

@@ -1,0 +1,175 @@
+"""Foreign attention implementations as registry entries: torch SDPA and its backends,
+FlexAttention, transformers' attention functions, flash-attn and xformers.
+
+Each claim states the arithmetic the implementation documents or its source shows, with
+the source named; a claim that the measured error exceeds is a finding.
+
+* SDPA math (``aten/src/ATen/native/transformers/attention.cpp``,
+  ``_scaled_dot_product_attention_math``): fp16/bf16 inputs are upcast to fp32 unless
+  ``torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)``; one block (the whole
+  score row), the output cast back.
+* SDPA flash on the CPU (``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``,
+  ``cpu_flash_attention``): ``accum_t = opmath_type`` (fp32 for fp16/bf16) for scores,
+  ``m``, ``ℓ`` and the output accumulator, ``P`` cast to the input type for reduced types
+  (``qk_reduced_data``), key blocks of ``kv_split_size = 512``.
+* SDPA default dispatch on the CPU: the flash kernel when it applies, else math; the flash
+  claim bounds both.
+* FlexAttention compiled on the CPU (``torch/_inductor/codegen/cpp_flex_attention_template.py``):
+  ``accum_t`` fp32, ``P`` cast to the input type for reduced types, key blocks of the
+  block mask's ``KV_BLOCK_SIZE`` (:data:`.flex.KV_BLOCK` here, passed to
+  ``create_block_mask``; ``torch/_inductor/kernel/flex/flex_cpu.py``); on CUDA the Triton
+  template's blocks are not stated.
+* transformers ``eager_attention_forward`` (Llama): ``Q Kᵀ`` in the input dtype, softmax in
+  fp32 then cast to the input dtype, ``P V`` in the input dtype: naive attention.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+from .base import FLOAT_DTYPES, Capabilities, Claim, Target
+from .flex import KV_BLOCK
+
+SDPA_CLAIM = Claim(block=512)  # with the FA-2 policy (see the module docstring)
+OWN_DROPOUT = "own"
+
+
+@functools.cache
+def _attr(module: str, name: str) -> Any:
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _loader(module: str, name: str) -> Any:
+    return lambda: _attr(module, name)
+
+
+def _sdpa(name: str, backend: str | None, description: str) -> Target:
+    cuda_only = backend in ("efficient", "cudnn")
+    caps = Capabilities(
+        devices=("cuda",) if cuda_only else ("cpu", "cuda"),
+        dropout=OWN_DROPOUT if backend != "flash" else "the CPU flash kernel takes no dropout",
+        equal_head_dims=backend == "flash",
+    )
+    policy = "upcast" if backend == "math" else "fa2"
+    block = 0 if backend == "math" else (512 if backend in (None, "flash") else None)
+    return Target(
+        name=name,
+        convention="sdpa",
+        loader=_loader("torch.nn.functional", "scaled_dot_product_attention"),
+        caps=caps,
+        claim=Claim(block=block),
+        description=description,
+        requires=("torch",),
+        needs_cuda=cuda_only,
+        options={"backend": backend, "policy": policy, "block_by_device": {"cuda": None}}
+        | ({"reverse": (("ml", "rowsum"),)} if backend == "math" else {}),  # naive autograd
+    )
+
+
+def _flex() -> Target:
+    return Target(
+        name="flex",
+        convention="flex",
+        loader=_loader("torch.nn.attention.flex_attention", "flex_attention"),
+        caps=Capabilities(
+            dtypes=FLOAT_DTYPES[1:],  # compiled Flex on the CPU takes no float64
+            devices=("cpu", "cuda"),
+            dropout="FlexAttention has no dropout",
+            lse=True,
+        ),
+        claim=Claim(block=KV_BLOCK),
+        description="FlexAttention through torch.compile, block mask from create_block_mask",
+        requires=("torch",),
+        options={"policy": "fa2", "block_by_device": {"cuda": None}},
+    )
+
+
+def _hf(name: str, module: str, function: str, mask: str, description: str) -> Target:
+    if mask == "additive":
+        caps = Capabilities(
+            dropout=OWN_DROPOUT,
+            empty_rows="an additive finfo.min mask averages every key of a row with none allowed",
+        )
+        claim = Claim(stats="float32", block=0)
+        options: dict[str, Any] = {
+            "mask": "additive",
+            "policy": "eager",
+            "reverse": (("ml", "rowsum"),),  # autograd through naive attention
+        }
+    else:
+        caps = Capabilities(dropout=OWN_DROPOUT)
+        claim = SDPA_CLAIM
+        options = {"mask": "bool", "policy": "fa2", "block_by_device": {"cuda": None}}
+    return Target(
+        name=name,
+        convention="hf",
+        loader=_loader(module, function),
+        caps=caps,
+        claim=claim,
+        description=description,
+        requires=("torch", "transformers"),
+        options=options,
+    )
+
+
+def entries() -> list[Target]:
+    """Every built-in foreign entry."""
+    return [
+        _sdpa("sdpa", None, "torch SDPA, default dispatch"),
+        _sdpa("sdpa-math", "math", "torch SDPA forced to the math backend"),
+        _sdpa("sdpa-flash", "flash", "torch SDPA forced to the flash backend"),
+        _sdpa("sdpa-efficient", "efficient", "torch SDPA forced to memory-efficient (CUDA)"),
+        _sdpa("sdpa-cudnn", "cudnn", "torch SDPA forced to cuDNN (CUDA)"),
+        _flex(),
+        _hf(
+            "hf-sdpa",
+            "transformers.integrations.sdpa_attention",
+            "sdpa_attention_forward",
+            "bool",
+            "transformers' registered 'sdpa' attention function",
+        ),
+        _hf(
+            "hf-eager",
+            "transformers.models.llama.modeling_llama",
+            "eager_attention_forward",
+            "additive",
+            "transformers' Llama eager_attention_forward",
+        ),
+        Target(
+            name="flash-attn",
+            convention="flash",
+            loader=_loader("flash_attn", "flash_attn_func"),
+            caps=Capabilities(
+                dtypes=("float16", "bfloat16"),
+                devices=("cuda",),
+                dropout=OWN_DROPOUT,
+                lse=True,
+            ),
+            claim=Claim(),
+            description="flash-attn's flash_attn_func (FlashAttention-2)",
+            requires=("torch", "flash_attn"),
+            needs_cuda=True,
+            options={"policy": "fa2"},
+        ),
+        Target(
+            name="xformers",
+            convention="xformers",
+            loader=_loader("xformers.ops", "memory_efficient_attention"),
+            caps=Capabilities(
+                dtypes=FLOAT_DTYPES[1:],
+                devices=("cuda",),
+                dropout=OWN_DROPOUT,
+                gqa="the xformers convention here passes one head per key/value head",
+            ),
+            claim=Claim(),
+            description="xformers.ops.memory_efficient_attention",
+            requires=("torch", "xformers"),
+            needs_cuda=True,
+            options={"policy": "fa2"},
+        ),
+    ]

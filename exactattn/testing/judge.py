@@ -1,0 +1,184 @@
+"""Judge one variant's outputs on one case against the reference, within the derived bound.
+
+An output passes when it has the expected shape (and dtype: the input's), is finite where
+the exact value is (``lse`` is ``−∞`` exactly on rows with no allowed key), and
+``|out − ref| ≤ bound + rad_ref`` entrywise — the bound of the variant's claimed
+arithmetic (:func:`exactattn.testing.reference.bounds`); float outputs are measured against
+the reference's double-double midpoint, finer-than-float64 ones in mpmath. Ball outputs
+(flint) pass when ``|mid − ref| ≤ rad + rad_ref``: the ball must enclose the exact value.
+A non-finite
+output is *refused* (acceptable) only when the case's magnitudes reach the claimed
+formats' range.
+
+Beside the verdict a :class:`Finding` carries the errors the report summarises: per
+output the normwise relative error ``max|out − ref| / max|ref|`` and the same in ulps of
+the dtype at ``max|ref|`` (NaN for an output whose exact value is zero), whether the bound
+was vacuous (``≥ max|ref|``: little beyond finiteness was checked), and where the worst
+violation sits (the counterexample's coordinates).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import mpmath
+import numpy as np
+
+from .reference import OUTPUTS, Allowed, Reference, relative_error, scale_of, ulps
+
+COMPARE_PREC = 220
+
+
+@dataclass
+class Finding:
+    """One variant's verdict on one case.
+
+    ``status``: ``ok``, ``refused`` (an overflow the case's magnitudes explain), ``known``
+    (a listed bug), ``fail``, or ``skip`` (the variant does not take the case; ``detail``
+    says why).
+    """
+
+    target: str
+    status: str
+    detail: str = ""
+    worst: float = 0.0  # max over entries of |error| / allowed
+    dtype: str = ""
+    errors: dict[str, float] = field(default_factory=dict)
+    ulps: dict[str, float] = field(default_factory=dict)
+    vacuous: bool = False
+    grads_skipped: str = ""
+    deterministic: bool | None = None
+    baseline: dict[str, dict[str, float]] = field(default_factory=dict)
+    where: dict[str, Any] = field(default_factory=dict)
+    overflow_risk: bool = False  # the case's magnitudes reach the claimed formats' range
+    block_size: int | None = None  # the key-block size the bound assumed
+    own_block: bool = False  # the target tiles with the case's block size (exactattn's own)
+
+
+def _mpf(e: Any) -> mpmath.mpf:
+    if isinstance(e, mpmath.mpf):
+        return e
+    if isinstance(e, np.longdouble) and np.isfinite(e):
+        num, den = e.as_integer_ratio()
+        return mpmath.mpf(num) / den
+    return mpmath.mpf(float(e))
+
+
+_MPF = np.frompyfunc(_mpf, 1, 1)
+
+
+def _difference(out: Any, ball: Any, mid: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``|out − ref|`` as float64 and whether the comparison was in mpmath (fine): float
+    outputs against the double-double midpoint (:meth:`exactattn.certified.Ball.error`),
+    finer ones (mpf, longdouble) in mpmath."""
+    arr = np.asarray(out)
+    if arr.dtype == object or arr.dtype == np.longdouble:
+        with mpmath.workprec(COMPARE_PREC):
+            diff = np.frompyfunc(_distance, 2, 1)(_MPF(arr), mid)
+        return np.asarray(diff, dtype=np.float64), True
+    return ball.error(arr.astype(np.float64)), False
+
+
+def _distance(a: mpmath.mpf, b: mpmath.mpf) -> float:
+    if mpmath.isinf(a) or mpmath.isinf(b):
+        return 0.0 if a == b else math.inf
+    return float(abs(a - b))
+
+
+def _finite_where_expected(name: str, out: Any, near: np.ndarray) -> np.ndarray:
+    """Entries that are non-finite although the exact value is finite."""
+    arr = np.asarray(out)
+    if arr.dtype == object:
+        bad = np.frompyfunc(lambda e: not mpmath.isfinite(e), 1, 1)(arr).astype(bool)
+    else:
+        bad = ~np.isfinite(arr.astype(np.float64))
+    return bad & np.isfinite(near)
+
+
+def judge(
+    variant: Any, case: Any, outputs: dict[str, Any], ref: Reference, allowed: Allowed
+) -> Finding:
+    """The verdict and error summary of ``outputs`` (see the module docstring)."""
+    finding = Finding(
+        variant.name, "ok", dtype=variant.dtype, overflow_risk=bool(allowed.overflow_risk)
+    )
+    finding.block_size = variant.bound_block(case)
+    finding.own_block = bool(variant.target.options.get("exact_block"))
+    produced = outputs.get("_dtype")
+    foreign = variant.target.convention != "api"
+    if foreign and produced and produced != variant.dtype:
+        return _fail(finding, f"y has dtype {produced}; expected {variant.dtype} (the input's)")
+    enclosure = variant.target.options.get("enclosure", False)
+    for name in OUTPUTS:
+        if name not in outputs:
+            continue
+        out, radius = outputs[name], 0.0
+        if isinstance(out, tuple):
+            out, radius = out
+        near = ref.near[name]
+        if np.shape(out) != near.shape:
+            return _fail(finding, f"{name} has shape {np.shape(out)}; expected {near.shape}")
+        bad = _finite_where_expected(name, out, near)
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            text = f"{name}{list(at)} is {np.asarray(out)[at]} for finite inputs"
+            if allowed.overflow_risk:
+                return Finding(
+                    variant.name, "refused", text, dtype=variant.dtype, overflow_risk=True
+                )
+            return _fail(finding, text)
+        diff, fine = _difference(out, ref.balls[name], ref.mid[name])
+        # the radius of the reference (and of a ball output), and the float64 rounding of
+        # the difference itself (2^-52 of it, charged to the limit)
+        extra = ref.rad[name] + radius + (2.0**-150 if fine else 2.0**-100) * np.abs(near)
+        limit = (extra if enclosure else allowed.bound[name] + extra) * (1 + 2.0**-52)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = np.where(limit > 0, diff / limit, np.where(diff > 0, np.inf, 0.0))
+        worst_here = float(np.max(ratio, initial=0.0))
+        finding.worst = max(finding.worst, worst_here)
+        finding.errors[name] = relative_error(diff, near, variant.dtype)
+        with np.errstate(all="ignore"):
+            finding.ulps[name] = ulps(diff, near, variant.dtype)
+        scale = scale_of(near)
+        if not enclosure and scale > 0 and float(np.max(allowed.bound[name], initial=0.0)) >= scale:
+            finding.vacuous = True
+        if worst_here > 1:
+            at = tuple(int(i) for i in np.unravel_index(int(np.argmax(ratio)), ratio.shape))
+            got = np.asarray(out)[at]
+            finding.where = _where(variant, case, name, at, got, ref, limit[at], radius)
+            return _fail(
+                finding,
+                f"{name}{list(at)}: |error| {diff[at]:.3e} > allowed {limit[at]:.3e} "
+                f"(got {float(got):.9g}, certified {float(near[at]):.9g} "
+                f"± {float(ref.rad[name][at]):.2g})",
+            )
+    return finding
+
+
+def _fail(finding: Finding, detail: str) -> Finding:
+    finding.status, finding.detail = "fail", detail
+    return finding
+
+
+def _where(variant, case, name, at, got, ref: Reference, limit, radius) -> dict[str, Any]:
+    """Coordinates of the worst element: the output entry, its query row or key block (of
+    the size the bound assumed; one key when the claim states none)."""
+    block = variant.bound_block(case) or 1
+    out: dict[str, Any] = {
+        "output": name,
+        "index": list(at),
+        "got": float(got),
+        "reference": float(ref.near[name][at]),
+        "reference_radius": float(ref.rad[name][at]),
+        "allowed": float(limit),
+        "block_size": block,
+    }
+    if name in ("dk", "dv"):
+        j = at[-2]
+        out["key"] = j
+        out["key_block"] = [j // block * block, min((j // block + 1) * block, case.sizes["n_k"])]
+    else:
+        out["query_row"] = at[-1] if name == "lse" else at[-2]
+    return out

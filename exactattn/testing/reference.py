@@ -1,0 +1,235 @@
+"""The reference a target is judged against, and its derived tolerance, behind one adapter each.
+
+:func:`compute` is the only place the harness asks for the exact answer: the certified
+reference (:func:`exactattn.certified.certified_attention`, arb balls) of the case on the
+inputs exactly as the variant holds them — ``y``, ``lse`` and the gradients, grouped heads
+handled by the reference itself. The case hands it the allowed set from the mask spec's
+definition (:meth:`~exactattn.difftest.cases.Case.allowed`) and the keep-bits of the
+documented hash (:func:`exactattn.testing.spec.keep`), never the library's masks or dropout.
+
+:func:`bounds` is the only call into the error bound (:func:`exactattn.bounds.bounds`): the
+arithmetic a variant claims as an :class:`exactattn.bounds.Arith` (:func:`arith_of`), the
+reverse's structure where the target states it (frozen ``m, ℓ`` or ``lse``; ``δ = G·Y`` or
+naive attention's row sum), else the larger of both. The bound assumes no overflow, so
+:func:`overflow_risk` says separately when a partial result may leave the claimed formats'
+range: an overflow error or a non-finite output is then accepted ("refused").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mpmath
+import numpy as np
+
+from .. import bounds as error_bounds
+from ..difftest.cases import Case
+from . import spec
+
+OUTPUTS = ("y", "lse", "dq", "dk", "dv")
+REF_PREC = 160  # bits: far below the finest format judged (mpmath at 80 bits)
+REVERSES = (("ml", "gy"), ("lse", "gy"), ("ml", "rowsum"))  # (frozen stats, δ) a reverse uses
+LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+           "float64": 1.7976931348623157e308, "e4m3": 448.0, "e5m2": 57344.0}  # fmt: skip
+
+
+@dataclass
+class Reference:
+    """Per output: the certified balls' midpoints (exact mpf), radii and nearest float64."""
+
+    mid: dict[str, np.ndarray]
+    rad: dict[str, np.ndarray]
+    near: dict[str, np.ndarray]
+    balls: Any  # the Enclosure (double-double midpoints: Ball.error)
+    case: Case
+    held: dict[str, np.ndarray]
+
+
+def keep_bits(case: Case) -> np.ndarray | None:
+    """The keep-bits ``r`` of the case's dropout, from their definition (None without)."""
+    if not case.dropout_p:
+        return None
+    n = case.sizes
+    return spec.keep(case.dropout_p, case.seed, case.batch, n["n_q"], n["n_k"])
+
+
+def compute(case: Case, held: dict[str, np.ndarray]) -> Reference:
+    """The certified reference for ``case`` on the inputs exactly as held."""
+    from ..difftest.reference import require
+
+    enclosure = require()(
+        held["q"],
+        held["k"],
+        held["v"],
+        held["g"],
+        scale=case.scale,
+        allowed=case.allowed(),
+        keep=keep_bits(case),
+        dropout_p=case.dropout_p,
+        prec=REF_PREC,
+        enable_gqa=case.group > 1,
+    )
+    mid, rad, near = {}, {}, {}
+    with mpmath.workprec(REF_PREC + 64):
+        for name in OUTPUTS:
+            ball = enclosure[name]
+            mid[name], rad[name] = ball.mpf(), ball.rad
+            with np.errstate(invalid="ignore"):
+                near[name] = ball.hi + ball.lo
+    return Reference(mid, rad, near, enclosure, case, held)
+
+
+def arith_of(variant: Any, case: Case) -> error_bounds.Arith:
+    """The :class:`~exactattn.bounds.Arith` a variant claims, at its key-block size.
+
+    exactattn's own IEEE and mpmath configurations: their context's arithmetic
+    (:meth:`Arith.of_context`); every other target: its claim (the coarser of the score
+    and statistics formats computes, ``p`` — and in the reverse ``p`` and ``γ`` — is cast
+    when it is coarser, as FlashAttention-2's kernels do; outputs are in the input format).
+    """
+    target = variant.target
+    block = variant.bound_block(case)
+    if target.convention == "api" and target.options.get("backend") in ("numpy", "torch", "mpmath"):
+        return error_bounds.Arith.of_context(target.options["ctx"](), block=block)
+    claim = variant.claim
+    fmt = error_bounds.number_format
+    compute = max((fmt(claim.scores), fmt(claim.stats)), key=lambda f: f.u)
+    p = fmt(claim.p) if fmt(claim.p).u > compute.u else None
+    return error_bounds.Arith(
+        input=fmt(claim.input),
+        compute=compute,
+        acc=fmt(claim.acc) if fmt(claim.acc).u >= compute.u else compute,
+        output=fmt(claim.input),
+        p=p,
+        grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs
+        block=block,
+    )
+
+
+@dataclass
+class Allowed:
+    """The tolerance of one variant on one case: per-output bounds, and whether a partial
+    result may leave the claimed formats' range (then an overflow is acceptable)."""
+
+    bound: dict[str, np.ndarray]
+    overflow_risk: bool
+
+
+def bounds(variant: Any, ref: Reference) -> Allowed:
+    """The bound of ``variant``'s claimed arithmetic on ``ref``'s case (the one call)."""
+    case, held = ref.case, ref.held
+    arith = arith_of(variant, case)
+    reverses = variant.target.options.get("reverse", REVERSES)
+    keywords = dict(
+        scale=case.scale,
+        allowed=case.allowed(),
+        rho=case.rho() if case.dropout_p else None,
+        enable_gqa=case.group > 1,
+        row_block=case.sizes["n_q"] if variant.target.options.get("backend") == "numpy" else None,
+    )
+    found = [
+        error_bounds.bounds(arith, *(held[x] for x in "qkvg"), stats=s, delta=d, **keywords)
+        for s, d in reverses
+    ]
+    bound = {name: np.maximum.reduce([b[name] for b in found]) for name in found[0]}
+    for name, extra in underflow(arith, case, held).items():
+        bound[name] = bound[name] + extra
+    return Allowed(bound, overflow_risk(arith, case, held))
+
+
+def underflow(arith: error_bounds.Arith, case: Case, held: dict[str, np.ndarray]) -> dict:
+    """The absolute error of weights below the normal range, carried to the outputs.
+
+    A weight ``p_ij`` that lands among the subnormals of the compute (or p-cast) format is
+    off by up to ``μ`` (half the subnormal spacing) per rounding that touches it: the
+    exponential, the normalisation, the cast and each of the ``T`` rescales; charged as a
+    whole spacing each (``μ`` of float64 is below float64's range), ``a = (T + 4)·2μ`` in
+    all. :func:`exactattn.bounds.bounds` does not carry that *absolute* error through the
+    products that follow (measured: float64 dK off by 1290 subnormal units when
+    ``c = 1497`` multiplies a subnormal γ), so it is added here: ``Y`` moves by
+    ``aΣ_j ρ|V_j|``, dV by ``aΣ_i ρ|G_i|``, dQ and dK by ``a·c·Σ (ρ|dP_ij| + |δ_i|)·|K_j|``
+    (resp. ``|Q_i|``), with ``|δ_i| ≤ max_j ρ|dP_ij|``.
+    """
+    # the subnormal spacing 2μ (μ = 2^-1075 itself is 0 in float64, where this is evaluated)
+    spacings = [2.0 ** (f.e_min - f.p + 1) for f in (arith.compute, arith.p) if f and f.e_min]
+    n_k = case.sizes["n_k"]
+    blocks = -(-n_k // (arith.block or 1)) if n_k else 0
+    a = max(spacings, default=0.0) * (blocks + 4)
+    if a == 0:
+        return {}
+    q, k, v, g = (np.abs(held[x]) for x in "qkvg")
+    if case.group > 1:
+        k, v = (np.repeat(x, case.group, axis=-3) for x in (k, v))
+    weight = case.allowed() * case.rho()
+    dp = weight * (g @ np.swapaxes(v, -1, -2))
+    term = np.where(case.allowed(), dp + dp.max(axis=-1, keepdims=True, initial=0.0), 0.0)
+    c = abs(case.c())
+    out = {
+        "y": a * (weight @ v),
+        "dq": a * c * (term @ k),
+        "dk": a * c * (np.swapaxes(term, -1, -2) @ q),
+        "dv": a * (np.swapaxes(weight, -1, -2) @ g),
+    }
+    for name in ("dk", "dv"):
+        out[name] = _sum_groups(out[name], case.group)
+    return out
+
+
+def _sum_groups(x: np.ndarray, group: int) -> np.ndarray:
+    if group == 1:
+        return x
+    return x.reshape((*x.shape[:-3], x.shape[-3] // group, group, *x.shape[-2:])).sum(axis=-3)
+
+
+def overflow_risk(arith: error_bounds.Arith, case: Case, held: dict[str, np.ndarray]) -> bool:
+    """Whether a partial sum the target forms may reach a quarter of the largest finite
+    number of a format it claims (scores, ``p·V``, ``G·V``, the gradient products)."""
+    formats = [arith.input, arith.compute, arith.acc] + ([arith.p] if arith.p else [])
+    largest = min(LARGEST.get(f.name, np.inf) for f in formats)
+    if not np.isfinite(largest):
+        return False
+    q, k, v, g = (np.abs(held[x]) for x in "qkvg")
+    if case.group > 1:
+        k, v = (np.repeat(x, case.group, axis=-3) for x in (k, v))
+    c, rho = abs(case.c()), 1 / (1 - case.dropout_p)
+    qk = q @ np.swapaxes(k, -1, -2)
+    gv = g @ np.swapaxes(v, -1, -2)
+    worst = max(
+        c,
+        float(qk.max(initial=0.0)) * max(c, 1.0),
+        float(v.sum(axis=-2).max(initial=0.0)) * rho,
+        float(gv.max(initial=0.0)) * rho,
+        float(gv.max(initial=0.0)) * rho * c * float(np.maximum(q.sum(-2), k.sum(-2)).max()),
+        float(max(q.max(initial=0.0), g.max(initial=0.0))),
+    )
+    return worst >= largest / 4
+
+
+def scale_of(x: np.ndarray) -> float:
+    """``max |x|`` over finite entries (0 when there are none): the normwise error scale."""
+    finite = np.abs(x[np.isfinite(x)])
+    return float(finite.max()) if finite.size else 0.0
+
+
+def _format(fmt: str) -> Any:
+    return error_bounds.number_format(fmt)
+
+
+def relative_error(error: np.ndarray, ref: np.ndarray, fmt: str = "float64") -> float:
+    """Normwise ``max |error| / max |ref|`` (finite entries); NaN when the reference is
+    below ``fmt``'s normal range (an exact zero, e.g. dQ with one key: no scale to judge by)."""
+    scale = scale_of(ref)
+    tiny = 2.0 ** _format(fmt).e_min if _format(fmt).e_min is not None else 0.0
+    if not error.size or scale <= tiny:
+        return float("nan")
+    return float(np.max(error[np.isfinite(error)], initial=0.0)) / scale
+
+
+def ulps(error: np.ndarray, ref: np.ndarray, fmt: str) -> float:
+    """``max |error|`` in ulps of ``fmt`` at the output's scale ``max |ref|`` (normwise)."""
+    scale = scale_of(ref)
+    if not error.size or scale == 0:
+        return float("nan")
+    spacing = float(_format(fmt).ulp(np.array([scale]))[0])
+    return float(np.max(error[np.isfinite(error)], initial=0.0)) / spacing

@@ -1,0 +1,85 @@
+"""The proofs' number system: the library's sympy backend with an uninterpreted max.
+
+:class:`ProofContext` is :class:`exactattn.SympyContext` (exact sympy expressions in NumPy
+object arrays) with two changes, both sound for the exactness families:
+
+* **the max is uninterpreted.** ``max(a, b)`` is ``a`` when ``b = −∞`` (and vice versa),
+  and otherwise a free real symbol ``M_S`` named by the set ``S`` of finite arguments it
+  is the max of (flattened, so ``max(max(a, b), c) = max(a, max(b, c)) = M_{a,b,c}``).
+  The code never branches on a max (only on ``m = −∞``, which stays exact), so what it
+  returns is a function of the ``M_S`` — and the zero test proves the identity for *every*
+  value of them, in particular the true maxima. (sympy's ``Max`` is ~75% of a forward run
+  and gains nothing: the zero test already treats ``e^{Max(…)}`` as a free unknown.)
+  That the shift *is* the max — what keeps every exponent ≤ 0 — is the overflow family's
+  theorem, which runs the real ``Max``.
+* **exp and log are built without sympy's automatic rewriting** (``exp(t, evaluate=False)``)
+  except at numbers (``e^{−∞} = 0``, ``e^0 = 1``, ``log 1 = 0``) and ``e^{log u} = u``: the
+  same mathematical values, minus the assumption queries that cost most of a run;
+* **binary floats are exact rationals.** A Python or NumPy float (``dropout_p = 0.25``)
+  becomes the rational it denotes (``1/4``), never an inexact sympy ``Float``, so the
+  library's real :class:`exactattn.dropout.Dropout` runs with its factor ``1/(1 − p)``
+  exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import sympy
+
+import exactattn
+
+
+def _exp(x: sympy.Expr) -> sympy.Expr:
+    if x.is_Number:
+        return sympy.exp(x)
+    if isinstance(x, sympy.log):
+        return x.args[0]
+    return sympy.exp(x, evaluate=False)
+
+
+def _log(x: sympy.Expr) -> sympy.Expr:
+    return sympy.log(x) if x.is_Number else sympy.log(x, evaluate=False)
+
+
+class ProofContext(exactattn.SympyContext):
+    """The sympy backend with an uninterpreted max and exact floats (module docstring)."""
+
+    name = "sympy+free-max"
+    _exp = staticmethod(_exp)
+    _log = staticmethod(_log)
+
+    def __init__(self) -> None:
+        self._by_set: dict[frozenset, sympy.Dummy] = {}
+        self._set_of: dict[sympy.Dummy, frozenset] = {}
+
+    def _convert(self, x: Any) -> sympy.Expr:
+        if isinstance(x, (float, np.floating)):
+            x = sympy.Rational(float(x))  # exact: a binary float is a dyadic rational
+        return super()._convert(x)
+
+    def _members(self, x: sympy.Expr) -> frozenset:
+        return self._set_of.get(x, frozenset([x]))
+
+    def free_max(self, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+        """``max(a, b)``: exact around −∞, otherwise the free symbol ``M`` of the argument set."""
+        if a == sympy.S.NegativeInfinity or a == b:
+            return b
+        if b == sympy.S.NegativeInfinity:
+            return a
+        members = self._members(a) | self._members(b)
+        if len(members) == 1:
+            return next(iter(members))
+        symbol = self._by_set.get(members)
+        if symbol is None:
+            symbol = sympy.Dummy(f"M{len(self._by_set)}", real=True)
+            self._by_set[members], self._set_of[symbol] = symbol, members
+        return symbol
+
+    def max_set(self, m: sympy.Expr) -> frozenset:
+        """The finite values a max symbol stands for (``{m}`` for anything else)."""
+        return self._members(m)
+
+    def _max2(self, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+        return self.free_max(a, b)

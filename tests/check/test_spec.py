@@ -1,0 +1,91 @@
+"""The specification side: masks and dropout from their definitions agree with the library.
+
+:mod:`exactattn.testing.spec` writes each mask kind as inequalities on ``i, j``, offsets and
+lengths, and the keep-bits as the documented hash in unsigned 64-bit arithmetic, without
+calling :mod:`exactattn.masks` or :mod:`exactattn.dropout`. These tests hold the two
+independent implementations against each other, over every kind and and/or composition
+(depth 2), both alignments, ``n_q ≠ n_k`` and batch shapes; and show the cross-check fails
+when one side is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exactattn import masks
+from exactattn.difftest.cases import Draw, build_case
+from exactattn.difftest.strategies import BATCHES
+from exactattn.difftest.strategies import masks as mask_templates
+from exactattn.dropout import Dropout
+from exactattn.testing import spec
+
+
+def _library_allowed(case) -> np.ndarray:
+    n = case.sizes
+    geometry = masks.Geometry(n["n_q"], n["n_k"], case.batch)
+    return np.broadcast_to(
+        masks.create_mask(case.mask_object(), geometry), (*case.batch, n["n_q"], n["n_k"])
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    template=mask_templates(),
+    batch=st.sampled_from(BATCHES),
+    n_q=st.integers(1, 9),
+    n_k=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_every_mask_and_composition_matches_the_library(template, batch, n_q, n_k, seed):
+    case = build_case(Draw(batch, n_q, n_k, 2, 2, 2, mask=template, data_seed=seed))
+    assert np.array_equal(spec.allowed(case.mask, batch, n_q, n_k), _library_allowed(case))
+
+
+def test_the_cross_check_fails_when_the_definition_is_wrong(monkeypatch):
+    """An alignment offset of the wrong sign is caught by the comparison above."""
+    case = build_case(Draw((2,), 3, 5, 2, 2, 2, mask={"kind": "causal", "align": "bottom-right"}))
+    good = spec.allowed(case.mask, case.batch, 3, 5)
+    assert np.array_equal(good, _library_allowed(case))
+    monkeypatch.setattr(spec, "offset", lambda s, n_q, n_k: n_q - n_k)
+    assert not np.array_equal(spec.allowed(case.mask, case.batch, 3, 5), _library_allowed(case))
+
+
+def test_definitions_by_hand():
+    """A few entries written out: bottom-right causal, a window, padding, documents."""
+    causal = spec.allowed({"kind": "causal", "align": "bottom-right"}, (), 2, 4)
+    assert causal.tolist() == [[True, True, True, False], [True, True, True, True]]
+    window = spec.allowed({"kind": "window", "left": 1, "right": 0}, (), 3, 3)
+    assert window.tolist() == [[True, False, False], [True, True, False], [False, True, True]]
+    padding = spec.allowed({"kind": "padding", "lengths": [1, 3]}, (2, 5), 1, 3)
+    assert padding[0].all(axis=(0, 1)).tolist() == [True, False, False]
+    assert padding[1].all(axis=(0, 1)).tolist() == [True, True, True]
+    docs = spec.allowed({"kind": "document", "q_doc": [0, 1], "k_doc": [0, 0, 1]}, (), 2, 3)
+    assert docs.tolist() == [[True, True, False], [False, False, True]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**32 + 7, 2**63 + 12345, 2**64 - 1])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_keep_bits_match_the_library(seed, p):
+    batch, n_q, n_k = (2, 3), 7, 9
+    index = np.arange(math.prod(batch)).reshape((*batch, 1, 1))
+    library = Dropout(p, seed).keep(index, np.arange(n_q)[:, None], np.arange(n_k)[None, :])
+    assert np.array_equal(
+        spec.keep(p, seed, batch, n_q, n_k), np.broadcast_to(library, (*batch, n_q, n_k))
+    )
+
+
+def test_keep_rate_and_factors():
+    """1 − p of the bits are kept (within 5 sigma) and ρ = r/(1 − p) exactly."""
+    for p in (0.1, 0.5, 0.9):
+        bits = spec.keep(p, 12345, (4,), 128, 128)
+        sigma = math.sqrt(p * (1 - p) / bits.size)
+        assert abs(bits.mean() - (1 - p)) < 5 * sigma
+        rho = spec.rho(p, 12345, (4,), 128, 128)
+        assert set(np.unique(rho)) <= {0.0, 1 / (1 - p)}
+        assert np.array_equal(rho != 0, bits)
+    assert np.array_equal(spec.rho(0.0, None, (2,), 3, 4), np.ones((2, 3, 4)))
