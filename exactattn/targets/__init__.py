@@ -17,16 +17,13 @@ holds inputs in its format and has one derived tolerance.
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import math
-import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .. import loading
 from . import builtin, foreign
 from .base import NAIVE_BLOCK, Capabilities, Claim, Target, size_of
 from .conventions import USER_CONVENTIONS, conventions
@@ -119,35 +116,12 @@ def from_callable(
 
 
 def load_callable(spec: str) -> Any:
-    """``package.module:function`` or ``path/to/file.py:function`` → the function."""
-    where, _, attr = spec.rpartition(":")
-    if not where or not attr:
-        raise UnknownTarget(f"{spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION")
+    """``package.module:function`` or ``path/to/file.py:function`` → the function
+    (:func:`exactattn.loading.load_callable`; an :class:`UnknownTarget` when it names none)."""
     try:
-        if where.endswith(".py"):
-            path = Path(where)
-            if not path.is_file():
-                raise FileNotFoundError(f"no such file: {path}")
-            module_spec = importlib.util.spec_from_file_location(
-                f"_exactattn_user_{path.stem}", path
-            )
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_spec.name] = module
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except Exception as error:
-        raise UnknownTarget(
-            f"cannot import {where!r} for target {spec!r}: {type(error).__name__}: {error}"
-        ) from error
-    fn: Any = module
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise UnknownTarget(f"{where!r} has no attribute {attr!r} (target {spec!r})")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise UnknownTarget(f"{spec!r} is a {type(fn).__name__}, not a function")
-    return fn
+        return loading.load_callable(spec, f"target {spec!r}")
+    except loading.LoadError as error:
+        raise UnknownTarget(str(error)) from error
 
 
 def unavailable(target: Target, device: str = "cpu") -> str | None:
