@@ -181,6 +181,14 @@ class Variant:
             return quantize_per_tensor(x, fmt)
         return hold(x, fmt)
 
+    def hold_bias(self, bias: np.ndarray) -> np.ndarray:
+        """A bias as this variant takes it: in its input format (the compute format for
+        per-tensor FP8 inputs, whose scaling a bias does not share)."""
+        from ..difftest.cases import hold
+
+        fmt = self.claim.input or self.dtype
+        return hold(bias, self.claim.scores if fmt in ("e4m3", "e5m2") else fmt)
+
     def bound_block(self, case: Any) -> int | None:
         """The key-block size the tolerance assumes for ``case`` (None: the worst case)."""
         if self.target.options.get("exact_block"):
@@ -207,6 +215,9 @@ class Variant:
             (n["n_q"] != n["n_k"], caps.cross, "n_q != n_k"),
             (bool(case.dropout_p), caps.dropout, "dropout"),
             (case.empty_rows == "zero", caps.empty_rows, "rows with no allowed key"),
+            (case.bias is not None, caps.bias, "bias"),
+            (case.softcap is not None, caps.softcap, "softcap"),
+            (_program(case), caps.program, "a user's program"),
         )
         for applies, capability, what in checks:
             if applies and capability is not True:
@@ -236,6 +247,15 @@ class Variant:
         return self.convention.run(
             self.target, replace(case, dtype=self.dtype), held, self.device, grads
         )
+
+
+def _program(case: Any) -> bool:
+    """Whether the case runs a user's ``score_mod`` or ``mask_mod``."""
+    from ..testing.spec import leaves
+
+    return case.score_mod is not None or any(
+        leaf["kind"] == "mask_mod" for leaf in leaves(case.mask)
+    )
 
 
 def _triton_unsupported(case: Any, device: str) -> str | None:

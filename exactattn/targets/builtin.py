@@ -80,6 +80,7 @@ def config_target(name: str) -> Target:
     caps = Capabilities(
         dtypes=(quantize or storage,),
         max_size=SMALL if backend == "mpmath" else None,
+        program=True,
     )
     family = "mpmath" if backend == "mpmath" else backend
     return Target(
@@ -150,6 +151,7 @@ def _sympy() -> Target:
             dropout="the exact run is kept to tiny integer cases",
             batch_dims=(0, 1),
             max_n=3,
+            program=True,
         ),
         claim=Claim(input="float64", scores="p150", stats="p150", p="p150", acc="p150"),
         description="sympy: exact symbols (rational inputs, Y in closed form, 50 digits)",
@@ -169,7 +171,7 @@ def _flint() -> Target:
         name="flint",
         convention="api",
         loader=lambda: None,
-        caps=Capabilities(dtypes=("float64",), max_size=2000),
+        caps=Capabilities(dtypes=("float64",), max_size=2000, program=True),
         claim=Claim(input="float64", scores="p200", stats="p200", p="p200", acc="p200"),
         description="python-flint arb balls at 53 bits: each output must enclose the exact value",
         requires=("flint",),
@@ -190,7 +192,7 @@ def _exactattn_torch() -> Target:
         name="exactattn",
         convention="exactattn",
         loader=_torch_attention,
-        caps=Capabilities(devices=("cpu", "cuda")),
+        caps=Capabilities(devices=("cpu", "cuda"), program=True),  # its mask_mod
         claim=Claim(),  # resolved per dtype: see fa2_claim
         description="exactattn.torch.attention (generic path; FA-2 policy for fp16/bf16)",
         requires=("torch",),
