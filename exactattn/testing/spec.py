@@ -117,9 +117,7 @@ def lift(batch: tuple[int, ...]) -> tuple[int, int]:
     return (*batch, 1, 1)[:2]  # type: ignore[return-value]
 
 
-def mask_mod_table(
-    reference: str, batch: tuple[int, ...], n_q: int, n_k: int
-) -> np.ndarray:
+def mask_mod_table(reference: str, batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray:
     """A user's ``mask_mod`` (``module:function``) on the whole grid, shaped
     ``(*batch, n_q, n_k)``; an error names the mod when it does not give booleans."""
     from .. import loading
