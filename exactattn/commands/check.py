@@ -118,9 +118,8 @@ def _spec(args: argparse.Namespace) -> dict:
     if args.claim:
         spec["claim"] = targets.Claim.parse(args.claim)
     if args.supports:
-        spec["supports"] = targets.Capabilities.parse(
-            args.supports, targets.Capabilities(devices=("cpu", "cuda"))
-        )
+        base = targets.user_capabilities(args.convention or "sdpa")
+        spec["supports"] = targets.Capabilities.parse(args.supports, base)
     return spec
 
 

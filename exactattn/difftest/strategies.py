@@ -89,10 +89,12 @@ def draws(
     exact_share: int = 10,
     dropout: bool = True,
     program: tuple[str | None, str | None] | None = None,
+    modify: bool = True,
 ) -> Draw:
     """A case description; one in ``exact_share`` is a tiny integer case (0: never);
-    ``dropout=False`` when no unit under test replays exactattn's keep-bits; ``program``:
-    a user's ``(mask_mod, score_mod)`` references that every case runs (batch dims ≤ 2)."""
+    ``dropout=False`` when no unit under test replays exactattn's keep-bits; ``modify=False``
+    when none takes a bias or a soft-cap (no score modification is drawn); ``program``: a
+    user's ``(mask_mod, score_mod)`` references that every case runs (batch dims ≤ 2)."""
     if exact_share and draw(st.integers(0, exact_share - 1)) == 0 and program is None:
         return draw(exact_draws())
     if program is not None:
@@ -124,8 +126,14 @@ def draws(
         group=draw(st.sampled_from(groups)),
         dtype=draw(st.sampled_from(dtypes)) if dtypes else None,
         layout=draw(st.sampled_from(layouts)),
-        **(_modification(draw(scores())) if program is None else {"score_mod": program[1]}),
+        **_score_keywords(draw, program, modify),
     )
+
+
+def _score_keywords(draw: st.DrawFn, program: Any, modify: bool) -> dict[str, Any]:
+    if program is not None:
+        return {"score_mod": program[1]}
+    return _modification(draw(scores())) if modify else {}
 
 
 def _program_mask(reference: str | None) -> dict[str, Any]:

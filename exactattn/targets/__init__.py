@@ -39,6 +39,7 @@ __all__ = [
     "names",
     "registry",
     "unavailable",
+    "user_capabilities",
 ]
 
 
@@ -99,10 +100,7 @@ def from_callable(
     """A callable as a target (``exactattn.testing.assert_attention_close`` uses this)."""
     if not callable(fn):
         raise TypeError(f"the target must be callable; got {type(fn).__name__}")
-    caps = supports or Capabilities(
-        devices=("cpu", "cuda"),
-        dropout=True if convention == "exactattn" else "own",
-    )
+    caps = supports or user_capabilities(convention)
     return Target(
         name=name or getattr(fn, "__qualname__", repr(fn)),
         convention=convention,
@@ -112,6 +110,20 @@ def from_callable(
         description=f"user function ({convention} convention)",
         requires=("torch",),
         options={"mask": "bool"} if convention == "hf" else {},
+    )
+
+
+def user_capabilities(convention: str) -> Capabilities:
+    """What a user's function is assumed to take before ``--supports`` says more: a bias and a
+    soft-cap only under the ``exactattn`` convention, whose keywords carry them (a function
+    with SDPA's signature may take boolean masks only: ``--supports bias=yes``)."""
+    own = convention == "exactattn"
+    unstated = "not stated for a user's function (--supports {}=yes)"
+    return Capabilities(
+        devices=("cpu", "cuda"),
+        dropout=True if own else "own",
+        bias=True if own else unstated.format("bias"),
+        softcap=True if own else unstated.format("softcap"),
     )
 
 

@@ -25,22 +25,26 @@ def try_program(mask_mod: str | None, score_mod: str | None, max_n: int) -> None
     """Raise ValueError / TypeError (the message names the mod) unless both mods run on the
     ``(B, H, max_n, max_n)`` grid; see the module docstring."""
     if mask_mod is not None:
-        _guarded(mask_mod, lambda: spec.mask_mod_table(mask_mod, GRID, max_n, max_n))
+        loading.load_callable(mask_mod, "--mask-mod")
+        _guarded("--mask-mod", mask_mod, lambda: spec.mask_mod_table(mask_mod, GRID, max_n, max_n))
     if score_mod is not None:
         fn = loading.load_callable(score_mod, "--score-mod")
-        _guarded(score_mod, lambda: _try_score_mod(fn, score_mod, max_n))
+        _guarded("--score-mod", score_mod, lambda: _try_score_mod(fn, score_mod, max_n))
 
 
-def _guarded(reference: str, run: Any) -> None:
+def _guarded(what: str, reference: str, run: Any) -> None:
+    """``run()``, its errors naming the mod (and the grid, for an index out of range)."""
     try:
         run()
-    except (loading.LoadError, TypeError, ValueError):
-        raise
     except IndexError as error:
         raise ValueError(
-            f"{reference} indexed out of range on the grid (B, H, n_q, n_k) = "
-            f"{(*GRID, '≤ --max-n', '≤ --max-n')}: {error}"
+            f"{what} {reference} indexed out of range on the grid (B, H, n_q, n_k) = "
+            f"{GRID} × (--max-n)²: {error}"
         ) from error
+    except (TypeError, ValueError) as error:
+        if reference in str(error):
+            raise
+        raise type(error)(f"{what} {reference}: {error}") from error
 
 
 def _try_score_mod(fn: Any, reference: str, n: int) -> None:

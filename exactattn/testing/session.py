@@ -130,6 +130,7 @@ def _search(variants: list[Variant], settings: Settings, dtypes: tuple, seed: in
             exact_share=0,
             dropout=any(v.target.caps.dropout is True for v in active),
             program=settings.program,
+            modify=any(True in (v.target.caps.bias, v.target.caps.softcap) for v in active),
         )
 
     def judge(case, active):
