@@ -29,7 +29,7 @@ def load_callable(reference: str, what: str = "the callable") -> Any:
     callable."""
     where, sep, attribute = str(reference).rpartition(":")
     if not sep or not where or not attribute:
-        raise LoadError(f"{what} must be MODULE:FUNCTION or FILE.py:FUNCTION; got {reference!r}")
+        raise LoadError(f"{what} must be module:function or file.py:function; got {reference!r}")
     try:
         module = _module(where)
     except Exception as error:

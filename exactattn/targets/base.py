@@ -132,8 +132,8 @@ class Capabilities:
     gqa: bool | str = True
     cross: bool | str = True
     empty_rows: bool | str = True
-    bias: bool | str = True
-    softcap: bool | str = True
+    bias: bool | str = "takes no bias (not stated)"
+    softcap: bool | str = "takes no soft-cap (not stated)"
     program: bool | str = "runs no FlexAttention program (mask_mod / score_mod)"
     equal_head_dims: bool = False  # needs v == d
     batch_dims: tuple[int, ...] = (0, 1, 2)  # leading dims it accepts

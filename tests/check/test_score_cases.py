@@ -81,7 +81,9 @@ def test_the_strategies_draw_each_modification_for_a_fair_share():
 
     seen: list[str] = []
 
-    @settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=300, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     @given(draws())
     def collect(draw):
         seen.append(draw.score["kind"] + ("+cap" if draw.softcap else ""))
