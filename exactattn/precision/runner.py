@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..executors import make_executor
 from .configs import available
-from .executors import make_executor
 from .grid import KNOBS, Point, expand, key_of
 from .metrics import METRICS
 from .presets import get_preset
