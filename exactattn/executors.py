@@ -15,7 +15,8 @@ from :func:`make_executor` (``--workers N`` / ``--scheduler ADDRESS``, see
   the signal or exit code, and is replaced: the run goes on.
 * :class:`DaskExecutor` submits to a Dask distributed scheduler (the optional ``dask``
   extra); the workers need the same ``exactattn`` installed. An address where no scheduler
-  answers is a :class:`SchedulerUnreachable` within ``connect_timeout`` seconds; a task
+  answers is a :class:`SchedulerUnreachable` within ``connect_timeout`` seconds
+  (:data:`CONNECT_TIMEOUT_S` by default); a task
   whose workers died (Dask's ``KilledWorker``) is a :class:`WorkerDied`.
 
 :func:`as_completed` drives an executor over a stream of tasks: at most ``capacity`` in
@@ -27,8 +28,8 @@ what a run reports does not depend on where or in which order its tasks ran.
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures as cf
-import contextlib
 import multiprocessing
 import multiprocessing.connection
 import pickle
@@ -90,7 +91,8 @@ class LocalExecutor:
 class DaskExecutor:
     """Tasks on a Dask distributed cluster (``address``: ``tcp://host:port`` or a Client)."""
 
-    def __init__(self, address: Any, connect_timeout: float = CONNECT_TIMEOUT_S):
+    def __init__(self, address: Any, connect_timeout: float | None = None):
+        connect_timeout = CONNECT_TIMEOUT_S if connect_timeout is None else connect_timeout
         with needs("a Dask scheduler (--scheduler)"):
             from dask.distributed import Client
         self._own = not isinstance(address, Client)
@@ -136,7 +138,7 @@ Executor = LocalExecutor | DaskExecutor
 
 
 def make_executor(
-    workers: int = 1, scheduler: Any = None, connect_timeout: float = CONNECT_TIMEOUT_S
+    workers: int = 1, scheduler: Any = None, connect_timeout: float | None = None
 ) -> Executor:
     """Dask when a scheduler address (or Client) is given, local processes otherwise."""
     if scheduler:
@@ -215,7 +217,9 @@ class _Worker:
 
     def __init__(self, context: Any):
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child,), daemon=True)
+        # not a daemon: a task may start processes of its own (the certified reference's
+        # row blocks); the pool stops its workers on close() or at exit
+        self.process = context.Process(target=_serve, args=(child,), daemon=False)
         self.process.start()
         child.close()
         self.future: cf.Future | None = None
@@ -238,6 +242,7 @@ class _Pool:
         self._context = multiprocessing.get_context("spawn")
         self._workers = [_Worker(self._context) for _ in range(workers)]
         self._queue: deque[tuple[cf.Future, bytes, str]] = deque()
+        atexit.register(self.close)  # before multiprocessing joins its children at exit
 
     def submit(self, fn: Callable[..., Any], args: tuple) -> cf.Future:
         future: cf.Future = cf.Future()
@@ -298,13 +303,11 @@ class _Pool:
         return fresh
 
     def close(self) -> None:
-        """Stop idle workers politely and busy ones (an interrupted run) at once."""
+        """Stop the workers (idle ones hold nothing; busy ones belong to an interrupted run)
+        and cancel what is still queued."""
+        atexit.unregister(self.close)
         for worker in self._workers:
-            if worker.future is None:
-                with contextlib.suppress(OSError):  # it died meanwhile
-                    worker.conn.send_bytes(pickle.dumps(None))
-            else:
-                worker.process.terminate()
+            worker.process.terminate()
         for worker in self._workers:
             worker.process.join(timeout=5)
             if worker.process.is_alive():
@@ -332,8 +335,6 @@ def _serve(conn: multiprocessing.connection.Connection) -> None:
         except Exception as error:  # the task's function or arguments do not import here
             conn.send_bytes(pickle.dumps(("error", _portable(error))))
             continue
-        if message is None:
-            return
         fn, args = message
         try:
             answer = ("ok", fn(*args))
