@@ -16,8 +16,11 @@ from :func:`make_executor` (``--workers N`` / ``--scheduler ADDRESS``, see
 * :class:`DaskExecutor` submits to a Dask distributed scheduler (the optional ``dask``
   extra); the workers need the same ``exactattn`` installed. An address where no scheduler
   answers is a :class:`SchedulerUnreachable` within ``connect_timeout`` seconds
-  (:data:`CONNECT_TIMEOUT_S` by default); a task
-  whose workers died (Dask's ``KilledWorker``) is a :class:`WorkerDied`.
+  (:data:`CONNECT_TIMEOUT_S` by default); a task whose workers died (Dask's
+  ``KilledWorker``) is a :class:`WorkerDied`. Tasks in one worker process run one at a
+  time (:func:`one_at_a_time`: mpmath's and flint's precision are process-wide), so a
+  cluster's parallelism is its worker processes (``dask worker --nworkers N
+  --nthreads 1``).
 
 :func:`as_completed` drives an executor over a stream of tasks: at most ``capacity`` in
 flight, the next task built only when there is room (so a task can be given what the tasks
@@ -34,6 +37,7 @@ import multiprocessing
 import multiprocessing.connection
 import pickle
 import signal
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -113,7 +117,7 @@ class DaskExecutor:
         self.capacity = max(1, threads) * IN_FLIGHT_PER_WORKER
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return self.client.submit(fn, *args, pure=False)
+        return self.client.submit(one_at_a_time, fn, *args, pure=False)
 
     def wait_first(self, futures: Iterable[Any]) -> tuple[set, set]:
         from dask.distributed import wait
@@ -169,6 +173,18 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     if args.workers < 1:
         return f"--workers must be >= 1; got {args.workers}"
     return None
+
+
+# Tasks in one process run one at a time: the working precision of mpmath and flint, and a
+# mutant's patch of the library, are the whole process's. A Dask worker with several threads
+# (or ``processes=False``) would otherwise run two tasks on one precision; give it processes.
+_ONE_AT_A_TIME = threading.Lock()
+
+
+def one_at_a_time(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` while no other task of this process runs (how Dask runs a task)."""
+    with _ONE_AT_A_TIME:
+        return fn(*args)
 
 
 # --- driving an executor over many tasks ---------------------------------------------------

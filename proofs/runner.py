@@ -22,7 +22,6 @@ checked again) and checks only the rest.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,11 +124,6 @@ def _rebuilt(source: Source) -> list[engine.Obligation]:
     return _BUILT[source]
 
 
-# Checks in one process run one at a time: a mutant patches the library for the whole
-# process (and sympy holds the GIL, so threads would gain nothing anyway).
-_ONE_AT_A_TIME = threading.Lock()
-
-
 def prove(
     source: Source,
     index: int,
@@ -139,18 +133,17 @@ def prove(
 ) -> engine.Verdict:
     """Task: check obligation ``index`` of ``source`` (which must be ``key``), after
     remembering the ``unmutated`` verdicts for the mutants family."""
-    with _ONE_AT_A_TIME:
-        obligations = _rebuilt(source)
-        ob = obligations[index] if index < len(obligations) else None
-        if ob is None or key_of(ob) != key:
-            return engine.Verdict(
-                engine.LOST,
-                0.0,
-                f"this worker's {source.family} family has no obligation {key[1]!r} "
-                f"({key[2]}) at index {index}: is the same exactattn installed on the workers?",
-            )
-        mutants.remember([_remembered(k, status) for k, status in unmutated])
-        return engine.check(ob, timeout)
+    obligations = _rebuilt(source)
+    ob = obligations[index] if index < len(obligations) else None
+    if ob is None or key_of(ob) != key:
+        return engine.Verdict(
+            engine.LOST,
+            0.0,
+            f"this worker's {source.family} family has no obligation {key[1]!r} "
+            f"({key[2]}) at index {index}: is the same exactattn installed on the workers?",
+        )
+    mutants.remember([_remembered(k, status) for k, status in unmutated])
+    return engine.check(ob, timeout)
 
 
 def _remembered(key: Key, status: str) -> engine.Outcome:

@@ -31,3 +31,24 @@ def nested_pool(x: int) -> int:
 
     with ProcessPoolExecutor(1) as pool:
         return pool.submit(square, x).result()
+
+
+def sweep_run_or_dies(point, *rest):
+    """The sweep's run task, except that the run of ``mp11`` on the causal n = 24 problem
+    kills its (worker) process."""
+    from exactattn.precision import tasks as sweep_tasks
+
+    if (point.config, point.mask, point.n) == ("mp11", "causal", 24):
+        die("kill")
+    return sweep_tasks.run_task(point, *rest)
+
+
+def set_then_read(value: int) -> int:
+    """Set mpmath's (process-wide) precision, let other threads run, read it back."""
+    import time
+
+    import mpmath
+
+    mpmath.mp.prec = value
+    time.sleep(0.02)
+    return mpmath.mp.prec

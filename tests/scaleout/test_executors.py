@@ -133,3 +133,14 @@ def test_workers_left_running_are_stopped_at_exit(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == b"[16]", done.stderr
+
+
+def test_tasks_in_one_dask_worker_process_do_not_share_a_precision():
+    """Threads of one Dask worker would run two tasks on one mpmath (or flint) precision."""
+    distributed = requires("dask.distributed")
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=4, processes=False, dashboard_address=None
+    ) as cluster:
+        calls = [(tasks.set_then_read, (53 + k,)) for k in range(16)]
+        got = _run(make_executor(scheduler=cluster.scheduler_address), calls)
+    assert got == {k: 53 + k for k in range(16)}
