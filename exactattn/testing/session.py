@@ -48,6 +48,7 @@ class Settings:
     probes: bool = True
     progress: bool = False
     sampled: bool = True  # False: slow interpreters run every case they take
+    program: tuple[str | None, str | None] | None = None  # a user's (mask_mod, score_mod)
 
 
 @dataclass
@@ -164,7 +165,8 @@ def run(
 
 
 def _strategy(variants: list[Variant], settings: Settings) -> Any:
-    """Cases in the variants' dtypes (dropout when some variant replays our keep-bits)."""
+    """Cases in the variants' dtypes (dropout when some variant replays our keep-bits; the
+    user's program on every case; score modifications when some variant takes them)."""
     dtypes = tuple(sorted({v.dtype for v in variants}, key=_dtype_order))
     return strategies.draws(
         max_n=settings.max_n,
@@ -173,6 +175,8 @@ def _strategy(variants: list[Variant], settings: Settings) -> Any:
         layouts=LAYOUTS,
         exact_share=0,
         dropout=any(v.target.caps.dropout is True for v in variants),
+        program=settings.program,
+        modify=any(True in (v.target.caps.bias, v.target.caps.softcap) for v in variants),
     )
 
 
