@@ -39,8 +39,11 @@ evaluate, in 30-digit mpmath arithmetic, to different numbers (or, for the tile 
 and dropout families, the configuration that breaks the claim; for the smt family, the
 solver's model: integer values for which the claim is false). FAILED means the code
 raised (the exception is recorded); UNDECIDED means not proved and no counterexample
-found. All three are failures. SKIPPED means an optional package the check needs (z3) is
-not installed: not a failure, and nothing is claimed for it. Mutants are deliberately
+found. All three are failures, and so are TIMEOUT (no verdict within the run's
+`--timeout`) and LOST (the process checking it died; the reason is recorded): a mutant
+with either was not judged, so it does not count as killed. SKIPPED means an optional
+package the check needs (z3) is not installed: not a failure, and nothing is claimed for
+it. Mutants are deliberately
 broken variants of one step, mask method, score modification or dropout piece, substituted
 into the same code path; each must be killed."""
 

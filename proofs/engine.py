@@ -12,15 +12,27 @@ failing comparison stops it. Verdicts:
 * ``FAILED``   the code under test (or the check) raised an exception: recorded with the
   exception, never a crash of the run — counted as a failure;
 * ``SKIPPED``  the check needs an optional package that is not installed (the reason names
-  the extra): neither proved nor a failure — the certificate says what was not checked.
+  the extra): neither proved nor a failure — the certificate says what was not checked;
+* ``TIMEOUT``  no verdict within the run's per-obligation limit (``exactattn prove
+  --timeout``) — counted as a failure;
+* ``LOST``     the process running it died, or it could not run there (the detail says
+  why) — counted as a failure.
 
 A *mutant* obligation (``expect_refuted=True``) runs the same check on a deliberately
-broken variant of one step; it passes only when REFUTED.
+broken variant of one step; it passes when the check does not prove (a TIMEOUT or LOST
+mutant was not judged, so it does not pass).
+
+:func:`check` reaches one obligation's :class:`Verdict` (what travels back from a worker
+process; :func:`outcome` puts it with its obligation again), :func:`run` checks a list in
+turn. ``exactattn prove`` spreads the checks over processes or a cluster
+(:mod:`.runner`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -37,6 +49,8 @@ from .coverage import Coverage
 PROVED, REFUTED, UNDECIDED, FAILED = "PROVED", "REFUTED", "UNDECIDED", "FAILED"
 SKIPPED = "SKIPPED"
 NO_TARGET = "NO TARGET"  # a mutant whose target is missing from the library
+TIMEOUT, LOST = "TIMEOUT", "LOST"
+NOT_JUDGED = (NO_TARGET, TIMEOUT, LOST)  # no verdict on the claim: never ok
 
 
 class Refuted(Exception):
@@ -75,6 +89,16 @@ class Obligation:
     coverage: tuple[Coverage, ...] = ()
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What checking one obligation found (picklable: it comes back from workers)."""
+
+    status: str
+    seconds: float
+    detail: str = ""
+    counterexample: numeric.Counterexample | None = None
+
+
 @dataclass
 class Outcome:
     obligation: Obligation
@@ -85,12 +109,16 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        """PROVED (or SKIPPED); for a mutant, anything but PROVED (it was killed)."""
+        """PROVED (or SKIPPED); for a mutant, judged and not PROVED (it was killed)."""
         if self.status == SKIPPED:
             return True
         if self.obligation.expect_refuted:
-            return self.status not in (PROVED, NO_TARGET)
+            return self.status not in (PROVED, *NOT_JUDGED)
         return self.status == PROVED
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict(self.status, self.seconds, self.detail, self.counterexample)
 
     def line(self) -> str:
         ob = self.obligation
@@ -142,33 +170,85 @@ def check_nonpositive(what: str, expr: Any) -> None:
 
 
 # --- running -------------------------------------------------------------------------------
-def run(obligations: Iterable[Obligation], stream: TextIO | str | None = "stdout") -> list[Outcome]:
+class TimedOut(BaseException):
+    """Raised into a check that overran its limit; a BaseException, so that no ``except
+    Exception`` in the code under test (or in a mutant's probes) can take it for a verdict."""
+
+
+def check(ob: Obligation, timeout: float | None = None) -> Verdict:
+    """Check one obligation (within ``timeout`` seconds, if given) and say what was found."""
+    start = time.perf_counter()
+    try:
+        note = _within(timeout, ob.check)
+        found = Verdict(PROVED, 0.0, detail=note or "")
+    except TimedOut:
+        found = Verdict(TIMEOUT, 0.0, f"no verdict within {timeout:g} s (--timeout)")
+    except Refuted as err:
+        found = Verdict(REFUTED, 0.0, counterexample=err.counterexample)
+    except Killed as err:
+        found = Verdict(err.status, 0.0, detail=str(err))
+    except NoTarget as err:
+        found = Verdict(NO_TARGET, 0.0, detail=str(err))
+    except Skipped as err:
+        found = Verdict(SKIPPED, 0.0, detail=str(err))
+    except (Undecided, symbolic.Unsupported) as err:
+        found = Verdict(UNDECIDED, 0.0, detail=str(err))
+    except Exception as err:  # the code under test raised: a verdict, not a crash
+        found = Verdict(FAILED, 0.0, detail=_exception_text(err))
+    return Verdict(found.status, time.perf_counter() - start, found.detail, found.counterexample)
+
+
+def outcome(ob: Obligation, verdict: Verdict) -> Outcome:
+    return Outcome(ob, verdict.status, verdict.seconds, verdict.detail, verdict.counterexample)
+
+
+def run(
+    obligations: Iterable[Obligation],
+    stream: TextIO | str | None = "stdout",
+    timeout: float | None = None,
+) -> list[Outcome]:
     """Check each obligation in turn, printing its line to ``stream`` (None: silent)."""
     if stream == "stdout":
         stream = sys.stdout
     outcomes = []
     for ob in obligations:
-        start = time.perf_counter()
-        try:
-            note = ob.check()
-            outcome = Outcome(ob, PROVED, 0.0, detail=note or "")
-        except Refuted as err:
-            outcome = Outcome(ob, REFUTED, 0.0, counterexample=err.counterexample)
-        except Killed as err:
-            outcome = Outcome(ob, err.status, 0.0, detail=str(err))
-        except NoTarget as err:
-            outcome = Outcome(ob, NO_TARGET, 0.0, detail=str(err))
-        except Skipped as err:
-            outcome = Outcome(ob, SKIPPED, 0.0, detail=str(err))
-        except (Undecided, symbolic.Unsupported) as err:
-            outcome = Outcome(ob, UNDECIDED, 0.0, detail=str(err))
-        except Exception as err:  # the code under test raised: a verdict, not a crash
-            outcome = Outcome(ob, FAILED, 0.0, detail=_exception_text(err))
-        outcome.seconds = time.perf_counter() - start
-        outcomes.append(outcome)
+        done = outcome(ob, check(ob, timeout))
+        outcomes.append(done)
         if stream is not None:
-            print(outcome.line(), file=stream, flush=True)
+            print(done.line(), file=stream, flush=True)
     return outcomes
+
+
+def _within(seconds: float | None, fn: Callable[[], Any]) -> Any:
+    """``fn()``, interrupted by :class:`TimedOut` after ``seconds``.
+
+    A timer thread raises the exception in this thread (CPython's
+    ``PyThreadState_SetAsyncExc``), so the limit works in any thread — the main one, a
+    worker process's, a Dask worker's. It takes effect at the next Python bytecode: a long
+    call into C (z3 has its own limit) is interrupted when it returns.
+    """
+    if seconds is None:
+        return fn()
+    target = threading.get_ident()
+    lock = threading.Lock()
+    running = [True]
+
+    def interrupt() -> None:
+        with lock:
+            if running[0]:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(target), ctypes.py_object(TimedOut)
+                )
+
+    timer = threading.Timer(seconds, interrupt)
+    timer.daemon = True
+    timer.start()
+    try:
+        return fn()
+    finally:
+        with lock:
+            running[0] = False
+        timer.cancel()
 
 
 def _exception_text(err: Exception) -> str:

@@ -1,7 +1,8 @@
 """``exactattn check``: any attention implementation against the certified reference.
 
     exactattn check TARGET [TARGET ...] [--examples N] [--dtypes D [D ...]] [--max-n N]
-                    [--grads | --no-grads] [--seed S] [--jobs J] [--device cpu|cuda]
+                    [--grads | --no-grads] [--seed S] [--device cpu|cuda]
+                    [--workers N | --scheduler ADDRESS] [--journal FILE [--resume]]
                     [--report DIR] [--save-failures DIR] [--convention C] [--claim TEXT]
                     [--supports TEXT] [--list] [--replay FILE]
                     [--mask-mod MODULE:FN] [--score-mod MODULE:FN]
@@ -19,15 +20,25 @@ and the targets that run a program themselves (``flex``, exactattn's own) are ju
 the others skip with the reason. ``--report DIR`` writes ``report.md`` and
 ``report.json``. Exit status 0 only when nothing failed (1: a failure; 2: bad usage; 130:
 interrupted, the report then holds what was seen).
+
+The cases are drawn from ``--seed`` before any is judged, then judged in this process, in
+``--workers N`` local processes or on the Dask cluster of ``--scheduler ADDRESS`` (the
+workers rebuild the targets by name: a ``file.py:function`` must be readable there): the
+same report either way; failures are shrunk in this process. ``--journal FILE`` writes each
+judged case as it arrives; after an interruption the same command with ``--resume`` judges
+only the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
+
+from .. import executors
 
 DEFAULT_FAILURES = "check-failures"
 
@@ -40,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-n", type=int, default=32, help="largest n_q, n_k (default 32)")
     parser.add_argument("--grads", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0)")
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    executors.add_arguments(parser)
+    parser.add_argument("--journal", metavar="FILE", help="write each judged case here")
+    parser.add_argument("--resume", action="store_true", help="keep the cases --journal holds")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--report", metavar="DIR", default=None)
     parser.add_argument("--save-failures", metavar="DIR", default=None)
@@ -85,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         return _error("name at least one TARGET (see --list)")
     if args.examples < 1:
         return _error(f"--examples must be >= 1; got {args.examples}")
+    wrong = executors.check_arguments(args)
+    if wrong is None and args.resume and not args.journal:
+        wrong = "--resume needs --journal FILE (the journal of the run to resume)"
+    if wrong is not None:
+        return _error(wrong)
     try:
         chosen = [targets.get(name, **(spec if ":" in name else {})) for name in args.targets]
         dtypes = tuple(targets.base.format_name(d) for d in args.dtypes) if args.dtypes else None
@@ -124,6 +142,7 @@ def _spec(args: argparse.Namespace) -> dict:
 
 
 def _check(args, chosen, dtypes, spec, program) -> int:
+    from ..journal import Journal, code_fingerprint
     from ..testing import report, session
 
     settings = session.Settings(
@@ -133,7 +152,8 @@ def _check(args, chosen, dtypes, spec, program) -> int:
         grads=args.grads,
         seed=args.seed,
         device=args.device,
-        jobs=max(1, args.jobs),
+        workers=args.workers,
+        scheduler=args.scheduler,
         determinism=not args.no_determinism,
         baselines=not args.no_baselines,
         probes=not args.no_probes,
@@ -141,11 +161,23 @@ def _check(args, chosen, dtypes, spec, program) -> int:
         program=program,
     )
     names = [(t.name, spec if ":" in t.name else {}) for t in chosen]
+    journal = None
     try:
-        result = session.run(chosen, settings, names=names)
+        if args.journal:
+            what = dataclasses.asdict(settings)
+            for running in ("workers", "scheduler", "progress"):
+                del what[running]
+            what = {"command": "check", **what, "targets": repr(names), "code": code_fingerprint()}
+            journal = Journal(args.journal, what, args.resume)
+        result = session.run(chosen, settings, names=names, journal=journal)
     except KeyboardInterrupt:  # outside the search (a reference, a probe): nothing to report
         print("exactattn check: interrupted", file=sys.stderr)
         return 130
+    except (executors.SchedulerUnreachable, ValueError) as error:
+        return _error(str(error))
+    finally:
+        if journal is not None:
+            journal.close()
     folder = args.save_failures or args.report or DEFAULT_FAILURES
     failures = []
     seen = set()
@@ -189,6 +221,8 @@ def _print(result, rows, failures: list[str]) -> None:
         print(f"  unavailable: {name} ({why})")
     for name, missing in result.unsupported_dtypes.items():
         print(f"  {name} does not take {', '.join(missing)}")
+    for note in result.report.notes:
+        print(f"  note: {note}")
     head = (
         f"  {'variant':<26} {'run':>5} {'skip':>5} {'fail':>4} {'fwd max':>9} {'ulps max':>9}"
         f" {'grad max':>9} {'/naive':>7} {'/FA-2':>7} {'vacuous':>8}"

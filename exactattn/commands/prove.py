@@ -1,4 +1,5 @@
 """``exactattn prove [FAMILY ...] [--max-n N] [--report FILE] [--mutants] [--mutation-tests]``
+``[--workers N | --scheduler ADDRESS] [--timeout S] [--journal FILE [--resume]] [--no-progress]``
 and ``exactattn prove --mask-mod module:fn [--score-mod module:fn] [--batch B] [--heads H]``.
 
 Runs the selected theorem families of :mod:`exactattn.proofs` (every family but ``reach``
@@ -10,12 +11,22 @@ the mutation table in the certificate. ``--mask-mod`` / ``--score-mod`` prove a 
 FlexAttention program instead (forward and reverse, every n ≤ N and every block size; see
 :mod:`exactattn.proofs.program`). ``python -m exactattn.proofs`` (or ``python -m proofs`` in a
 checkout) is the same command.
+
+The obligations run in this process, in ``--workers N`` local processes or on the Dask
+cluster of ``--scheduler ADDRESS``, with the same lines and certificate (timings aside); a
+program given as ``file.py:fn`` must be readable at that path on the workers.
+``--timeout S`` ends an obligation that has no verdict after S seconds (TIMEOUT, a
+failure). ``--journal FILE`` writes each verdict as it is reached; after an interruption
+(exit status 130) the same command with ``--resume`` checks only the rest. A progress bar
+with the time left is drawn on a terminal (``--no-progress``: none).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from .. import executors
 
 
 def _parser(
@@ -58,12 +69,24 @@ def _parser(
     )
     program.add_argument("--batch", type=int, default=1, metavar="B", help="batch size (1)")
     program.add_argument("--heads", type=int, default=1, metavar="H", help="heads (1)")
+    running = parser.add_argument_group("where and how the obligations run")
+    executors.add_arguments(running)
+    running.add_argument(
+        "--timeout", type=float, default=None, metavar="S", help="seconds per obligation"
+    )
+    running.add_argument(
+        "--journal", metavar="FILE", help="write each verdict here as it is reached"
+    )
+    running.add_argument(
+        "--resume", action="store_true", help="keep the verdicts --journal FILE already holds"
+    )
+    running.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
 def _program(args: argparse.Namespace) -> object:
     """The user's program from ``--mask-mod`` / ``--score-mod``, or None; ValueError if bad."""
-    from ..proofs import program
+    from ..proofs import runner
 
     if args.mask_mod is None and args.score_mod is None:
         return None
@@ -71,14 +94,41 @@ def _program(args: argparse.Namespace) -> object:
         raise ValueError("--mask-mod/--score-mod run the program alone; name no FAMILY")
     if args.batch < 1 or args.heads < 1:
         raise ValueError(f"--batch and --heads must be >= 1; got {args.batch}, {args.heads}")
-    mods = {
-        "mask_mod": None if args.mask_mod is None else program.load(args.mask_mod, "--mask-mod"),
-        "score_mod": None
-        if args.score_mod is None
-        else program.load(args.score_mod, "--score-mod"),
-    }
-    name = " + ".join(ref for ref in (args.mask_mod, args.score_mod) if ref)
-    return program.Program(**mods, batch=(args.batch, args.heads), name=name)
+    ref = runner.ProgramRef(args.mask_mod, args.score_mod, (args.batch, args.heads))
+    ref.load()  # a bad reference is a usage error here, not a LOST obligation per worker
+    return ref
+
+
+# options that say where and how a run goes, and the number of values each takes
+RUNNING = {
+    "--workers": 1, "--jobs": 1, "--scheduler": 1, "--journal": 1, "--resume": 0,
+    "--no-progress": 0,
+}  # fmt: skip
+
+
+def _what_is_proved(argv: list[str]) -> list[str]:
+    """``argv`` without the options that say only where and how the run went (workers,
+    scheduler, journal, progress): the certificate is the same however it was reached."""
+    out, skip = [], 0
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if skip:
+            skip -= 1
+        elif name in RUNNING:
+            skip = RUNNING[name] if "=" not in arg else 0
+        else:
+            out.append(arg)
+    return out
+
+
+def _usage(args: argparse.Namespace) -> str | None:
+    """What is wrong with the running options, or None."""
+    wrong = executors.check_arguments(args)
+    if wrong is None and args.timeout is not None and not args.timeout > 0:
+        wrong = f"--timeout must be a positive number of seconds; got {args.timeout}"
+    if wrong is None and args.resume and not args.journal:
+        wrong = "--resume needs --journal FILE (the journal of the run to resume)"
+    return wrong
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,17 +152,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_n < 1:
         print(f"exactattn prove: --max-n must be >= 1; got {args.max_n}", file=sys.stderr)
         return 2
+    wrong = _usage(args)
+    if wrong is not None:
+        print(f"exactattn prove: {wrong}", file=sys.stderr)
+        return 2
     try:
         program = _program(args)
     except (ValueError, ImportError) as error:
         print(f"exactattn prove: {error}", file=sys.stderr)
         return 2
     selected = list(dict.fromkeys(args.families + (["mutants"] if args.mutants else [])))
-    return runner.run(
-        selected or runner.default_families(),
-        args.max_n,
-        report=args.report,
-        mutation_tests=args.mutation_tests,
-        command=("exactattn prove " + " ".join(argv)).strip(),
-        program=program,
-    )
+    try:
+        return runner.run(
+            selected or runner.default_families(),
+            args.max_n,
+            report=args.report,
+            mutation_tests=args.mutation_tests,
+            command=" ".join(["exactattn prove", *_what_is_proved(argv)]),
+            program=program,
+            workers=args.workers,
+            scheduler=args.scheduler,
+            timeout=args.timeout,
+            journal=args.journal,
+            resume=args.resume,
+            progress=not args.no_progress and sys.stderr.isatty(),
+        )
+    except (executors.SchedulerUnreachable, ValueError) as error:
+        print(f"exactattn prove: {error}", file=sys.stderr)
+        return 2

@@ -6,6 +6,6 @@
 * :mod:`.configs` — the precision configurations (NumPy, mpmath, torch, FP8), as data;
 * :mod:`.reference` — the certified reference (:mod:`exactattn.certified`) as the sweep uses it;
 * :mod:`.bound` — the first-order forward error bound (``docs/error_bound.md``);
-* :mod:`.presets`, :mod:`.runner`, :mod:`.executors` — the sweep grid and how it runs;
+* :mod:`.presets`, :mod:`.runner` — the sweep grid and how it runs (:mod:`exactattn.executors`);
 * :mod:`.plots`, :mod:`.report`, :mod:`.cli` — outputs and ``exactattn sweep``.
 """

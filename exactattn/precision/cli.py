@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import executors
 from .presets import PRESETS
 
 
@@ -17,8 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", default="quick", help=f"one of {sorted(PRESETS)}")
     parser.add_argument("--out", default="sweep-out", help="output directory")
     parser.add_argument("--resume", action="store_true", help="keep the rows already in the CSV")
-    parser.add_argument("--workers", type=int, default=2, help="local worker processes")
-    parser.add_argument("--scheduler", default=None, help="Dask scheduler address (tcp://...)")
+    executors.add_arguments(parser, default_workers=2)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list", action="store_true", help="list the presets and exit")
     parser.add_argument(
@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.workers < 1:
-        print(f"exactattn sweep: --workers must be >= 1; got {args.workers}", file=sys.stderr)
+    wrong = executors.check_arguments(args)
+    if wrong is not None:
+        print(f"exactattn sweep: {wrong}", file=sys.stderr)
         return 2
     import pandas as pd
 
@@ -72,14 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     from .report import write_report
     from .runner import run_sweep
 
-    result = run_sweep(
-        args.preset,
-        args.out,
-        resume=args.resume,
-        workers=args.workers,
-        scheduler=args.scheduler,
-        progress=not args.no_progress,
-    )
+    try:
+        result = run_sweep(
+            args.preset,
+            args.out,
+            resume=args.resume,
+            workers=args.workers,
+            scheduler=args.scheduler,
+            progress=not args.no_progress,
+        )
+    except executors.SchedulerUnreachable as error:
+        print(f"exactattn sweep: {error}", file=sys.stderr)
+        return 2
     df = pd.read_csv(result.csv_path)
     plots = all_plots(df, args.out)
     report = write_report(

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..executors import WorkerDied, make_executor
 from .configs import available
-from .executors import make_executor
 from .grid import KNOBS, Point, expand, key_of
 from .metrics import METRICS
 from .presets import get_preset
@@ -131,7 +131,12 @@ def run_sweep(
                 finished, _ = executor.wait_first(pending)
                 for future in finished:
                     kind, item = pending.pop(future)
-                    result = future.result()
+                    try:
+                        result = executor.result(future)
+                    except WorkerDied as error:  # its rows stay missing: --resume runs it
+                        for point in by_problem[item] if kind == "ref" else [item]:
+                            skipped[point.key] = f"{error}; rerun with --resume"
+                        continue
                     if kind == "ref":
                         bar.reference_done()
                         for point in by_problem[item]:

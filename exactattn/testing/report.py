@@ -185,7 +185,7 @@ def markdown(result: Result, rows: list[dict[str, Any]], failures: list[str]) ->
         "",
         f"- variants: {', '.join(result.variants) or '(none)'}",
         f"- examples: {result.report.examples} (seed {s.seed}, max n {s.max_n}, "
-        f"gradients {'on' if s.grads else 'off'}, device {s.device}, jobs {s.jobs})",
+        f"gradients {'on' if s.grads else 'off'}, device {s.device})",
         f"- wall time: {result.seconds:.1f} s"
         + (" (interrupted: partial)" if result.report.interrupted else ""),
     ]

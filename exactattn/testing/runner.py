@@ -1,23 +1,39 @@
-"""The search: hypothesis draws cases, every active unit is judged, failures shrink.
+"""The search: cases drawn from a seed, judged as tasks anywhere, failures shrunk here.
 
-:func:`search` runs one hypothesis search after another over a budget of examples. When a
-unit (a variant, or a difftest target) fails, hypothesis shrinks the case to a minimal one
-(shrinking follows that unit only) and the counterexample is recorded with its case (a
-replay file); the search then resumes for the remaining budget without that unit, or with
-it kept and its further failures counted but not shrunk (``keep_failed``), so one run
-reports several independent failures. Every other unit the shrunk case fails gets it as its
-counterexample too; a unit that failed only while another was being searched gets its first
-failing case, unshrunk. Only the cases drawn before a failure count in the statistics (the
-shrinker's replays do not). Ctrl-C stops the search and returns what was seen
-(``interrupted``).
+:func:`draw` lists the cases first — hypothesis draws ``examples`` case descriptions
+(:class:`~exactattn.difftest.cases.Draw`) from ``seed``, the same list on every machine,
+before anything is judged. :func:`search` judges them in chunks (:func:`judge_chunk`, a
+task for :mod:`exactattn.executors`: this process, local processes or a Dask cluster) and
+gathers every unit's findings by case index, so the report does not depend on where or in
+which order the chunks ran. Every unit is judged on every case; a unit that fails keeps
+being judged (its later failures counted, not shrunk again).
+
+Each failing unit's first failing case is then shrunk here: hypothesis replays the same
+draws up to that case without judging them and shrinks from there, judging that unit only
+(the shrinker's replays do not count in the statistics). The shrunk case is also the
+counterexample of every other failed unit it fails; a unit whose failure does not
+reproduce keeps its first failing case, unshrunk.
+
+A chunk whose worker process died is judged again one (case, unit) at a time: a pair whose
+worker dies again is a failure of that unit on that case, with the reason (not shrunk:
+shrinking runs here); the run goes on. Ctrl-C stops the run and returns what was judged
+(``interrupted``). With a :class:`~exactattn.journal.Journal` every judged case is written
+as it arrives and a resumed run judges only the cases it lacks.
+
+The units come from a *source* — an object with ``build()`` (the units, each with a
+``.name``), ``judge(case, units)`` (their findings on one case) and ``counters()``
+(cumulative statistics of this process, reported as their growth) — which must pickle by
+reference for worker processes or Dask (:class:`Given` holds units in this process only).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pickle
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +43,14 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky, Unsatisfiable
 
 from ..difftest.cases import Case, Draw, build_case
+from ..executors import Executor, LocalExecutor, WorkerDied, as_completed
+from ..journal import Journal
+from ..progress import Progress
 from .judge import Finding
 
-PROGRESS_EVERY = 250  # cases between progress lines on stderr
+CRASHED = "the worker process died judging this case"
+CHUNKS_PER_SLOT = 4  # chunks per task slot of the executor: a short tail, few round trips
+MAX_CHUNK = 25
 
 
 class UnitFailed(AssertionError):
@@ -39,7 +60,8 @@ class UnitFailed(AssertionError):
 @dataclass
 class Report:
     """What a run saw: per unit, verdict counts, skip reasons, the ok findings (for the
-    error statistics) and the failures (finding + case JSON)."""
+    error statistics) and the failures (finding + case JSON); ``notes`` say what went
+    wrong with the run itself (a worker that died)."""
 
     examples: int = 0
     seconds: float = 0.0
@@ -51,6 +73,7 @@ class Report:
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     failures: list[tuple[Finding, str]] = field(default_factory=list)
     compile: Counter = field(default_factory=Counter)  # FlexAttention's compile statistics
+    notes: list[str] = field(default_factory=list)
 
     def add(self, findings: list[Finding]) -> None:
         for f in findings:
@@ -64,82 +87,27 @@ class Report:
                 self.worst[f.target] = max(self.worst.get(f.target, 0.0), f.worst)
                 self.findings.setdefault(f.target, []).append(f)
 
-    def merge(self, other: Report) -> None:
-        self.examples += other.examples
-        self.interrupted |= other.interrupted
-        for mine, theirs in (
-            (self.counts, other.counts),
-            (self.skips, other.skips),
-            (self.grads_skipped, other.grads_skipped),
-        ):
-            for name, counter in theirs.items():
-                mine.setdefault(name, Counter()).update(counter)
-        for name, value in other.worst.items():
-            self.worst[name] = max(self.worst.get(name, 0.0), value)
-        for name, found in other.findings.items():
-            self.findings.setdefault(name, []).extend(found)
-        self.failures += other.failures
-        self.compile.update(other.compile)
+
+class Given:
+    """A source of units that exist only in this process (callables, patched objects)."""
+
+    def __init__(self, units: list[Any], judge: Callable[[Case, list[Any]], list[Finding]]):
+        self._units, self._judge = list(units), judge
+
+    def build(self) -> list[Any]:
+        return list(self._units)
+
+    def judge(self, case: Case, units: list[Any]) -> list[Finding]:
+        return self._judge(case, units)
+
+    def counters(self) -> dict[str, float]:
+        return {}
 
 
-def search(
-    judge_case: Callable[[Case, list[Any]], list[Finding]],
-    units: list[Any],
-    strategy: st.SearchStrategy[Draw] | Callable[[list[Any]], st.SearchStrategy[Draw]],
-    examples: int,
-    seed: int,
-    progress: str = "",
-    keep_failed: bool = False,
-) -> Report:
-    """Search ``examples`` cases in all (see the module docstring). ``judge_case(case,
-    active)`` returns the findings of the active units; a unit is named by ``.name``.
-    ``strategy`` may be a function of the active units (so a dropped unit's dtype is no
-    longer drawn). With ``keep_failed`` a unit that failed stays in the run (its later
-    failures are counted, not shrunk again), so its statistics cover the whole budget."""
-    report = Report()
-    active = list(units)
-    settled: set[str] = set()
-    first: dict[str, tuple[Finding, Case]] = {}  # each unit's first failing counted case
-    budget = examples
-    while budget > 0 and active:
-        drawn = strategy(active) if callable(strategy) else strategy
-        failure, ran, interrupted = _search_once(
-            judge_case, active, drawn, budget, seed, report, progress, settled, first
-        )
-        report.examples += ran
-        failed = []
-        for finding, case in failure or []:  # the shrunk case, and every unit it also fails
-            case.note = f"{finding.target}: {finding.detail}"
-            report.failures.append((finding, case.to_json()))
-            failed.append(finding.target)
-        if interrupted:
-            report.interrupted = True
-            break
-        if not failed:
-            break
-        if keep_failed:
-            settled.update(failed)
-        else:
-            active = [u for u in active if u.name not in failed]
-        budget -= min(ran, budget)
-        seed += 1
-    recorded = {finding.target for finding, _ in report.failures}
-    for name, (finding, case) in first.items():  # failed while another unit was shrunk
-        if name not in recorded:
-            case.note = f"{finding.target} (not shrunk): {finding.detail}"
-            report.failures.append((finding, case.to_json()))
-    return report
-
-
-def _search_once(judge_case, active, strategy, budget, seed, report, progress, settled, first):
-    """One hypothesis run: ``(failures or None, cases counted, interrupted)``; the failures are
-    the shrunk case's for the unit that failed first, then for the others it also fails."""
-    last: dict[str, list[tuple[Finding, Case]]] = {}
-    state: dict[str, Any] = {"ran": 0, "failing": False, "unit": ""}
-    start = time.perf_counter()
-
-    @settings(
-        max_examples=budget,
+# --- drawing -------------------------------------------------------------------------------
+def _settings(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
         database=None,
         deadline=None,
         suppress_health_check=list(HealthCheck),
@@ -147,39 +115,242 @@ def _search_once(judge_case, active, strategy, budget, seed, report, progress, s
         report_multiple_bugs=False,
         print_blob=False,
     )
+
+
+def draw(strategy: st.SearchStrategy[Draw], examples: int, seed: int) -> list[Draw]:
+    """The first ``examples`` case descriptions hypothesis draws from ``strategy`` with
+    ``seed`` (fewer if the strategy has fewer distinct ones): the same on every machine."""
+    drawn: list[Draw] = []
+
+    @_settings(examples)
     @given(strategy)
-    def property_(draw: Draw) -> None:
-        case = build_case(draw)
-        findings = judge_case(case, active)
-        if not state["failing"]:
-            state["ran"] += 1
-            report.add(findings)
-            for f in findings:
-                if f.status == "fail":
-                    first.setdefault(f.target, (f, case))
-            ran = state["ran"]
-            if progress and ran % PROGRESS_EVERY == 0:
-                seconds = time.perf_counter() - start
-                print(f"{progress}: {ran} cases, {seconds:.0f} s", file=sys.stderr, flush=True)
-        bad = [f for f in findings if f.status == "fail" and f.target not in settled]
-        if state["failing"]:  # shrinking: only the unit that failed first counts
-            bad = [f for f in bad if f.target == state["unit"]]
+    def collect(description: Draw) -> None:
+        drawn.append(description)
+
+    with contextlib.suppress(Unsatisfiable):
+        hypothesis_seed(seed)(collect)()
+    return drawn
+
+
+# --- the task ------------------------------------------------------------------------------
+_BUILT: dict[bytes, list[Any]] = {}  # a worker builds each source's units once
+
+
+def _units(source: Any) -> list[Any]:
+    try:
+        key = pickle.dumps(source)
+    except (TypeError, AttributeError, pickle.PicklingError):  # units of this process
+        return source.build()
+    if key not in _BUILT:
+        _BUILT[key] = source.build()
+    return _BUILT[key]
+
+
+def judge_chunk(
+    source: Any, draws: list[Draw], only: tuple[str, ...] | None = None
+) -> tuple[list[list[Finding]], dict[str, float]]:
+    """Task: every unit's (or the ``only`` ones') findings on each drawn case, and how
+    much the source's counters grew meanwhile."""
+    units = _units(source)
+    if only is not None:
+        units = [u for u in units if u.name in only]
+    before = source.counters()
+    with single_thread():
+        found = [source.judge(build_case(d), units) for d in draws]
+    after = source.counters()
+    return found, {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """One BLAS / torch intra-op thread while judging, restored after: the cases are small,
+    the workers already fill the cores, and waking a thread pool per operation made a
+    300-case check 5× slower (measured)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+# --- the search ----------------------------------------------------------------------------
+def search(
+    source: Any,
+    strategy: st.SearchStrategy[Draw],
+    examples: int,
+    seed: int,
+    *,
+    executor: Executor | None = None,
+    journal: Journal | None = None,
+    progress: bool = False,
+) -> Report:
+    """Judge ``examples`` cases drawn from ``seed`` on the source's units, shrink the
+    failures (see the module docstring). ``executor`` runs the chunks (default: this
+    process); ``journal`` keeps each judged case."""
+    executor = executor or LocalExecutor(1)
+    draws = draw(strategy, examples, seed)
+    units = source.build()
+    report = Report()
+    found: dict[int, list[Finding]] = {}
+    if journal is not None:
+        for key, (findings, counters) in journal.kept.items():
+            if int(key) < len(draws):
+                found[int(key)] = findings
+                report.compile.update(counters)
+    bar = Progress(len(draws), "cases", progress)
+    bar.advance(len(found))
+    try:
+        _judge_all(source, draws, found, executor, journal, bar, report)
+    except KeyboardInterrupt:
+        report.interrupted = True
+    finally:
+        bar.close()
+    judged = sorted(found)
+    for i in judged:
+        report.add(found[i])
+    report.examples = len(judged)
+    first: dict[str, tuple[int, Finding]] = {}
+    for i in judged:
+        for f in found[i]:
+            if f.status == "fail":
+                first.setdefault(f.target, (i, f))
+    if report.interrupted:
+        for i, f in first.values():
+            _record(report, f, build_case(draws[i]), "not shrunk, interrupted")
+        return report
+    try:
+        _shrink_all(source, units, strategy, examples, seed, draws, first, report)
+    except KeyboardInterrupt:
+        report.interrupted = True
+    return report
+
+
+def _judge_all(source, draws, found, executor, journal, bar, report) -> None:
+    """Judge the cases not yet ``found`` in chunks, then the chunks whose worker died case
+    by case and unit by unit."""
+    todo = [i for i in range(len(draws)) if i not in found]
+    size = max(1, min(MAX_CHUNK, len(todo) // (executor.capacity * CHUNKS_PER_SLOT)))
+    if executor.capacity == 1:  # in this process: a case a task, so Ctrl-C keeps each one
+        size = 1
+    chunks = [todo[k : k + size] for k in range(0, len(todo), size)]
+    tasks = ((judge_chunk, (source, [draws[i] for i in chunk])) for chunk in chunks)
+    died: list[tuple[list[int], str]] = []
+    for done in as_completed(executor, tasks):
+        chunk = chunks[done.index]
+        if isinstance(done.error, WorkerDied):
+            died.append((chunk, str(done.error)))
+            continue
+        if done.error is not None:
+            raise done.error
+        findings, counters = done.value
+        report.compile.update(counters)
+        for n, (i, case_findings) in enumerate(zip(chunk, findings)):
+            found[i] = case_findings
+            if journal is not None:
+                journal.add(str(i), (case_findings, counters if n == 0 else {}))
+        bar.advance(len(chunk))
+    for chunk, why in died:
+        _judge_singly(source, draws, chunk, why, found, executor, journal, report)
+        bar.advance(len(chunk))
+
+
+def _judge_singly(source, draws, chunk, why, found, executor, journal, report) -> None:
+    names = [u.name for u in source.build()]
+    pairs = [(i, name) for i in chunk for name in names]
+    tasks = ((judge_chunk, (source, [draws[i]], (name,))) for i, name in pairs)
+    per_case: dict[int, dict[str, list[Finding]]] = {i: {} for i in chunk}
+    again = 0
+    for done in as_completed(executor, tasks):
+        i, name = pairs[done.index]
+        if isinstance(done.error, WorkerDied):
+            again += 1
+            per_case[i][name] = [Finding(name, "fail", f"{CRASHED}: {done.error}")]
+            continue
+        if done.error is not None:
+            raise done.error
+        (findings,), counters = done.value
+        report.compile.update(counters)
+        per_case[i][name] = findings
+    for i in chunk:
+        found[i] = [f for name in names for f in per_case[i][name]]
+        if journal is not None:
+            journal.add(str(i), (found[i], {}))
+    cases = f"cases {chunk[0]}–{chunk[-1]}" if len(chunk) > 1 else f"case {chunk[0]}"
+    report.notes.append(
+        f"{why}; judged {cases} again one unit at a time: "
+        + (f"{again} (case, unit) pair(s) died again" if again else "none died again")
+    )
+
+
+def _shrink_all(source, units, strategy, examples, seed, draws, first, report) -> None:
+    """Shrink each failed unit's first failing case (in unit order); a shrunk case is
+    also the counterexample of the other failed units it fails."""
+    by_name = {u.name: u for u in units}
+    settled: set[str] = set()
+    for unit in units:
+        if unit.name not in first or unit.name in settled:
+            continue
+        index, finding = first[unit.name]
+        settled.add(unit.name)
+        case = build_case(draws[index])
+        if finding.detail.startswith(CRASHED):  # judging it here could crash this process
+            _record(report, finding, case, "not shrunk: it crashed its worker")
+            continue
+        shrunk = _shrink(source, unit, strategy, examples, seed, draws, index)
+        if shrunk is None:
+            _record(report, finding, case, "not shrunk: did not fail again")
+            continue
+        finding, case = shrunk
+        _record(report, finding, case)
+        others = [
+            by_name[name]
+            for name, (_, f) in first.items()
+            if name not in settled and not f.detail.startswith(CRASHED)
+        ]
+        for f in source.judge(case, others) if others else []:
+            if f.status == "fail":
+                settled.add(f.target)
+                _record(report, f, case)
+
+
+def _shrink(source, unit, strategy, examples, seed, draws, index) -> tuple[Finding, Case] | None:
+    """Replay the draws up to ``index`` without judging, then let hypothesis shrink the
+    failure of ``unit`` from there; None if it does not fail again (or the replay drifts)."""
+    state = {"seen": 0, "failing": False, "drifted": False}
+    last: list[tuple[Finding, Case]] = []
+
+    @_settings(examples)
+    @given(strategy)
+    def property_(description: Draw) -> None:
+        seen = state["seen"]
+        state["seen"] += 1
+        if state["drifted"]:
+            return
+        if not state["failing"] and seen < index:
+            state["drifted"] = description != draws[seen]  # it should not: then give up
+            return
+        case = build_case(description)
+        bad = [f for f in source.judge(case, [unit]) if f.status == "fail"]
         if bad:
-            state["failing"], state["unit"] = True, bad[0].target
-            also = [f for f in findings if f.status == "fail" and f.target not in settled]
-            # the final call is the shrunk case: its failures, the shrinking unit's first
-            others = [(f, case) for f in also if f.target != bad[0].target]
-            last[bad[0].target] = [(bad[0], case), *others]
-            raise UnitFailed(bad[0].target)
+            state["failing"] = True
+            last[:] = [(bad[0], case)]
+            raise UnitFailed(unit.name)
 
     try:
-        hypothesis_seed(seed)(property_)()  # reproducible from --seed
-    except UnitFailed as error:
-        return last[str(error)], state["ran"], False
-    except Flaky:  # a nondeterministic unit failed once and not on replay: keep what it did
-        return next(iter(last.values()), None), state["ran"], False
+        hypothesis_seed(seed)(property_)()
+    except (UnitFailed, Flaky):  # Flaky: it failed, then not on replay; keep what it did
+        return last[0] if last else None
     except Unsatisfiable:
         pass
-    except KeyboardInterrupt:  # keep a failure found before the interrupt (maybe unshrunk)
-        return next(iter(last.values()), None), state["ran"], True
-    return None, state["ran"], False
+    return None
+
+
+def _record(report: Report, finding: Finding, case: Case, how: str = "") -> None:
+    case.note = f"{finding.target}{f' ({how})' if how else ''}: {finding.detail}"
+    report.failures.append((finding, case.to_json()))

@@ -3,31 +3,31 @@
 :func:`run` resolves the targets' variants (each dtype each takes, on the device), draws
 cases with hypothesis (:mod:`exactattn.difftest.strategies`: every mask kind and
 composition, both alignments, ``n_q ≠ n_k``, GQA, layouts, distributions), judges each
-variant on each case (:func:`.check.check_case`), shrinks failures, and probes foreign
-dropout (:mod:`.probes`). Several worker processes split the examples when every target is
-named (callables given as objects run in this process).
+variant on each case (:func:`.check.check_case`) through :func:`.runner.search` — in this
+process, in ``settings.workers`` local processes or on the Dask cluster of
+``settings.scheduler``, with the same report — shrinks failures, and probes foreign dropout
+(:mod:`.probes`). Worker processes rebuild the targets from their names (``names``);
+callables given as objects run in this process only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import sys
 import time
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import targets as registry
 from ..difftest import strategies
-from ..difftest.cases import LAYOUTS
+from ..difftest.cases import LAYOUTS, Case
+from ..executors import make_executor
+from ..journal import Journal
 from ..targets import Target, Variant
 from ..targets.flex import STATS
 from .check import Options, check_case
+from .judge import Finding
 from .probes import ProbeResult, probe
-from .runner import Report, search
+from .runner import Report, search, single_thread
 
 DEFAULT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
@@ -41,7 +41,8 @@ class Settings:
     grads: bool = True
     seed: int = 0
     device: str = "cpu"
-    jobs: int = 1
+    workers: int = 1
+    scheduler: str | None = None  # a Dask scheduler's address: the cases run there
     determinism: bool = True
     baselines: bool = True
     probes: bool = True
@@ -86,9 +87,47 @@ def plan(targets: list[Target], settings: Settings) -> tuple[list[Variant], dict
     return variants, unavailable, unsupported
 
 
-def run(targets: list[Target], settings: Settings, names: list[tuple] | None = None) -> Result:
+@dataclass
+class Variants:
+    """The check's source of units (:mod:`.runner`): the variants of the targets ``names``
+    (``(name, keywords)`` as :func:`exactattn.targets.get` takes them), rebuilt wherever
+    it runs, or ``given`` variants (this process only)."""
+
+    settings: Settings
+    names: list[tuple[str, dict]] | None = None
+    given: list[Variant] | None = None
+
+    def build(self) -> list[Variant]:
+        if self.given is not None:
+            return list(self.given)
+        chosen = [registry.get(name, **spec) for name, spec in self.names or []]
+        return plan(chosen, self.settings)[0]
+
+    def judge(self, case: Case, units: list[Variant]) -> list[Finding]:
+        s = self.settings
+        return check_case(case, units, Options(s.grads, s.determinism, s.baselines, s.sampled))
+
+    def counters(self) -> dict[str, float]:
+        return dataclasses.asdict(STATS)
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.given is not None:
+            raise TypeError(
+                "targets given as objects run in this process only: name them (registry "
+                "names or module:function) to run on worker processes or a cluster"
+            )
+        return self.__dict__
+
+
+def run(
+    targets: list[Target],
+    settings: Settings,
+    names: list[tuple] | None = None,
+    journal: Journal | None = None,
+) -> Result:
     """Check ``targets`` (see the module docstring); ``names`` (picklable target specs)
-    allow ``settings.jobs > 1``."""
+    allow ``settings.workers > 1`` and ``settings.scheduler``; ``journal`` keeps each
+    judged case (a resumed journal's cases are not judged again)."""
     start = time.perf_counter()
     variants, unavailable, unsupported = plan(targets, settings)
     result = Result(
@@ -99,99 +138,50 @@ def run(targets: list[Target], settings: Settings, names: list[tuple] | None = N
         unsupported,
         targets={t.name: t for t in targets},
     )
+    remote = settings.workers > 1 or settings.scheduler
+    if remote and names is None:
+        raise ValueError(
+            "settings.workers > 1 or settings.scheduler need the targets' names "
+            "(names=[(name, keywords), ...]): objects do not travel to other processes"
+        )
     if variants:
-        dtypes = tuple(sorted({v.dtype for v in variants}, key=_dtype_order))
-        with _single_thread():
-            if settings.jobs > 1 and names is not None:
-                result.report = _parallel(names, settings, dtypes)
-            else:
-                result.report = _search(variants, settings, dtypes, settings.seed)
-            if settings.probes and not result.report.interrupted:
+        source = (
+            Variants(settings, names=list(names)) if remote else Variants(settings, given=variants)
+        )
+        executor = make_executor(settings.workers, settings.scheduler)
+        try:
+            result.report = search(
+                source, _strategy(variants, settings), settings.examples, settings.seed,
+                executor=executor, journal=journal, progress=settings.progress,
+            )  # fmt: skip
+        finally:
+            executor.close()
+        if settings.probes and not result.report.interrupted:
+            with single_thread():
                 result.probes = _probes(variants, settings)
     result.compile = dict(result.report.compile)
     result.seconds = time.perf_counter() - start
     return result
 
 
+def _strategy(variants: list[Variant], settings: Settings) -> Any:
+    """Cases in the variants' dtypes (dropout when some variant replays our keep-bits; the
+    user's program on every case; score modifications when some variant takes them)."""
+    dtypes = tuple(sorted({v.dtype for v in variants}, key=_dtype_order))
+    return strategies.draws(
+        max_n=settings.max_n,
+        max_d=settings.max_d,
+        dtypes=dtypes,
+        layouts=LAYOUTS,
+        exact_share=0,
+        dropout=any(v.target.caps.dropout is True for v in variants),
+        program=settings.program,
+        modify=any(True in (v.target.caps.bias, v.target.caps.softcap) for v in variants),
+    )
+
+
 def _dtype_order(dtype: str) -> int:
     return DEFAULT_DTYPES.index(dtype) if dtype in DEFAULT_DTYPES else len(DEFAULT_DTYPES)
-
-
-def _search(variants: list[Variant], settings: Settings, dtypes: tuple, seed: int) -> Report:
-    options = Options(settings.grads, settings.determinism, settings.baselines, settings.sampled)
-
-    def strategy(active: list[Variant]) -> Any:
-        """Cases in the dtypes of the active variants (dtypes of failed ones are dropped)."""
-        return strategies.draws(
-            max_n=settings.max_n,
-            max_d=settings.max_d,
-            dtypes=tuple(d for d in dtypes if any(v.dtype == d for v in active)),
-            layouts=LAYOUTS,
-            exact_share=0,
-            dropout=any(v.target.caps.dropout is True for v in active),
-            program=settings.program,
-            modify=any(True in (v.target.caps.bias, v.target.caps.softcap) for v in active),
-        )
-
-    def judge(case, active):
-        return check_case(case, active, options)
-
-    progress = "check" if settings.progress else ""
-    before = dataclasses.asdict(STATS)
-    report = search(judge, variants, strategy, settings.examples, seed, progress, keep_failed=True)
-    after = dataclasses.asdict(STATS)
-    report.compile.update({k: after[k] - before[k] for k in after if after[k] != before[k]})
-    return report
-
-
-def _worker(args: tuple) -> Report:
-    names, settings, dtypes, seed = args
-    _one_thread()
-    targets = [registry.get(*spec[:1], **spec[1]) for spec in names]
-    variants, _, _ = plan(targets, settings)
-    return _search(variants, settings, dtypes, seed)
-
-
-def _parallel(names: list[tuple], settings: Settings, dtypes: tuple) -> Report:
-    jobs = settings.jobs
-    shares = [settings.examples // jobs + (i < settings.examples % jobs) for i in range(jobs)]
-    report = Report()
-    with ProcessPoolExecutor(jobs) as pool:
-        args = [
-            (names, _with(settings, examples=n), dtypes, settings.seed * 1000 + i)
-            for i, n in enumerate(shares)
-        ]
-        for part in pool.map(_worker, args):
-            report.merge(part)
-    return report
-
-
-def _with(settings: Settings, **changes: Any) -> Settings:
-    return dataclasses.replace(settings, **changes)
-
-
-def _one_thread() -> None:
-    """One BLAS / torch thread per worker: the workers already fill the cores."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-
-
-@contextlib.contextmanager
-def _single_thread() -> Iterator[None]:
-    """torch on one intra-op thread for the run, restored after: the cases are small, and
-    waking a thread pool per operation made a 300-case check 5× slower (measured)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _probes(variants: list[Variant], settings: Settings) -> list[ProbeResult]:

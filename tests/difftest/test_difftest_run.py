@@ -29,7 +29,7 @@ def certified_reference():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.usefixtures("certified_reference")
 def test_a_short_run_over_every_backend_is_clean():
-    report, names, _ = run(24, seed=3, jobs=1)
+    report, names, _ = run(24, seed=3, workers=1)
     assert report.examples >= 24
     assert not report.failures, [f.detail for f, _ in report.failures]
     assert {"np-fp64", "mp24", "np-fa2-fp16"} <= set(names)
