@@ -133,53 +133,7 @@ def bounds(variant: Any, ref: Reference) -> Allowed:
         for s, d in reverses
     ]
     bound = {name: np.maximum.reduce([b[name] for b in found]) for name in found[0]}
-    for name, extra in underflow(arith, case, held).items():
-        bound[name] = bound[name] + extra
     return Allowed(bound, overflow_risk(arith, case, held))
-
-
-def underflow(arith: error_bounds.Arith, case: Case, held: dict[str, np.ndarray]) -> dict:
-    """The absolute error of weights below the normal range, carried to the outputs.
-
-    A weight ``p_ij`` that lands among the subnormals of the compute (or p-cast) format is
-    off by up to ``μ`` (half the subnormal spacing) per rounding that touches it: the
-    exponential, the normalisation, the cast and each of the ``T`` rescales; charged as a
-    whole spacing each (``μ`` of float64 is below float64's range), ``a = (T + 4)·2μ`` in
-    all. :func:`exactattn.bounds.bounds` does not carry that *absolute* error through the
-    products that follow (measured: float64 dK off by 1290 subnormal units when
-    ``c = 1497`` multiplies a subnormal γ), so it is added here: ``Y`` moves by
-    ``aΣ_j ρ|V_j|``, dV by ``aΣ_i ρ|G_i|``, dQ and dK by ``a·c·Σ (ρ|dP_ij| + |δ_i|)·|K_j|``
-    (resp. ``|Q_i|``), with ``|δ_i| ≤ max_j ρ|dP_ij|``.
-    """
-    # the subnormal spacing 2μ (μ = 2^-1075 itself is 0 in float64, where this is evaluated)
-    spacings = [2.0 ** (f.e_min - f.p + 1) for f in (arith.compute, arith.p) if f and f.e_min]
-    n_k = case.sizes["n_k"]
-    blocks = -(-n_k // (arith.block or 1)) if n_k else 0
-    a = max(spacings, default=0.0) * (blocks + 4)
-    if a == 0:
-        return {}
-    q, k, v, g = (np.abs(held[x]) for x in "qkvg")
-    if case.group > 1:
-        k, v = (np.repeat(x, case.group, axis=-3) for x in (k, v))
-    weight = case.allowed() * case.rho()
-    dp = weight * (g @ np.swapaxes(v, -1, -2))
-    term = np.where(case.allowed(), dp + dp.max(axis=-1, keepdims=True, initial=0.0), 0.0)
-    c = abs(case.c())
-    out = {
-        "y": a * (weight @ v),
-        "dq": a * c * (term @ k),
-        "dk": a * c * (np.swapaxes(term, -1, -2) @ q),
-        "dv": a * (np.swapaxes(weight, -1, -2) @ g),
-    }
-    for name in ("dk", "dv"):
-        out[name] = _sum_groups(out[name], case.group)
-    return out
-
-
-def _sum_groups(x: np.ndarray, group: int) -> np.ndarray:
-    if group == 1:
-        return x
-    return x.reshape((*x.shape[:-3], x.shape[-3] // group, group, *x.shape[-2:])).sum(axis=-3)
 
 
 def overflow_risk(arith: error_bounds.Arith, case: Case, held: dict[str, np.ndarray]) -> bool:
