@@ -172,6 +172,40 @@ class Arith:
         return cls(input=fmt, compute=fmt, acc=fmt, output=fmt, block=block, funcs=2.0)
 
     @classmethod
+    def emulated(cls, ctx: Any, *, block: int | None = None) -> Arith:
+        """The arithmetic of an :class:`~exactattn.backends.emulated_backend.EmulatedContext`.
+
+        Each result is the float64 result rounded to the format: within ``ū`` of the
+        format for ``+ − × ÷`` up to 26 bits (twice rounded: ``u + 2^-53 ≤ u + u²``; truncation
+        errs by less than ``2^{1−p}``, so it is bounded as ``p − 1`` bits to nearest, and its
+        subnormals by a whole spacing). In ``"op"`` granularity a matmul or row sum is
+        accumulated in float64 (``acc``) and rounded once, in ``"scalar"`` every product and
+        addition is (``acc`` = compute). libm's ``exp``/``log`` (about one float64 ulp) then
+        rounded: ``funcs = 2``.
+        """
+        if ctx.format.mantissa_bits > 26:
+            raise ValueError(
+                f"the bound covers emulated formats of at most 26 bits; got {ctx.format}"
+            )
+
+        def fmt(ef: Any) -> Format:
+            nearest = ef.rounding == "nearest"
+            p = ef.mantissa_bits if nearest else ef.mantissa_bits - 1
+            return Format(f"p{ef.mantissa_bits}-{ef.rounding}", p, ef.emin)
+
+        compute = fmt(ctx.format)
+        storage = fmt(ctx.storage)
+        return cls(
+            input=storage,
+            compute=compute,
+            acc=FLOAT64 if ctx.granularity == "op" else compute,
+            output=storage,
+            p=None if ctx.p_cast is None else fmt(ctx.p_cast),
+            block=block,
+            funcs=2.0,
+        )
+
+    @classmethod
     def of_context(cls, ctx: Any, *, block: int | None = None) -> Arith:
         """The arithmetic of an exactattn context (NumPy, torch or mpmath).
 
@@ -185,6 +219,8 @@ class Arith:
 
         if isinstance(ctx, MpmathContext):
             return cls.bits(ctx.prec, block=block)
+        if type(ctx).__name__ == "EmulatedContext":
+            return cls.emulated(ctx, block=block)
         storage = getattr(ctx, "storage_dtype", None)
         compute = getattr(ctx, "compute_dtype", None)
         if storage is None or compute is None:

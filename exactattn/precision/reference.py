@@ -36,11 +36,14 @@ def certified_reference(
     allowed: np.ndarray | None = None,
     prec: int | None = None,
     grads: bool = True,
+    workers: int = 1,
 ) -> Reference:
     """Enclosures of ``Y`` (and of ``dQ, dK, dV`` at upstream ``G`` when ``grads``).
 
     ``allowed``: the (n_q, n_k) allowed set, written from the mask's definition by the
-    caller; ``prec=None`` lets :mod:`exactattn.certified` choose the precision.
+    caller; ``prec=None`` lets :mod:`exactattn.certified` choose the precision (the lowest
+    of its ladder that certifies every output to 2^-70 of its summands); ``workers``
+    processes share the blocks of rows.
     """
     enc = certified_attention(
         inputs["q"],
@@ -50,6 +53,7 @@ def certified_reference(
         scale=scale,
         allowed=allowed,
         prec=prec,
+        workers=workers,
     )
     names = [name for name in OUTPUTS if name in enc.balls]
     return Reference(

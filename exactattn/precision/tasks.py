@@ -3,7 +3,10 @@
 * :func:`reference_task`: the certified reference (:mod:`exactattn.certified`) of one
   problem, its allowed set written from the mask's definition;
 * :func:`run_task`: one grid point, the tiled and the naive computation in the
-  configuration's arithmetic, measured against the reference; returns two CSV rows.
+  configuration's arithmetic, measured against the reference, each error divided by the
+  elementwise bound of :mod:`exactattn.bounds` for the configuration's arithmetic
+  (``bound_ratio`` for Y, ``grad_bound_ratio`` the worst of dQ, dK, dV; ≤ 1 where the
+  bound holds); returns two CSV rows.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import api, masks
-from .bound import allowed_matrix, bound_ratio, forward_bound
-from .configs import get_config, to_float64
+from .. import api, bounds, masks
+from .configs import Config, get_config, to_float64
 from .grid import Point, Problem
 from .inputs import input_seed, make_inputs
 from .metrics import METRICS, deviation, error_metrics
@@ -54,8 +56,9 @@ def scale_of(problem: Problem | Point) -> float:
     return float(problem.scale) / math.sqrt(problem.d)
 
 
-def reference_task(problem: Problem, prec: int | None) -> Reference:
-    """The certified reference of one problem (``prec=None``: chosen by the reference)."""
+def reference_task(problem: Problem, prec: int | None, workers: int = 1) -> Reference:
+    """The certified reference of one problem (``prec=None``: chosen by the reference;
+    ``workers``: processes its blocks of rows are split over)."""
     inputs = make_inputs(problem.dist, problem.n, problem.d, problem.seed)
     return certified_reference(
         inputs,
@@ -63,6 +66,7 @@ def reference_task(problem: Problem, prec: int | None) -> Reference:
         allowed=allowed_set(problem.mask, problem.n),
         prec=prec,
         grads=problem.grads,
+        workers=workers,
     )
 
 
@@ -98,7 +102,6 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
             results[impl] = None
             status[impl] = f"error: {type(error).__name__}: {error}"[:200]
         seconds[impl] = time.perf_counter() - start
-    allowed = allowed_matrix(mask, point.n, point.n)
     rows = []
     for impl in ("tiled", "naive"):
         row: dict[str, Any] = {
@@ -106,6 +109,8 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
             "impl": impl,
             "backend": getattr(ctx, "name", str(ctx)),
             "bits": config.bits,
+            "rounding": config.rounding,
+            "granularity": config.granularity,
             "u_input": config.input_format.u,
             "u_compute": config.compute_format.u,
             "u_p": config.p_format.u,
@@ -131,18 +136,60 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
                 else {"max_abs": math.nan, "rmse": math.nan}
             )
             row[f"dev_{name}_max_abs"], row[f"dev_{name}_rmse"] = dev["max_abs"], dev["rmse"]
-        if mine is not None:
-            bound = forward_bound(
-                config,
-                original,
-                scale=scale_of(point),
-                block_size=point.block if impl == "tiled" else None,
-                allowed=allowed,
-            )
-            error = (mine["y"] - reference.hi["y"]) - reference.lo["y"]
-            row["bound_ratio"] = bound_ratio(error, bound)
-            row["bound_max"] = float(bound.max())
-        else:
-            row["bound_ratio"] = row["bound_max"] = math.nan
+        row.update(_bound_columns(config, point, impl, original, mine, reference))
         rows.append(row)
     return rows
+
+
+BOUND_COLUMNS = ("bound_ratio", "grad_bound_ratio", "bound_max", "bound_vacuous")
+GRADS = ("dq", "dk", "dv")
+
+
+def _bound_columns(
+    config: Config,
+    point: Point,
+    impl: str,
+    original: dict[str, np.ndarray],
+    mine: dict[str, np.ndarray] | None,
+    reference: Reference,
+) -> dict[str, float]:
+    """Measured error over the bound: ``bound_ratio`` (Y), ``grad_bound_ratio`` (the worst
+    of dQ, dK, dV), the largest bound on Y and the share of entries whose bound is infinite
+    (the arithmetic cannot resolve them: only finiteness is checked there).
+
+    The bound is :func:`exactattn.bounds.bounds` for the configuration's arithmetic on the
+    exact float64 inputs with ``input_rounding`` (the run rounds them to its storage
+    first): the tiled reverse freezes ``m, ℓ`` and reads ``δ = G·Y``; naive attention is one
+    block of ``n`` keys with ``δ`` summed over ``P``. The error is the distance to the
+    reference's midpoint plus its largest radius.
+    """
+    out = dict.fromkeys(BOUND_COLUMNS, math.nan)
+    if mine is None:
+        return out
+    tiled = impl == "tiled"
+    found = bounds.bounds(
+        config.arith(original, point.block if tiled else point.n),
+        original["q"],
+        original["k"],
+        original["v"],
+        original["g"] if point.grads else None,
+        scale=scale_of(point),
+        allowed=allowed_set(point.mask, point.n),
+        delta="gy" if tiled else "rowsum",
+        row_block=point.n,
+        input_rounding=True,
+    )
+
+    def ratio(name: str) -> float:
+        error = np.abs((mine[name] - reference.hi[name]) - reference.lo[name])
+        return bounds.ratio(error + reference.radius, found[name])
+
+    names = ["y", *(GRADS if point.grads else ())]
+    out["bound_ratio"] = ratio("y")
+    if point.grads:
+        out["grad_bound_ratio"] = max(ratio(name) for name in GRADS)
+    out["bound_max"] = float(found["y"].max())
+    out["bound_vacuous"] = float(
+        sum(np.isinf(found[x]).sum() for x in names) / sum(found[x].size for x in names)
+    )
+    return out

@@ -83,14 +83,15 @@ def compute(case: Case, held: dict[str, np.ndarray]) -> Reference:
 def arith_of(variant: Any, case: Case) -> error_bounds.Arith:
     """The :class:`~exactattn.bounds.Arith` a variant claims, at its key-block size.
 
-    exactattn's own IEEE and mpmath configurations: their context's arithmetic
+    exactattn's own IEEE, mpmath and emulated configurations: their context's arithmetic
     (:meth:`Arith.of_context`); every other target: its claim (the coarser of the score
     and statistics formats computes, ``p`` — and in the reverse ``p`` and ``γ`` — is cast
     when it is coarser, as FlashAttention-2's kernels do; outputs are in the input format).
     """
     target = variant.target
     block = variant.bound_block(case)
-    if target.convention == "api" and target.options.get("backend") in ("numpy", "torch", "mpmath"):
+    own = ("numpy", "torch", "mpmath", "emulated")
+    if target.convention == "api" and target.options.get("backend") in own:
         return error_bounds.Arith.of_context(target.options["ctx"](), block=block)
     claim = variant.claim
     fmt = error_bounds.number_format
