@@ -1,7 +1,11 @@
-"""``exactattn sweep --preset NAME --out DIR [--resume] [--workers N] [--scheduler ADDRESS]``.
+"""``exactattn sweep --preset NAME --out DIR [--targets NAME ...] [--resume] [--workers N]``.
 
 Runs the preset's grid (:mod:`.presets`), writes ``DIR/results.csv`` (one row per run),
-PNG plots and ``DIR/report.md``. ``--list`` prints the presets.
+PNG plots and ``DIR/report.md``. ``--targets`` runs registry names instead of the preset's
+configurations on its grid: exactattn's (``np-fa2-fp16``, ``emu8-rz``…) and foreign ones
+(``sdpa``, ``sdpa-math``, ``flex``, ``sdpa[bfloat16]``…), so a foreign kernel's drift lands
+in the same CSV, plots and report. ``--list`` prints the presets, ``--scheduler ADDRESS``
+sends the tasks to a Dask cluster, ``--time-reference N D`` times the certified reference.
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="exactattn sweep", description=__doc__.split("\n")[2])
     parser.add_argument("--preset", default="quick", help=f"one of {sorted(PRESETS)}")
     parser.add_argument("--out", default="sweep-out", help="output directory")
+    parser.add_argument(
+        "--targets",
+        nargs="+",
+        metavar="NAME",
+        help="registry names to run on the preset's grid instead of its configurations",
+    )
     parser.add_argument("--resume", action="store_true", help="keep the rows already in the CSV")
     parser.add_argument("--workers", type=int, default=2, help="local worker processes")
     parser.add_argument("--scheduler", default=None, help="Dask scheduler address (tcp://...)")
@@ -66,6 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1:
         print(f"exactattn sweep: --workers must be >= 1; got {args.workers}", file=sys.stderr)
         return 2
+    chosen = None
+    if args.targets:
+        from .. import targets
+        from .configs import sweep_names
+
+        try:
+            chosen = sweep_names(args.targets)
+        except (targets.UnknownTarget, ValueError) as error:
+            print(f"exactattn sweep: {error}", file=sys.stderr)
+            return 2
     import pandas as pd
 
     from .plots import all_plots
@@ -79,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         scheduler=args.scheduler,
         progress=not args.no_progress,
+        targets=chosen,
     )
     df = pd.read_csv(result.csv_path)
     plots = all_plots(df, args.out)

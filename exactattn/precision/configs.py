@@ -142,9 +142,37 @@ def names() -> list[str]:
 
 
 def available(name: str) -> tuple[bool, str]:
-    """Whether the configuration can run here, and if not, why."""
-    why = targets.unavailable(targets.get(get_config(name).name))
+    """Whether the configuration (or registry target ``name[dtype]``) can run here, and if
+    not, why."""
+    try:
+        target = targets.get(get_config(name).name)
+    except ValueError:
+        target = targets.variant(name).target
+    why = targets.unavailable(target)
     return why is None, why or ""
+
+
+def sweep_names(names: list[str]) -> list[str]:
+    """Registry names as the sweep's ``config`` knob: configurations as they are, foreign
+    targets as ``name[dtype]`` (a bare name that runs in several dtypes: each of float16,
+    bfloat16, float32 it takes). Unknown names raise :class:`~exactattn.targets.UnknownTarget`."""
+    out: list[str] = []
+    for name in names:
+        try:
+            get_config(name)
+            out.append(name)
+            continue
+        except ValueError:
+            pass
+        base, bracket, _ = name.partition("[")
+        target = targets.get(base)
+        if bracket or len(target.caps.dtypes) == 1:
+            targets.variant(name)  # checks the dtype
+            out.append(name)
+        else:
+            kinds = [x for x in ("float16", "bfloat16", "float32") if x in target.caps.dtypes]
+            out += [f"{base}[{x}]" for x in kinds]
+    return list(dict.fromkeys(out))
 
 
 def to_float64(x: Any) -> np.ndarray:

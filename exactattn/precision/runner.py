@@ -108,10 +108,14 @@ def run_sweep(
     scheduler: Any = None,
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    targets: list[str] | None = None,
 ) -> SweepResult:
-    """Run the preset's grid into ``out_dir/results.csv``; returns what was done."""
+    """Run the preset's grid into ``out_dir/results.csv``; returns what was done.
+
+    ``targets``: run these configuration or registry names (:func:`.configs.sweep_names`)
+    on the preset's grids instead of its own configurations."""
     start = time.perf_counter()
-    preset = get_preset(preset_name)
+    preset = get_preset(preset_name, targets)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.csv"

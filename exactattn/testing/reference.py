@@ -120,6 +120,16 @@ class Allowed:
 def bounds(variant: Any, ref: Reference) -> Allowed:
     """The bound of ``variant``'s claimed arithmetic on ``ref``'s case (the one call)."""
     case, held = ref.case, ref.held
+    bound = claimed_bound(variant, case, held)
+    return Allowed(bound, overflow_risk(arith_of(variant, case), case, held))
+
+
+def claimed_bound(
+    variant: Any, case: Case, inputs: dict[str, Any], *, input_rounding: bool = False
+) -> dict[str, np.ndarray]:
+    """:func:`exactattn.bounds.bounds` of the variant's arithmetic on ``inputs`` (``q, k, v,
+    g``), the largest over the reverse structures it may use (``input_rounding``: the
+    inputs are exact values the variant rounds to its input format, as in the sweep)."""
     arith = arith_of(variant, case)
     reverses = variant.target.options.get("reverse", REVERSES)
     keywords = dict(
@@ -128,13 +138,13 @@ def bounds(variant: Any, ref: Reference) -> Allowed:
         rho=case.rho() if case.dropout_p else None,
         enable_gqa=case.group > 1,
         row_block=case.sizes["n_q"] if variant.target.options.get("backend") == "numpy" else None,
+        input_rounding=input_rounding,
     )
     found = [
-        error_bounds.bounds(arith, *(held[x] for x in "qkvg"), stats=s, delta=d, **keywords)
+        error_bounds.bounds(arith, *(inputs[x] for x in "qkvg"), stats=s, delta=d, **keywords)
         for s, d in reverses
     ]
-    bound = {name: np.maximum.reduce([b[name] for b in found]) for name in found[0]}
-    return Allowed(bound, overflow_risk(arith, case, held))
+    return {name: np.maximum.reduce([b[name] for b in found]) for name in found[0]}
 
 
 def overflow_risk(arith: error_bounds.Arith, case: Case, held: dict[str, np.ndarray]) -> bool:
