@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,8 +26,11 @@ import exactattn
 from exactattn import masks
 from exactattn.backends import MpmathContext, NumpyContext
 from exactattn.bounds import Arith, bounds, ratio
-from exactattn.certified import Ball, certified_attention
 from exactattn.dropout import Dropout
+from tests.optional import requires
+
+if TYPE_CHECKING:
+    from exactattn.certified import Ball
 
 GRADS = ("dq", "dk", "dv")
 
@@ -365,6 +368,9 @@ class Measurement:
 def reference(case: Case, held: dict[str, Any]) -> dict[str, Ball]:
     """Enclosures of the exact outputs on the held inputs: y, lse, dq, dk, dv (and dbias),
     with the dropout factors ρ = r/(1 − p) from the same keep-bits."""
+    requires("flint")
+    from exactattn.certified import certified_attention
+
     enc = certified_attention(
         *(held[x] for x in "qkvg"),
         allowed=held["allowed"],
