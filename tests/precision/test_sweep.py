@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import numpy as np
 import pytest
@@ -127,6 +128,14 @@ def test_foreign_targets_land_in_the_same_csv(tmp_path, capsys):
     assert "sdpa[bfloat16]" in (out / "report.md").read_text()
     assert cli.main(["--preset", "tiny", "--out", str(out), "--targets", "no-such-kernel"]) == 2
     assert "unknown target 'no-such-kernel'" in capsys.readouterr().err
+
+
+def test_time_reference_prints_the_chosen_precision_and_the_previous_reference(capsys):
+    assert cli.main(["--time-reference", "16", "4", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "n=16 d=4" in out and "previous reference" in out
+    prec = re.search(r"prec (\d+) bits \(chosen\)", out)
+    assert prec and int(prec.group(1)) >= 53, out  # far more than the float64 it certifies
 
 
 def test_cli_rejects_bad_arguments(capsys):
