@@ -101,6 +101,7 @@ def test_golden_tiny_reports_their_claims_beside_ours(tmp_path):
     assert (df["bound_ratio"] <= 1).all() and (df["grad_bound_ratio"].dropna() <= 1).all()
     report = (out / "report.md").read_text()
     assert "### Their claims beside ours" in report and "~10×" in report
+    assert "the largest tiled/naive ratio on the block grid" in report
     for axis in ("mantissa bits", "sequence length", "block size"):
         assert f"### Against {axis}" in report
     assert {"golden_bits.png", "golden_n.png", "golden_block.png"} <= {
