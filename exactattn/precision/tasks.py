@@ -266,7 +266,9 @@ def _bound_columns(
 
     The bound is :func:`exactattn.bounds.bounds` on the exact float64 inputs with
     ``input_rounding`` (the run rounds them to its storage first). The error is the
-    distance to the reference's midpoint plus its largest radius.
+    distance to the reference's midpoint plus that entry's radius (not the largest radius:
+    an entry far below the others, e.g. a gradient through weights ``e^{-700}``, has a bound
+    far below the largest radius, and its own radius is as far below it).
     """
     out = dict.fromkeys(BOUND_COLUMNS, math.nan)
     if mine is None:
@@ -275,7 +277,7 @@ def _bound_columns(
 
     def ratio(name: str) -> float:
         error = np.abs((mine[name] - reference.hi[name]) - reference.lo[name])
-        return bounds.ratio(error + reference.radius, found[name])
+        return bounds.ratio(error + reference.rad[name], found[name])
 
     names = ["y", *(x for x in GRADS if x in mine)]
     out["bound_ratio"] = ratio("y")

@@ -122,3 +122,12 @@ def test_the_bound_columns_can_fail(monkeypatch):
     rows = _rows("np-fp16").values()
     assert max(r["bound_ratio"] for r in rows) > 1
     assert max(r["grad_bound_ratio"] for r in rows) > 1
+
+
+@pytest.mark.parametrize("name", ["np-fp64", "np-fp32"])
+def test_entries_far_below_the_others_are_measured_with_their_own_radius(name):
+    """Large logits under a causal mask: gradient entries through weights near e^-700 have
+    bounds far below the reference's largest radius (measured against that radius, float64
+    read ~1e16 times its bound in the full preset); each entry's own radius is as small."""
+    for impl, row in _rows(name, n=64, dist="large-logits").items():
+        assert 0 < row["grad_bound_ratio"] <= 1, (impl, row["grad_bound_ratio"])
