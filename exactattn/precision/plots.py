@@ -180,11 +180,11 @@ def bound_hist(df: pd.DataFrame, out: Path) -> Path | None:
     columns = [c for c in ("bound_ratio", "grad_bound_ratio") if data[c].notna().any()]
     if not columns:
         return None
-    fig, axes = plt.subplots(1, len(columns), figsize=(5 * len(columns), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(columns), figsize=(5.6 * len(columns), 3.6), squeeze=False)
     for ax, column in zip(axes[0], columns):
         values = data[column].dropna()
         values = values[values > 0]
-        bins = np.logspace(np.log10(max(values.min(), 1e-6)), 0.2, 40)
+        bins = np.logspace(np.log10(max(values.min(), 1e-12)), 0.2, 40)
         ax.hist(values, bins=bins, color="C0" if column == "bound_ratio" else "C1")
         ax.axvline(1.0, color="r", linestyle=":")
         what = "forward, Y" if column == "bound_ratio" else "backward, worst of dQ, dK, dV"
@@ -192,8 +192,8 @@ def bound_hist(df: pd.DataFrame, out: Path) -> Path | None:
             xscale="log",
             xlabel="measured / bound",
             ylabel="runs",
-            title=f"{what}: median {values.median():.2g}, worst {values.max():.2g}",
         )
+        ax.set_title(f"{what}: median {values.median():.2g}, worst {values.max():.2g}", fontsize=9)
     return _save(fig, out / "bound_hist.png")
 
 

@@ -130,7 +130,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "deviation and each against the certified reference, for 5 to 23 mantissa bits "
         "with every operation's float64 result rounded to nearest or truncated (emuN-rn, "
         "emuN-rz), n = 256..4096, d = 64, 128, b = 16..256, and the FA-2 policy; a small "
-        "backward grid checks the gradient bound (~15 min on 2 cores)",
+        "backward grid checks the gradient bound (45 min on 2 cores shared at load ~8)",
         "seeds": [0, 1],
         "grids": [
             {  # mantissa bits m = p − 1 = 5..23 (BF16: 7, FP16: 10, FP32: 23)
@@ -202,7 +202,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "full": {
         "description": "the whole grid — 12 NumPy and torch configurations, 3 input "
         "distributions, 3 masks, b = 64 and 256, with gradients — at n = 64, 256, 1024, "
-        "and mpmath widths at n ≤ 128 (~30 min on 2 busy cores)",
+        "and mpmath widths at n ≤ 128 (8 min on 2 cores shared at load ~5)",
         "seeds": [0],
         "grids": [
             {"config": list(FULL_CONFIGS), "n": [64, 256, 1024], **FULL_KNOBS},
