@@ -29,7 +29,8 @@ step (``proofs/`` mutants) and watch the same code path fail.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,20 +50,21 @@ class Summary:
     z: Array
 
 
-@dataclass(frozen=True)
 class Tile:
-    """One (query rows × key block) tile: where it sits, and the allowed tile when PARTIAL."""
+    """One (query rows × key block) tile: where it sits, and the allowed tile when PARTIAL.
 
-    index: TileIndex
-    allowed: Any  # boolean (*batch, r, b) or None when every pair is allowed
+    ``index`` (the index arrays ``b, h, i, j``) is built on first use: only masks, score
+    modifications and dropout read it, and a tile without them is a few slices.
+    """
 
-    @property
-    def rows(self) -> slice:
-        return slice(self.index.rows.start, self.index.rows.stop)
+    def __init__(self, rows: range, cols: range, locate: Callable[[range, range], TileIndex]):
+        self.rows, self.cols = slice(rows.start, rows.stop), slice(cols.start, cols.stop)
+        self._ranges, self._locate = (rows, cols), locate
+        self.allowed: Any = None  # boolean (*batch, r, b); None when every pair is allowed
 
-    @property
-    def cols(self) -> slice:
-        return slice(self.index.cols.start, self.index.cols.stop)
+    @functools.cached_property
+    def index(self) -> TileIndex:
+        return self._locate(*self._ranges)
 
 
 # --- the pieces of one step ---------------------------------------------------------------
@@ -72,31 +74,45 @@ def tiles(
     geometry: Geometry,
     block_size: int,
     row_block: int | None = None,
+    edge_first: bool = False,
 ) -> Iterator[Tile]:
     """Key blocks ``J_t`` in order, each with the query rows it can reach.
 
     ``row_block`` splits those rows into runs of at most that many, one tile each (keeps a
     tile cache-sized; rows are independent, so no row's arithmetic changes); ``None``
-    keeps them whole. EMPTY tiles are skipped before any score is computed; FULL tiles
-    skip the predicate; a PARTIAL tile whose predicate allows nothing is skipped as well.
+    keeps them whole. ``edge_first`` (with a mask and a ``row_block``) makes the first run
+    at most ``b`` rows: a causal edge crosses the first ``b`` rows of ``J_t``'s span, so
+    its PARTIAL tile is not padded with FULL rows (the forward's choice: the reverse's
+    row runs also count its dK, dV additions). EMPTY tiles are skipped before any score is
+    computed; FULL tiles skip the predicate; a PARTIAL tile whose predicate allows
+    nothing is skipped as well.
     """
-    bh = geometry.batch_head(ctx)
+    bh: list[Any] = []  # the batch and head indices, made once if a tile needs them
+
+    def locate(rows: range, cols: range) -> TileIndex:
+        if not bh:
+            bh.append(geometry.batch_head(ctx))
+        return tile_index(ctx, geometry, rows, cols, bh[0])
+
     for start in range(0, geometry.n_k, block_size):
         cols = range(start, min(start + block_size, geometry.n_k))
         span = range(geometry.n_q) if mask is None else mask.row_span(cols, geometry)
         step = max(1, len(span) if row_block is None else row_block)
-        for first in range(span.start, span.stop, step):
-            rows = range(first, min(first + step, span.stop))
+        edge = edge_first and mask is not None and row_block is not None
+        first = span.start
+        while first < span.stop:
+            size = min(step, block_size) if edge and first == span.start else step
+            rows = range(first, min(first + size, span.stop))
+            first = rows.stop
             kind = TileKind.FULL if mask is None else mask.classify(rows, cols, geometry)
             if kind is TileKind.EMPTY:
                 continue
-            index = tile_index(ctx, geometry, rows, cols, bh)
-            allowed = None
+            tile = Tile(rows, cols, locate)
             if kind is TileKind.PARTIAL:
-                allowed = mask.allowed(index, geometry)
-                if not ctx.any(allowed):
+                tile.allowed = mask.allowed(tile.index, geometry)
+                if not ctx.any(tile.allowed):
                     continue
-            yield Tile(index, allowed)
+            yield tile
 
 
 def tile_scores(
@@ -167,12 +183,19 @@ def softmax_delta(ctx: ArrayContext, g: Array, y: Array) -> Array:
 
 def tile_probabilities(ctx: ArrayContext, s: Array, m: Array, l: Array) -> Array:
     """``p_ij = e^{s_ij − m_i} / ℓ_i`` from the frozen forward statistics (0 off ``A_i``)."""
-    return ctx.exp_shifted(s, safe_shift(ctx, m)) / _nonzero_l(ctx, m, l)[..., None]
+    p = ctx.exp_shifted(s, safe_shift(ctx, m))
+    p /= _nonzero_l(ctx, m, l)[..., None]  # in place: p is a fresh tile
+    return p
 
 
 def tile_gamma(ctx: ArrayContext, p: Array, dp: Array, delta: Array) -> Array:
-    """``γ_ij = p_ij (dP_ij − δ_i)`` with ``dP_ij = G_i·V_j`` (times ``ρ_ij`` with dropout)."""
-    return p * (dp - delta[..., None])
+    """``γ_ij = p_ij (dP_ij − δ_i)`` with ``dP_ij = G_i·V_j`` (times ``ρ_ij`` with dropout).
+
+    Computed in ``dp``'s storage: the caller hands over a fresh tile it no longer reads.
+    """
+    dp -= delta[..., None]
+    dp *= p
+    return dp
 
 
 def key_gradient(ctx: ArrayContext, gamma: Array, q: Array, scale: Any) -> Array:
@@ -233,7 +256,7 @@ def forward(
     (with GQA, the ``H`` query heads in order).
     """
     geometry = geometry_of(q, k, v, enable_gqa)
-    q, k, v = grouped(geometry, ctx.compute(q), k, v)
+    q, k, v = grouped(geometry, ctx.compute(q), ctx.compute(k), ctx.compute(v))
     rows_shape = (*geometry.tile_batch, geometry.n_q)
     state = Summary(  # ⊥ for every row
         ctx.full(rows_shape, ctx.neg_inf),
@@ -241,18 +264,16 @@ def forward(
         ctx.zeros((*rows_shape, v.shape[-1])),
     )
     flat_index = geometry.flat_index(ctx) if dropout is not None else None
-    for tile in tiles(ctx, mask, geometry, block_size, row_block):
+    for tile in tiles(ctx, mask, geometry, block_size, row_block, edge_first=True):
         rows, cols = tile.rows, tile.cols
         mod = None if score_mod is None else score_mod.at(ctx, tile.index, geometry)
-        s = tile_scores(
-            ctx, q[..., rows, :], ctx.compute(k[..., cols, :]), scale, tile.allowed, mod
-        )
+        s = tile_scores(ctx, q[..., rows, :], k[..., cols, :], scale, tile.allowed, mod)
         rho = (
             None
             if dropout is None
             else dropout.factors(ctx, flat_index, tile.index.i, tile.index.j)
         )
-        block = block_summary(ctx, s, ctx.compute(v[..., cols, :]), rho)
+        block = block_summary(ctx, s, v[..., cols, :], rho)
         old = Summary(state.m[..., rows], state.l[..., rows], state.z[..., rows, :])
         new = merge(ctx, old, block)
         state.m[..., rows], state.l[..., rows], state.z[..., rows, :] = new.m, new.l, new.z
@@ -304,7 +325,7 @@ def backward(
     """
     geometry = geometry_of(q, k, v, enable_gqa)
     q_shape, k_shape, v_shape = tuple(q.shape), tuple(k.shape), tuple(v.shape)
-    q, k, v = grouped(geometry, ctx.compute(q), k, v)
+    q, k, v = grouped(geometry, ctx.compute(q), ctx.compute(k), ctx.compute(v))
     g, y, m, l = (_tile_layout(geometry, x) for x in (ctx.compute(g), ctx.compute(y), m, l))
     delta = softmax_delta(ctx, g, y)
     dq = ctx.zeros((*geometry.tile_batch, geometry.n_q, q.shape[-1]))
@@ -315,7 +336,7 @@ def backward(
     for tile in tiles(ctx, mask, geometry, block_size, row_block):
         rows, cols = tile.rows, tile.cols
         q_t, g_t = q[..., rows, :], g[..., rows, :]
-        k_b, v_b = ctx.compute(k[..., cols, :]), ctx.compute(v[..., cols, :])
+        k_b, v_b = k[..., cols, :], v[..., cols, :]
         mod = None if score_mod is None else score_mod.at(ctx, tile.index, geometry)
         s = tile_scores(ctx, q_t, k_b, scale, tile.allowed, mod)
         p = tile_probabilities(ctx, s, m[..., rows], l[..., rows])

@@ -5,17 +5,27 @@ all taken as the exact binary values their floats hold, this module returns ball
 *enclose* the exact values of
 
     s_ij = c·q_i·k_j,  then  cap·tanh(s_ij/cap) (softcap),  then  + B_ij (bias),
-    A_i  = {j : allowed_ij and B_ij ≠ −∞},      m_i = max_{j∈A_i} s_ij,
+    then  s̃_ij = mod(s_ij, b, h, i, j) (a FlexAttention score_mod; s̃ = s without one),
+    A_i  = {j : allowed_ij and B_ij ≠ −∞ and s̃_ij ≠ −∞},   m_i = max_{j∈A_i} s̃_ij,
     P_ij = e^{s_ij − m_i} / ℓ_i,   ℓ_i = Σ_{j∈A_i} e^{s_ij − m_i},   Y = (P∘ρ)V,
     lse_i = m_i + log ℓ_i,
     dP = G Vᵀ,   δ_i = Σ_j P_ij ρ_ij dP_ij,   dS = P∘(ρ∘dP − δ),   dB = dS,
-    dS̃ = dS∘(1 − tanh²(c·q_i·k_j/cap)),   dQ = c·dS̃ K,   dK = c·dS̃ᵀ Q,   dV = (P∘ρ)ᵀ G
+    dB = dS∘σ,   dS̃ = dS∘σ∘(1 − tanh²(c·q_i·k_j/cap)),   dQ = c·dS̃ K,   dK = c·dS̃ᵀ Q,
+    dV = (P∘ρ)ᵀ G,   σ_ij = ∂mod/∂s at s_ij
 
-(``dS̃ = dS`` without softcap; softcap → bias → mask is the order of the core, flash-attn
-and Gemma 2). Dropout factors are ``ρ_ij = r_ij/(1 − p)`` with keep-bits ``r = keep``;
-``1/(1 − p)`` is enclosed in arb, not rounded to a float, so the reference is the exact
-dropout of the definition. A row with no allowed key has ``Y = 0``, ``lse = −∞`` and zero
-gradients (:attr:`Enclosure.empty_rows`). Leading (batch/head) dims broadcast; each
+(with P, lse over s̃; ``σ = 1`` without a score_mod, no tanh factor without softcap; softcap →
+bias → score_mod → mask is the order of the core, flash-attn and Gemma 2, and FlexAttention
+applies its score_mod before the mask). The score_mod is evaluated over the balls, written
+with operators, constants and :mod:`exactattn.ops`: its value is ``mod`` of the ball, and
+``σ`` is the tangent of :class:`exactattn.ops.Dual` (forward-mode, ``f(s + ε) = f(s) +
+ε·f′(s)``), a ball too; the same mod in float64 gives the shift and which pairs it
+sends to −∞. The index arguments are FlexAttention's: ``b, h`` the batch dims lifted to
+``(B, H)`` (``()`` → ``(0, 0)``, ``(B,)`` → ``(b, 0)``), ``q_idx``, ``kv_idx`` int64 torch
+tensors (NumPy arrays without torch) broadcasting to the tile. Dropout factors are
+``ρ_ij = r_ij/(1 − p)`` with keep-bits ``r = keep``; ``1/(1 − p)`` is enclosed in arb,
+not rounded to a float, so the reference is the exact dropout of the definition. A row
+with no allowed key has ``Y = 0``, ``lse = −∞`` and zero gradients
+(:attr:`Enclosure.empty_rows`). Leading (batch/head) dims broadcast; each
 gradient is summed to its input's shape, ``dbias`` to the bias's.
 
 This is the naive computation, written independently of the tiled algorithm
@@ -55,11 +65,12 @@ used as given.
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import numbers
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -274,13 +285,16 @@ class _Problem:
     bias: np.ndarray | None
     softcap: float | None
     group: int  # query heads per key/value head (grouped-query attention), else 1
+    score_mod: Callable[..., Any] | None = None
 
     @property
     def grid(self) -> tuple[int, ...]:
         return (*self.batch, self.q.shape[-2], self.k.shape[-2])
 
 
-def _check(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, gqa) -> _Problem:
+def _check(
+    q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, gqa, score_mod=None
+) -> _Problem:
     named = [("q", q), ("k", k), ("v", v)] + ([("g", g)] if g is not None else [])
     for name, x in named:
         _check_real(name, x)
@@ -326,6 +340,14 @@ def _check(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, gqa) -> _
         bias = _check_shape("bias", bias, grid, "f")
         if np.isnan(bias).any() or (bias == np.inf).any():
             raise ValueError("bias contains NaN or +inf (−inf is allowed: it excludes the pair)")
+    if score_mod is not None:
+        if not callable(score_mod):
+            raise TypeError(
+                f"score_mod must be a callable score_mod(score, b, h, q_idx, kv_idx); "
+                f"got {score_mod!r}"
+            )
+        if len(batch) > 2:
+            raise ValueError(f"a score_mod indexes (b, h): at most 2 batch dims; got batch {batch}")
     return _Problem(
         q=q,
         k=k,
@@ -341,6 +363,7 @@ def _check(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, gqa) -> _
         if softcap is None
         else float(_check_number("softcap", softcap, positive=True)),
         group=q.shape[-3] // k.shape[-3] if gqa else 1,
+        score_mod=score_mod,
     )
 
 
@@ -357,6 +380,7 @@ def certified_attention(
     dropout_p: float = 0.0,
     bias: np.ndarray | None = None,
     softcap: float | None = None,
+    score_mod: Callable[..., Any] | None = None,
     prec: int | None = None,
     row_block: int | None = None,
     workers: int = 1,
@@ -372,13 +396,18 @@ def certified_attention(
     (``1/(1 − p)`` is enclosed; a float ρ array would hold it rounded and so define a
     different dropout from the one under test). ``bias``: floats
     broadcastable to ``(*batch, n_q, n_k)``, ``−∞`` excludes a pair. ``softcap``: a
-    positive cap. ``prec``: bits (``None``: the lowest rung of :data:`LADDER` that meets
-    the 2^-70 target). ``row_block``: query rows per block (``None``: ~2^19/n_k).
+    positive cap. ``score_mod``: FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)``
+    (see the module docstring; a mod that calls a torch function on the score raises a
+    TypeError: it cannot be evaluated over balls). ``prec``: bits (``None``: the lowest rung
+    of :data:`LADDER` that meets the 2^-70 target). ``row_block``: query rows per block
+    (``None``: ~2^19/n_k).
     ``workers``: processes to split the blocks over. ``enable_gqa``: axis −3 holds heads,
     ``H`` for q and ``H_kv`` (dividing ``H``) for k and v; query head ``h`` reads key/value
     head ``h // (H/H_kv)`` (torch SDPA's convention), and dK, dV sum over each group.
     """
-    problem = _check(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, enable_gqa)
+    problem = _check(
+        q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, enable_gqa, score_mod
+    )
     prec = _check_int("prec", prec, 16)
     workers = _check_int("workers", workers, 1)
     rows = _check_int("row_block", row_block, 1) or _row_block(problem, workers)
@@ -646,12 +675,16 @@ class _Consts:
     c_float: float
     cap: arb | None
     kappa: arb  # 1/(1 − p)
+    ctx: Any  # the balls as a number system, for a score_mod's Dual
 
     @classmethod
     def of(cls, p: _Problem) -> _Consts:
+        from .backends.flint_backend import FlintContext
+
         c = arb(p.q.shape[-1]).rsqrt() if p.scale is None else _exact_float(p.scale)
         cap = None if p.softcap is None else arb(p.softcap)
-        return cls(c, float(c), cap, _ONE / (_ONE - arb(p.dropout_p)))
+        ctx = FlintContext(flint.ctx.prec)
+        return cls(c, float(c), cap, _ONE / (_ONE - arb(p.dropout_p)), ctx)
 
 
 @dataclass(frozen=True)
@@ -701,9 +734,12 @@ class _Block:
         self.r, self.n_k = r, n_k
         at = (*index, slice(r0, r1))
         self._shift_and_weights(at)
-        # scores in arb, shifted: e^{s − m} once per allowed pair
+        # scores in arb, shifted: e^{s − m} once per allowed pair; the shift rides in the
+        # score product unless a soft-cap or a score_mod must see the unshifted score
+        shifted = consts.cap is None and p.score_mod is None
         if consts.cap is None:
-            lhs = np.concatenate([_f64(self.q), -self.m[:, None]], axis=1)
+            shift = self.m if shifted else np.zeros(r)
+            lhs = np.concatenate([_f64(self.q), -shift[:, None]], axis=1)
             s = self._pick(
                 (arb_mat(r, lhs.shape[1], lhs.reshape(-1).tolist()) * keys.scores).entries()
             )
@@ -711,10 +747,14 @@ class _Block:
         else:
             x = self._pick((arb_mat(r, self.q.shape[1], _entries(self.q)) * keys.scores).entries())
             self.t = [e.tanh() for e in x]
-            cap, shift = consts.cap, self._per_pair((-self.m).tolist())
-            s = [t * cap + m for t, m in zip(self.t, shift)]
+            s = [t * consts.cap for t in self.t]
         if self.bias is not None:
             s = [e + b for e, b in zip(s, self._pick(self.bias.reshape(-1).tolist()))]
+        self.sigma = None  # ∂mod/∂s per allowed pair
+        if p.score_mod is not None:
+            s, self.sigma = self._modified(s)
+        if not shifted:
+            s = [e + m for e, m in zip(s, self._per_pair((-self.m).tolist()))]
         self.e = list(map(arb.exp, s))
         self.e_mat = arb_mat(r, n_k, self._full(self.e))
         self.ones = arb_mat(n_k, 1, [_ONE] * n_k)
@@ -744,6 +784,13 @@ class _Block:
                 s = s + self.bias
                 finite = self.bias != -np.inf
                 ok = finite if ok is None else ok & finite
+            self.sigma_float = None
+            if p.score_mod is not None:
+                s, sigma = _apply_mod(p.score_mod, self._mod_indices(), _numpy_f64(), s, 1.0)
+                self.sigma_float = np.abs(sigma)
+                self.slope = self.slope * self.sigma_float
+                finite = s != -np.inf
+                ok = finite if ok is None else ok & finite
         masked = s if ok is None else np.where(ok, s, -np.inf)
         m = masked.max(axis=1, initial=-np.inf)
         if np.isnan(masked).any() or (m == np.inf).any():
@@ -763,6 +810,37 @@ class _Block:
             else np.broadcast_to(p.keep, p.grid)[at] * float(self.consts.kappa)
         )
         self.p_float, self.prho_float = p_float, p_float * rho
+
+    def _mod_indices(self) -> tuple[Any, ...]:
+        """FlexAttention's ``(b, h, q_idx, kv_idx)`` for this block (see the module
+        docstring), broadcasting to ``(1, 1, r, n_k)``."""
+        b, h = (*self.index, 0, 0)[:2]
+        r0, r1 = self.item[1], self.item[2]
+        arrays = (
+            np.full((1, 1, 1, 1), b, dtype=np.int64),
+            np.full((1, 1, 1, 1), h, dtype=np.int64),
+            np.arange(r0, r1, dtype=np.int64).reshape(1, 1, -1, 1),
+            np.arange(self.n_k, dtype=np.int64).reshape(1, 1, 1, -1),
+        )
+        try:
+            import torch
+        except ImportError:
+            return arrays
+        return tuple(torch.from_numpy(x) for x in arrays)
+
+    def _modified(self, s: list[arb]) -> tuple[list[arb], list[arb]]:
+        """The score_mod over the balls of the allowed pairs: ``(mod(s), ∂mod/∂s)``."""
+        tile = np.array(self._full(s), dtype=object).reshape(self.r, self.n_k)
+        value, sigma = _apply_mod(
+            self.p.score_mod, self._mod_indices(), self.consts.ctx, tile, _ONE
+        )
+        value, sigma = (self._pick(x.reshape(-1).tolist()) for x in (value, sigma))
+        if not all(e.is_finite() for e in value):
+            raise ValueError(
+                f"score_mod {_name(self.p.score_mod)} is not finite over the balls at a pair "
+                "whose float64 value is finite: raise prec"
+            )
+        return value, sigma
 
     def _pick(self, values: list[Any]) -> list[Any]:
         """The entries at the allowed pairs (row-major)."""
@@ -818,6 +896,8 @@ class _Block:
         f = [e * x for e, x in zip(self.e, dp)]  # ℓ_i·P_ij·ρ_ij·dP_ij
         delta = self._per_pair([x * w for x, w in zip(self._row_sums(f), self.inv_l)])
         ds = [x - e * dl for x, e, dl in zip(f, self.e, delta)]  # ℓ_i·dS_ij
+        if self.sigma is not None:  # through the score_mod: ℓ_i·dS_ij·σ_ij, the bias's too
+            ds = [x * sigma for x, sigma in zip(ds, self.sigma)]
         ds_tilde = ds if self.t is None else [x * (_ONE - t * t) for x, t in zip(ds, self.t)]
         dmat = arb_mat(r, n_k, self._full(ds_tilde))
         w = [consts.c * x for x in self.inv_l]  # c/ℓ_i
@@ -845,7 +925,8 @@ class _Block:
             self.prho_float.T @ np.abs(gf),
         )
         if p.bias is not None:
-            self._bias_gradient(sums, ds, ds_abs)
+            sigma = 1.0 if self.sigma_float is None else self.sigma_float
+            self._bias_gradient(sums, ds, ds_abs * sigma)
 
     def _bias_gradient(self, sums: _Sums, ds: list[arb], ds_abs: np.ndarray) -> None:
         """``dB = dS`` summed to the bias's shape (rows and/or columns of size 1 are sums)."""
@@ -862,3 +943,45 @@ class _Block:
         terms = ds_abs.sum(axis=0, keepdims=True) if shape[-2] == 1 else ds_abs
         terms = terms.sum(axis=1, keepdims=True) if shape[-1] == 1 else terms
         sums.add("dbias", (src, self.item[1]) if shape[-2] != 1 else (src,), part, terms)
+
+
+# --- a score_mod ------------------------------------------------------------------------
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+@functools.cache
+def _numpy_f64() -> Any:
+    """float64 NumPy as the number system of a score_mod's :class:`~exactattn.ops.Dual`."""
+    from .backends import NumpyContext
+
+    return NumpyContext("float64")
+
+
+def _apply_mod(fn: Any, indices: tuple[Any, ...], ctx: Any, s: Any, one: Any) -> tuple[Any, Any]:
+    """``(mod(s), ∂mod/∂s)`` on the tile ``s`` (r, n_k) as arrays of ``ctx``'s numbers, from
+    one evaluation on the :class:`exactattn.ops.Dual` ``s + ε·one``."""
+    from .ops import Dual, TorchFunctionOnScore, constant
+
+    shape = np.shape(s)
+    try:
+        out = fn(Dual(ctx, np.reshape(s, (1, 1, *shape)), one), *indices)
+    except TorchFunctionOnScore as error:
+        raise TypeError(
+            f"score_mod {_name(fn)} calls torch.{error.function} on the score: the certified "
+            f"reference evaluates it over arb balls, where the score is no torch tensor; "
+            f"write it with exactattn.ops.{error.function} (it dispatches on the score's type)"
+        ) from None
+    if not isinstance(out, Dual):
+        out = Dual(ctx, constant(ctx, out))
+    try:
+        value = np.broadcast_to(out.value, (1, 1, *shape)).reshape(shape)
+        zero = ctx.scalar(0)
+        tangent = zero if out.tangent is None else out.tangent
+        sigma = np.broadcast_to(tangent, (1, 1, *shape)).reshape(shape)
+    except ValueError:
+        raise ValueError(
+            f"score_mod {_name(fn)} returned shape {out.shape} for a score tile of shape "
+            f"{(1, 1, *shape)}; a score_mod maps each score to one score"
+        ) from None
+    return value, sigma

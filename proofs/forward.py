@@ -34,11 +34,12 @@ rows to max(6, N)):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from exactattn import masks
-
-from . import spec
+from . import batched, spec
+from .batched import row_runs
 from .checks import Problem, check_forward
 from .coverage import Coverage
 from .engine import Obligation
@@ -50,7 +51,6 @@ from .inputs import (
     every_mask_check,
     matrix,
     score_inputs,
-    tensor,
 )
 
 FAMILY = "forward"
@@ -111,82 +111,24 @@ def split_rows(case: MaskCase, n: int = ROW_BLOCK_N) -> Obligation:
     while case.n_q(n) < 3:  # enough rows for a split to take effect
         n += 1
     pb = score_problem(case, n)
-
-    def check() -> str:
-        for row_block in (1, 2):
-            for b in range(1, n + 2):
-                check_forward(pb, b, row_block)
-        return f"{2 * (n + 1)} runs"
-
     return Obligation(
         FAMILY,
         f"{case.name}, rows split (row_block 1, 2), scores free",
         f"{case.sizes(n)} b=1..{n + 1}",
-        check,
+        row_runs(n, lambda b, rows: check_forward(pb, b, rows), (1, 2)),
         coverage=(case.coverage("forward", n, row_block=True),),
     )
 
 
-def _split_and_whole(pb: Problem, n: int) -> str:
-    for row_block in (None, 2):
-        for b in range(1, n + 2):
-            check_forward(pb, b, row_block)
-    return f"{2 * (n + 1)} runs"
+def _whole_and_split(pb: Problem, n: int) -> Callable[[], str]:
+    return row_runs(n, lambda b, rows: check_forward(pb, b, rows))
 
 
-def grouped(n: int = 3) -> Obligation:
-    """GQA as the generic code runs it: query heads (H_kv, g) against k, v heads (H_kv, 1)."""
-    pb = Problem(
-        tensor("q", 2, 2, n, 1), tensor("k", 2, 1, n, 1), tensor("v", 2, 1, n, 1), C,
-        masks.causal("bottom-right"), spec.causal("bottom-right"),
-    )  # fmt: skip
-    return Obligation(
-        FAMILY,
-        "grouped-query heads (H_kv=2, g=2), causal bottom-right, whole and split rows",
-        f"n={n} d=v=1 b=1..{n + 1}",
-        lambda: _split_and_whole(pb, n),
-        coverage=(
-            Coverage("forward", "causal", "bottom-right", n, batch="GQA"),
-            Coverage("forward", "causal", "bottom-right", n, batch="GQA", row_block=True),
-        ),
-    )
-
-
-def enable_gqa(n: int = 3) -> Obligation:
-    """``enable_gqa``: q (B=1, H=4, n, d) against k, v (1, H_kv=2, n, ·), the library's dropout
-    on the logical heads (flat index b·H + h), causal bottom-right — as the torch path runs."""
-    pb = Problem(
-        tensor("q", 1, 4, n, 1), tensor("k", 1, 2, n, 1), tensor("v", 1, 2, n, 1), C,
-        masks.causal("bottom-right"), spec.causal("bottom-right"), dropout_p=0.5, seed=3,
-        enable_gqa=True,
-    )  # fmt: skip
-    return Obligation(
-        FAMILY,
-        "enable_gqa (H=4 over H_kv=2) with dropout, causal bottom-right, whole and split",
-        f"n={n} d=v=1 p=1/2 b=1..{n + 1}",
-        lambda: _split_and_whole(pb, n),
-        coverage=(
-            Coverage("forward", "causal", "bottom-right", n, batch="GQA", dropout=True),
-            Coverage("forward", "causal", "bottom-right", n, batch="GQA", row_block=True),
-        ),
-    )
-
-
-def broadcast(n: int = 3) -> Obligation:
-    pb = Problem(
-        tensor("q", 2, 1, n, 1), tensor("k", 1, 2, n, 1), tensor("v", 1, 2, n, 1), C,
-        masks.causal("bottom-right"), spec.causal("bottom-right"),
-    )  # fmt: skip
-    return Obligation(
-        FAMILY,
-        "batch broadcasting q (2,1,·) × k, v (1,2,·), causal bottom-right",
-        f"n={n} d=v=1 b=1..{n + 1}",
-        lambda: _split_and_whole(pb, n),
-        coverage=(
-            Coverage("forward", "causal", "bottom-right", n, batch="batch"),
-            Coverage("forward", "causal", "bottom-right", n, batch="batch", row_block=True),
-        ),
-    )
+BATCHED_CLAIMS = {
+    "grouped": ", causal bottom-right, whole and split rows",
+    "enable_gqa": ", causal bottom-right, whole and split",
+    "broadcast": ", causal bottom-right",
+}
 
 
 def dropout(n: int = 3) -> Obligation:
@@ -196,7 +138,7 @@ def dropout(n: int = 3) -> Obligation:
         FAMILY,
         "dropout: the library's Dropout at p = 1/4 vs Σ e^s (r/(1−p)) V / Σ e^s",
         f"{case.sizes(n)} seed=7 b=1..{n + 1}",
-        lambda: _split_and_whole(pb, n),
+        _whole_and_split(pb, n),
         coverage=(
             case.coverage("forward", n, dropout=True),
             case.coverage("forward", n, dropout=True, row_block=True),
@@ -225,7 +167,7 @@ def empty_rows(n: int = 3) -> Obligation:
         FAMILY,
         "empty rows (empty_rows='zero'): Y = 0, lse = −∞",
         f"{case.sizes(n)} b=1..{n + 1}",
-        lambda: _split_and_whole(pb, n),
+        _whole_and_split(pb, n),
         coverage=(
             case.coverage("forward", n, empty_rows=True),
             case.coverage("forward", n, empty_rows=True, row_block=True),
@@ -242,5 +184,6 @@ def obligations(max_n: int = 4) -> list[Obligation]:
         out += [structured(case, n) for case in CASES if n >= case.min_n]
     out += [split_rows(case) for case in CASES]
     out += [symbolic_dropout(n) for n in (1, 2, 3)]
-    out += [grouped(), enable_gqa(), broadcast(), dropout(), empty_rows()]
+    out += batched.obligations(FAMILY, check_forward, BATCHED_CLAIMS)
+    out += [dropout(), empty_rows()]
     return out

@@ -109,10 +109,10 @@ def _caller() -> str:
 def _rows_overlapping(tiles: Callable) -> Callable:
     """Row runs after the first of a key block start one row early (that row counted twice)."""
 
-    def broken(ctx, mask, geometry, block_size, row_block=None):
+    def broken(ctx, mask, geometry, block_size, row_block=None, **options):
         singles = None
         previous = None
-        for tile in tiles(ctx, mask, geometry, block_size, row_block):
+        for tile in tiles(ctx, mask, geometry, block_size, row_block, **options):
             if previous is not None and tile.cols == previous.cols:
                 if singles is None:
                     singles = list(tiles(ctx, mask, geometry, block_size, 1))
@@ -128,10 +128,10 @@ def _rows_overlapping(tiles: Callable) -> Callable:
 def _rows_skipping(tiles: Callable) -> Callable:
     """Row runs after the first of a key block lose their first row."""
 
-    def broken(ctx, mask, geometry, block_size, row_block=None):
+    def broken(ctx, mask, geometry, block_size, row_block=None, **options):
         singles = None
         previous = None
-        for tile in tiles(ctx, mask, geometry, block_size, row_block):
+        for tile in tiles(ctx, mask, geometry, block_size, row_block, **options):
             if previous is None or tile.cols != previous.cols or len(range(*_bounds(tile))) == 1:
                 previous = tile
                 yield tile

@@ -22,18 +22,15 @@ the zero test's fragment (``exp``, ``tanh``, ``+ − × ÷``) end UNDECIDED, nev
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import sympy
 
 import exactattn
-from exactattn import ops
+from exactattn import loading, ops
 
 from . import spec
 from .context import ProofContext
@@ -45,25 +42,9 @@ D = V = 2
 
 
 def load(reference: str, what: str) -> Callable[..., Any]:
-    """The callable named by ``module:fn`` or ``path/to/file.py:fn``; ValueError if none."""
-    module_name, sep, attribute = reference.rpartition(":")
-    if not sep or not module_name or not attribute:
-        raise ValueError(
-            f"{what} must be 'module:function' or 'file.py:function'; got {reference!r}"
-        )
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.is_file():
-            raise ValueError(f"{what}: no file {path}")
-        loader = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(module)
-    else:
-        module = importlib.import_module(module_name)
-    fn = getattr(module, attribute, None)
-    if not callable(fn):
-        raise ValueError(f"{what}: {module_name} has no callable {attribute!r}")
-    return fn
+    """The callable named by ``module:fn`` or ``path/to/file.py:fn``; ValueError if none
+    (:func:`exactattn.loading.load_callable`: modules in the current directory too)."""
+    return loading.load_callable(reference, what)
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,14 @@ at p = 1/4; empty rows under ``empty_rows='zero'`` (zero gradients).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 import exactattn
-from exactattn import masks
 
-from . import spec
+from . import batched, spec
+from .batched import row_runs
 from .checks import Problem, check_reverse
 from .context import ProofContext
 from .coverage import Coverage
@@ -43,7 +45,6 @@ from .inputs import (
     every_block_size,
     every_mask_check,
     matrix,
-    tensor,
     upstream,
 )
 
@@ -115,21 +116,12 @@ def structured(case: MaskCase, n: int) -> Obligation:
 
 
 def split_rows(case: MaskCase, n: int = ROW_BLOCK_N) -> Obligation:
-    while case.n_q(n) < 2:  # enough rows for a split to take effect
-        n += 1
     pb = full_problem(case, n, v=1)
-
-    def check() -> str:
-        for row_block in (1, 2):
-            for b in range(1, n + 2):
-                check_reverse(pb, b, row_block)
-        return f"{2 * (n + 1)} runs"
-
     return Obligation(
         FAMILY,
         f"{case.name}, rows split (row_block 1, 2), full inputs",
         f"{case.sizes(n)} d=2 v=1 b=1..{n + 1}",
-        check,
+        row_runs(n, lambda b, rows: check_reverse(pb, b, rows), (1, 2)),
         coverage=(case.coverage("reverse", n, row_block=True),),
     )
 
@@ -137,81 +129,24 @@ def split_rows(case: MaskCase, n: int = ROW_BLOCK_N) -> Obligation:
 def torch_statistics(n: int = ROW_BLOCK_N) -> Obligation:
     """The torch path's reverse: frozen ``m = lse``, ``ℓ = 1``, rows split into runs."""
     pb = full_problem(CAUSAL, n, v=1)
-
-    def check() -> str:
-        for row_block in (1, 2):
-            for b in range(1, n + 2):
-                check_reverse(pb, b, row_block, lse_only=True)
-        return f"{2 * (n + 1)} runs"
-
     return Obligation(
         FAMILY,
         "causal, frozen m = lse, ℓ = 1 (torch path), rows split, full inputs",
         f"n={n} d=2 v=1 b=1..{n + 1}",
-        check,
+        row_runs(n, lambda b, rows: check_reverse(pb, b, rows, lse_only=True), (1, 2)),
         coverage=(CAUSAL.coverage("reverse", n, row_block=True),),
     )
 
 
-def _split_and_whole(pb: Problem, n: int) -> str:
-    for row_block in (None, 2):
-        for b in range(1, n + 2):
-            check_reverse(pb, b, row_block)
-    return f"{2 * (n + 1)} runs"
+def _whole_and_split(pb: Problem, n: int) -> Callable[[], str]:
+    return row_runs(n, lambda b, rows: check_reverse(pb, b, rows))
 
 
-def grouped(n: int = 3) -> Obligation:
-    pb = Problem(
-        tensor("q", 2, 2, n, 1), tensor("k", 2, 1, n, 1), tensor("v", 2, 1, n, 1), C,
-        masks.causal("bottom-right"), spec.causal("bottom-right"),
-    )  # fmt: skip
-    return Obligation(
-        FAMILY,
-        "grouped-query heads (H_kv=2, g=2): dK, dV summed over the group",
-        f"n={n} d=v=1 b=1..{n + 1}",
-        lambda: _split_and_whole(pb, n),
-        coverage=(
-            Coverage("reverse", "causal", "bottom-right", n, batch="GQA"),
-            Coverage("reverse", "causal", "bottom-right", n, batch="GQA", row_block=True),
-        ),
-    )
-
-
-def enable_gqa(n: int = 3) -> Obligation:
-    """``enable_gqa``: q (B=1, H=4, n, d) against k, v (1, H_kv=2, n, ·), the library's dropout
-    on the logical heads (flat index b·H + h), causal bottom-right — as the torch path runs."""
-    pb = Problem(
-        tensor("q", 1, 4, n, 1), tensor("k", 1, 2, n, 1), tensor("v", 1, 2, n, 1), C,
-        masks.causal("bottom-right"), spec.causal("bottom-right"), dropout_p=0.5, seed=3,
-        enable_gqa=True,
-    )  # fmt: skip
-    return Obligation(
-        FAMILY,
-        "enable_gqa (H=4 over H_kv=2) with dropout, causal bottom-right, whole and split",
-        f"n={n} d=v=1 p=1/2 b=1..{n + 1}",
-        lambda: _split_and_whole(pb, n),
-        coverage=(
-            Coverage("reverse", "causal", "bottom-right", n, batch="GQA", dropout=True),
-            Coverage("reverse", "causal", "bottom-right", n, batch="GQA", row_block=True),
-        ),
-    )
-
-
-def broadcast(n: int = 3) -> Obligation:
-    pb = Problem(
-        tensor("q", 2, 1, n, 1), tensor("k", 1, 2, n, 1), tensor("v", 1, 2, n, 1), C,
-        masks.causal("bottom-right"), spec.causal("bottom-right"),
-    )  # fmt: skip
-    return Obligation(
-        FAMILY,
-        "batch broadcasting q (2,1,·) × k, v (1,2,·): gradients summed over it",
-        f"n={n} d=v=1 b=1..{n + 1}",
-        lambda: _split_and_whole(pb, n),
-        coverage=(
-            Coverage("reverse", "causal", "bottom-right", n, batch="batch"),
-            Coverage("reverse", "causal", "bottom-right", n, batch="batch", row_block=True),
-        ),
-    )
+BATCHED_CLAIMS = {
+    "grouped": ": dK, dV summed over the group",
+    "enable_gqa": ", causal bottom-right, whole and split",
+    "broadcast": ": gradients summed over it",
+}
 
 
 def symbolic_dropout(n: int) -> Obligation:
@@ -235,7 +170,7 @@ def library_dropout(n: int = 3) -> Obligation:
         FAMILY,
         "dropout: the library's Dropout at p = 1/4, exact gradient of Σ G·Y",
         f"{case.sizes(n)} d=2 v=1 seed=7 b=1..{n + 1}",
-        lambda: _split_and_whole(pb, n),
+        _whole_and_split(pb, n),
         coverage=(
             case.coverage("reverse", n, dropout=True),
             case.coverage("reverse", n, dropout=True, row_block=True),
@@ -250,7 +185,7 @@ def empty_rows(n: int = 3) -> Obligation:
         FAMILY,
         "empty rows (empty_rows='zero'): zero gradient from them",
         f"{case.sizes(n)} d=2 v=1 b=1..{n + 1}",
-        lambda: _split_and_whole(pb, n),
+        _whole_and_split(pb, n),
         coverage=(
             case.coverage("reverse", n, empty_rows=True),
             case.coverage("reverse", n, empty_rows=True, row_block=True),
@@ -266,7 +201,8 @@ def obligations(max_n: int = 4) -> list[Obligation]:
     for n in range(2, max(4, max_n) + 1):
         out += [structured(case, n) for case in CASES if n >= case.min_n]
     out += [split_rows(case) for case in CASES]
-    out += [torch_statistics(), grouped(), enable_gqa(), broadcast()]
+    out += [torch_statistics()]
+    out += batched.obligations(FAMILY, check_reverse, BATCHED_CLAIMS)
     out += [symbolic_dropout(n) for n in (1, 2, 3)]
     out += [library_dropout(), empty_rows()]
     return out

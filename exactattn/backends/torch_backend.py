@@ -26,6 +26,7 @@ with needs("TorchContext (exactattn.backends.torch_backend)"):
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+LOG2_E = 1.4426950408889634  # log₂e, rounded to the compute dtype where it is used
 
 _NAMES = {
     "float16": torch.float16,
@@ -147,8 +148,18 @@ class TorchContext(ArrayContext):
         return torch.tanh(x)
 
     def exp_shifted(self, s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        # In place: the score tile is scratch, and one fewer (rows × b) temporary matters.
-        return s.sub_(shift.unsqueeze(-1)).exp_()
+        """``e^{s − shift} = 2^{(s − shift)·log₂e}``, in place (the score tile is scratch).
+
+        torch's ``exp`` on the CPU goes through MKL's vector maths, which takes a slow
+        generic path on some CPUs (4x ``exp2`` on the AMD EPYC benchmark machine); ``exp2``
+        is SLEEF's vectorised code everywhere. The price is two more roundings of the
+        argument (``log₂e`` rounded, and the product): ``2u|s − shift|`` more in the
+        exponent. ``docs/error_bound.md`` budgets ``u|s − m|`` for the subtraction (step 3)
+        and ``2u|s|`` for a ``log₂e`` folded into the scale (step 1), which covers these
+        two only where ``|s − m| ≤ |s|``; elsewhere they exceed the stated budget by
+        ``2u(|s − m| − |s|)``.
+        """
+        return s.sub_(shift.unsqueeze(-1)).mul_(LOG2_E).exp2_()
 
     def maximum(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.maximum(a, b)
@@ -168,7 +179,11 @@ class TorchContext(ArrayContext):
         return torch.isneginf(x)
 
     def any(self, x: Any) -> bool:
-        return bool(torch.any(torch.as_tensor(x)))
+        x = torch.as_tensor(x)
+        if x.dtype == torch.bool and x.numel():
+            # torch.any on a bool tile is a scalar loop (~20x a vectorised max of its bytes)
+            return bool(x.view(torch.uint8).max())
+        return bool(torch.any(x))
 
     def sum_to(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """Sum ``x`` over the leading axes that broadcasting added to reach ``shape``."""

@@ -1,61 +1,91 @@
-"""``exactattn bench-torch``: exactattn.torch.attention vs torch SDPA on the CPU, one run.
+"""``exactattn bench-torch``: exactattn.torch.attention against torch SDPA on the CPU, one run.
 
-Both run at the same shape (default (1, 8, 4096, 64) float32) in the same process, their
-repeats interleaved so machine noise hits both: the forward (under ``no_grad``) and the
-forward + backward (``y.backward(G)``). SDPA on the CPU dispatches to its flash kernel
-(``_scaled_dot_product_flash_attention_for_cpu``). Reported per pass: the median wall time,
-the median CPU time of the process (``time.process_time``; with one thread it is immune
-to other processes sharing the cores), their ratios ours / SDPA, and the peak memory.
+Cases: every ``--shape`` (default (1, 8, 4096, 64) and (4, 16, 1024, 64)), each without and
+with a causal mask, float32 by default; passes: the forward (under ``no_grad``) and the
+forward + backward (``y.backward(G)``). Implementations, their repeats interleaved so
+machine noise hits all of them alike:
 
-Peak memory: tracemalloc does not see torch's allocations, so each (impl, pass) runs once
-more in a fresh Python process (Linux) that makes glibc serve every allocation of 128 KiB
-or more by ``mmap`` (``mallopt(M_MMAP_THRESHOLD)``, so freed buffers leave the resident
-set at once), warms up, trims the heap, resets the resident-set high-water mark
-(``/proc/self/clear_refs``) and reports ``VmHWM`` after the call minus ``VmRSS`` before it:
-the most memory the call held at once beyond its inputs, outputs and gradients included.
+* SDPA — ``torch.nn.functional.scaled_dot_product_attention``, which on the CPU dispatches
+  to its flash kernel (``_scaled_dot_product_flash_attention_for_cpu``);
+* exactattn — :func:`exactattn.torch.attention`;
+* FlexAttention — ``torch.nn.attention.flex_attention.flex_attention`` compiled by
+  ``torch.compile`` (inductor's C++ backend), the causal case through a block mask; the
+  forward only (torch has no CPU backward for it). Its first call (the compilation) is
+  timed apart; where it cannot compile or run, its cells say n/a and the reason is printed.
 
-    exactattn bench-torch --threads 1 --repeats 5 --md bench.md --csv bench.csv
+Reported per pass: the median wall time and the median CPU time of the process
+(``time.process_time``), the ratios to SDPA, and the peak memory: ``torch.profiler``'s
+allocation events (``profile_memory=True``) over one call after a warm-up, summed in time
+order — the most bytes the call held at once (outputs and gradients included, the inputs
+not), to the byte. The profiler sees the allocations of the calling thread only, so the
+peaks are taken on one torch thread, where exactattn runs every piece on that thread.
+The load averages before and after the run are printed with the table: the benchmark
+machine is shared, and only ratios measured side by side mean anything.
+
+``--small`` adds the small-call section: per-call microseconds of SDPA, the drop-in
+:func:`exactattn.torch.scaled_dot_product_attention` and :func:`exactattn.torch.attention`
+(checks on), interleaved — ``tiny`` (one query against 64 keys: the fixed per-call cost),
+``decode`` (a decode step, (1, 8, 1, 64) against a 4096-key cache; target within 3x SDPA),
+``self-256`` ((1, 8, 256, 64), forward and forward + backward; target within 2x), the CPU
+time of the process per call as the measure (immune to other processes with one thread).
+
+    exactattn bench-torch --threads 2 --repeats 5 --md bench.md --csv bench.csv
+    exactattn bench-torch --no-large --small --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-IMPLS = ("sdpa", "exactattn")
+IMPLS = ("sdpa", "exactattn", "flex")
 PASSES = ("fwd", "fwd+bwd")
+SHAPES = ((1, 8, 4096, 64), (4, 16, 1024, 64))
 
 
-def _inputs(shape: tuple[int, int, int, int], dtype: str, seed: int = 0):
+# --- the calls ---------------------------------------------------------------------------------
+def _inputs(shape: tuple[int, ...], dtype: str, seed: int = 0, n_k: int | None = None):
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    q, k, v, g = (
-        torch.randn(shape, generator=generator, dtype=getattr(torch, dtype)) for _ in range(4)
+    kv_shape = (*shape[:-2], shape[-2] if n_k is None else n_k, shape[-1])
+    return tuple(
+        torch.randn(s, generator=generator, dtype=getattr(torch, dtype))
+        for s in (shape, kv_shape, kv_shape, shape)
     )
-    return q, k, v, g
 
 
-def _call(impl: str, pass_: str, q, k, v, g, block_size: int | None) -> Callable[[], Any]:
-    """A closure running one pass of one implementation on fresh leaf tensors."""
+def _attend(impl: str, causal: bool, shape: tuple[int, ...]) -> Callable[..., Any]:
+    """``(q, k, v) -> Y`` for one implementation (FlexAttention compiled on first use)."""
     import torch
     import torch.nn.functional as F
 
     import exactattn.torch as et
 
-    def attend(q, k, v):
-        if impl == "sdpa":
-            return F.scaled_dot_product_attention(q, k, v)
-        return et.attention(q, k, v, block_size=block_size)
+    if impl == "sdpa":
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if impl == "exactattn":
+        return lambda q, k, v: et.attention(q, k, v, is_causal=causal)
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention)
+    block_mask = None
+    if causal:
+        n = shape[-2]
+        block_mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, n, n, device="cpu")
+    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+
+
+def _call(attend: Callable[..., Any], pass_: str, q, k, v, g) -> Callable[[], Any]:
+    """A closure running one pass on fresh leaf tensors; returns what the pass produced."""
+    import torch
 
     if pass_ == "fwd":
 
@@ -64,14 +94,12 @@ def _call(impl: str, pass_: str, q, k, v, g, block_size: int | None) -> Callable
                 return attend(q, k, v)
 
         return forward
-
     leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
 
     def forward_backward() -> Any:
         for x in leaves:
             x.grad = None
-        y = attend(*leaves)
-        y.backward(g)
+        attend(*leaves).backward(g)
         return [x.grad for x in leaves]
 
     return forward_backward
@@ -83,160 +111,247 @@ def _clock(fn: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def time_passes(
-    shape: tuple[int, int, int, int], dtype: str, repeats: int, block_size: int | None
-) -> dict[tuple[str, str], dict[str, float]]:
-    """Median wall and CPU seconds of every (impl, pass), repeats interleaved."""
-    q, k, v, g = _inputs(shape, dtype)
-    calls = {(i, p): _call(i, p, q, k, v, g, block_size) for p in PASSES for i in IMPLS}
-    for fn in calls.values():  # warm-up: first-call allocations and dispatch caches
+def _interleaved(
+    calls: dict[Any, Callable[[], Any]], repeats: int
+) -> dict[Any, tuple[float, float]]:
+    """Median (wall, CPU) seconds of each call over ``repeats`` rounds (one warm-up first)."""
+    for fn in calls.values():
         fn()
-    samples: dict[tuple[str, str], list[tuple[float, float]]] = {key: [] for key in calls}
+    samples: dict[Any, list[tuple[float, float]]] = {key: [] for key in calls}
     for _ in range(repeats):
         for key, fn in calls.items():
             samples[key].append(_clock(fn))
     return {
-        key: {
-            "wall_s": statistics.median(s[0] for s in runs),
-            "cpu_s": statistics.median(s[1] for s in runs),
-        }
+        key: (statistics.median(s[0] for s in runs), statistics.median(s[1] for s in runs))
         for key, runs in samples.items()
     }
 
 
-def _proc_status(key: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024  # reported in kB
-    raise KeyError(key)
+# --- peak memory -------------------------------------------------------------------------------
+def profiled_peak(fn: Callable[[], Any]) -> int:
+    """The most bytes ``fn()`` held at once, from ``torch.profiler``'s allocation events.
 
-
-def _memory_child(spec: dict[str, Any]) -> int:
-    """In a fresh process: the resident-set peak of one call above its start, as JSON."""
-    import ctypes
-
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 1 << 17)  # M_MMAP_THRESHOLD: big buffers are mmapped, freed at once
+    One warm-up call first; then the call under ``profile(profile_memory=True)``, its CPU
+    allocation events summed in time order (frees are negative). Only the calling thread's
+    allocations are seen.
+    """
     import torch
+    from torch.profiler import ProfilerActivity, profile
 
-    torch.set_num_threads(spec["threads"])
-    fn = _call(spec["impl"], spec["pass"], *_inputs(tuple(spec["shape"]), spec["dtype"]),
-               spec["block_size"])  # fmt: skip
-    fn()  # warm-up; its results are dropped before the measurement
-    libc.malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")  # reset VmHWM to the current resident set
-    before = _proc_status("VmRSS:")
-    result = fn()
-    print(json.dumps({"peak_bytes": _proc_status("VmHWM:") - before}))
-    del result
-    return 0
+    fn()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+        del result
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    cpu = torch._C._autograd.DeviceType.CPU
+    held = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        if event.device_type() == cpu:
+            held += event.nbytes()
+            peak = max(peak, held)
+    return peak
 
 
 def peak_memory(
-    impl: str, pass_: str, shape: tuple[int, ...], dtype: str, threads: int,
-    block_size: int | None,
-) -> int:  # fmt: skip
-    """Run :func:`_memory_child` in a fresh interpreter; returns the bytes it reports."""
-    spec = dict(impl=impl, shape=list(shape), dtype=dtype, threads=threads, block_size=block_size)
-    spec["pass"] = pass_
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    )
-    child = [sys.executable, "-m", "exactattn.commands.bench_torch", "--memory-child"]
-    child.append(json.dumps(spec))
-    out = subprocess.run(child, capture_output=True, text=True, env=env, check=True)
-    return int(json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"])
-
-
-def _peak_or_nan(*args: Any) -> float:
-    """:func:`peak_memory` in MiB, or NaN where the method is unavailable (not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return float("nan")
-    return peak_memory(*args) / 2**20
-
-
-def run(
-    shape: tuple[int, int, int, int], dtype: str, repeats: int, threads: int,
-    block_size: int | None, memory: bool = True,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """One row per pass: both implementations' times and peaks, and the ratios."""
+    impl: str, pass_: str, shape: tuple[int, ...], dtype: str, causal: bool = False
+) -> int:
+    """:func:`profiled_peak` of one (implementation, pass) on one torch thread."""
     import torch
 
-    torch.set_num_threads(threads)
-    times = time_passes(shape, dtype, repeats, block_size)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        q, k, v, g = _inputs(shape, dtype)
+        return profiled_peak(_call(_attend(impl, causal, shape), pass_, q, k, v, g))
+    finally:
+        torch.set_num_threads(threads)
+
+
+# --- the large cases ---------------------------------------------------------------------------
+def run_case(
+    shape: tuple[int, ...], causal: bool, dtype: str, repeats: int, flex: bool, memory: bool
+) -> list[dict[str, Any]]:
+    """One row per pass: every implementation's times, peaks and ratios to SDPA."""
+    q, k, v, g = _inputs(shape, dtype)
+    impls = [i for i in IMPLS if i != "flex" or flex]
+    attends, calls, notes = {}, {}, {}
+    compile_s = float("nan")
+    for impl in impls:
+        try:
+            attends[impl] = _attend(impl, causal, shape)
+            if impl == "flex":  # compile here, timed apart from the runs
+                compile_s = _clock(_call(attends[impl], "fwd", q, k, v, g))[0]
+        except Exception as error:  # FlexAttention may not compile or run here
+            notes[impl] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            attends.pop(impl, None)
+            continue
+        for pass_ in PASSES:
+            if impl != "flex" or pass_ == "fwd":
+                calls[impl, pass_] = _call(attends[impl], pass_, q, k, v, g)
+    times = _interleaved(calls, repeats)
     rows = []
     for pass_ in PASSES:
-        row: dict[str, Any] = {"shape": "x".join(map(str, shape)), "dtype": dtype}
-        row.update(pass_=pass_, threads=threads, repeats=repeats)
+        row: dict[str, Any] = {"shape": "x".join(map(str, shape)), "causal": causal}
+        row.update(pass_=pass_, dtype=dtype, repeats=repeats, flex_compile_s=compile_s)
         for impl in IMPLS:
-            row[f"{impl}_wall_s"] = times[impl, pass_]["wall_s"]
-            row[f"{impl}_cpu_s"] = times[impl, pass_]["cpu_s"]
+            wall, cpu = times.get((impl, pass_), (float("nan"), float("nan")))
+            row[f"{impl}_wall_s"], row[f"{impl}_cpu_s"] = wall, cpu
+            measured = memory and (impl, pass_) in calls
             row[f"{impl}_peak_mib"] = (
-                _peak_or_nan(impl, pass_, shape, dtype, threads, block_size)
-                if memory
-                else float("nan")
+                peak_memory(impl, pass_, shape, dtype, causal) / 2**20 if measured else float("nan")
             )
-        row["ratio_wall"] = row["exactattn_wall_s"] / row["sdpa_wall_s"]
-        row["ratio_cpu"] = row["exactattn_cpu_s"] / row["sdpa_cpu_s"]
+        for impl in IMPLS[1:]:
+            for what in ("wall_s", "cpu_s", "peak_mib"):
+                row[f"{impl}_{what.split('_')[0]}_ratio"] = (
+                    row[f"{impl}_{what}"] / row[f"sdpa_{what}"]
+                )
+        row["note"] = "; ".join(f"{impl}: {text}" for impl, text in notes.items())
         rows.append(row)
     return rows
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def _num(x: float, digits: int = 3, suffix: str = "") -> str:
+    return "n/a" if x != x else f"{x:.{digits}f}{suffix}"  # NaN: not measured
+
+
+def markdown(rows: list[dict[str, Any]], threads: int, load: tuple[str, str]) -> str:
     head = rows[0]
     lines = [
-        f"shape (B, H, N, D) = {head['shape']}, {head['dtype']}, torch threads = "
-        f"{head['threads']}, median of {head['repeats']}; ratio = exactattn / SDPA",
+        f"{head['dtype']}, torch threads = {threads}, median of {head['repeats']} interleaved "
+        f"runs; × = ratio to SDPA (wall time; CPU × = CPU time); peak = torch profiler's "
+        f"allocation peak of one call on one thread; load average before {load[0]}, "
+        f"after {load[1]}",
         "",
-        "| pass | SDPA wall s | ours wall s | ratio | SDPA CPU s | ours CPU s | ratio "
-        "| SDPA peak MiB | ours peak MiB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| shape | causal | pass | SDPA s | exactattn s | × | CPU × | Flex s | × "
+        "| SDPA MiB | exactattn MiB | × |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['pass_']} | {r['sdpa_wall_s']:.3f} | {r['exactattn_wall_s']:.3f} "
-            f"| {r['ratio_wall']:.2f}x | {r['sdpa_cpu_s']:.3f} | {r['exactattn_cpu_s']:.3f} "
-            f"| {r['ratio_cpu']:.2f}x | {r['sdpa_peak_mib']:.1f} | {r['exactattn_peak_mib']:.1f} |"
+            f"| {r['shape']} | {'yes' if r['causal'] else 'no'} | {r['pass_']} "
+            f"| {_num(r['sdpa_wall_s'])} | {_num(r['exactattn_wall_s'])} "
+            f"| {_num(r['exactattn_wall_ratio'], 2, 'x')} "
+            f"| {_num(r['exactattn_cpu_ratio'], 2, 'x')} "
+            f"| {_num(r['flex_wall_s'])} | {_num(r['flex_wall_ratio'], 2, 'x')} "
+            f"| {_num(r['sdpa_peak_mib'], 1)} | {_num(r['exactattn_peak_mib'], 1)} "
+            f"| {_num(r['exactattn_peak_ratio'], 2, 'x')} |"
+        )
+    compiles = [f"{r['shape']} causal={r['causal']}: {r['flex_compile_s']:.1f} s" for r in rows
+                if r["pass_"] == "fwd" and r["flex_compile_s"] == r["flex_compile_s"]]  # fmt: skip
+    if compiles:
+        lines += ["", "FlexAttention compile (first call): " + ", ".join(compiles)]
+    notes = sorted({r["note"] for r in rows if r["note"]})
+    lines += [f"note: {n}" for n in notes]
+    return "\n".join(lines)
+
+
+# --- the small calls ---------------------------------------------------------------------------
+SMALL_CASES = {
+    "tiny": ((1, 8, 1, 64), 64, ("fwd",)),
+    "decode": ((1, 8, 1, 64), 4096, ("fwd",)),
+    "self-256": ((1, 8, 256, 64), 256, ("fwd", "fwd+bwd")),
+}
+SMALL_IMPLS = ("sdpa", "exact_sdpa", "attention")
+
+
+def small_case(case: str, repeats: int) -> list[dict[str, Any]]:
+    """One row per pass: median CPU and wall microseconds per call, ratios to SDPA."""
+    import torch.nn.functional as F
+
+    import exactattn.torch as et
+
+    shape, n_k, passes = SMALL_CASES[case]
+    q, k, v, g = _inputs(shape, "float32", n_k=n_k)
+    functions = {
+        "sdpa": F.scaled_dot_product_attention,
+        "exact_sdpa": et.scaled_dot_product_attention,
+        "attention": et.attention,
+    }
+    calls = {(i, p): _call(fn, p, q, k, v, g) for i, fn in functions.items() for p in passes}
+    times = _interleaved(calls, repeats)
+    rows = []
+    for pass_ in passes:
+        row: dict[str, Any] = {"case": case, "pass": pass_}
+        for impl in SMALL_IMPLS:
+            row[f"{impl}_wall_us"] = 1e6 * times[impl, pass_][0]
+            row[f"{impl}_cpu_us"] = 1e6 * times[impl, pass_][1]
+        for impl in SMALL_IMPLS[1:]:
+            row[f"{impl}_ratio_cpu"] = row[f"{impl}_cpu_us"] / row["sdpa_cpu_us"]
+        rows.append(row)
+    return rows
+
+
+def small_markdown(rows: list[dict[str, Any]], threads: int, repeats: int) -> str:
+    lines = [
+        f"Small calls: float32, torch threads = {threads}, median of {repeats} interleaved "
+        "calls; µs per call as CPU time (wall in brackets); ratio = ours / SDPA (CPU time)",
+        "",
+        "| case | pass | SDPA µs | exact SDPA µs | ratio | attention µs | ratio |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        cells = [f"{r[f'{i}_cpu_us']:.0f} ({r[f'{i}_wall_us']:.0f})" for i in SMALL_IMPLS]
+        lines.append(
+            f"| {r['case']} | {r['pass']} | {cells[0]} | {cells[1]} "
+            f"| {r['exact_sdpa_ratio_cpu']:.2f}x | {cells[2]} | {r['attention_ratio_cpu']:.2f}x |"
         )
     return "\n".join(lines)
 
 
+# --- the command -------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="exactattn bench-torch", description="exactattn.torch.attention vs torch SDPA (CPU)"
     )
-    parser.add_argument("--shape", type=int, nargs=4, default=[1, 8, 4096, 64],
-                        metavar=("B", "H", "N", "D"))  # fmt: skip
+    parser.add_argument("--shape", type=int, nargs=4, action="append", default=None,
+                        metavar=("B", "H", "N", "D"),
+                        help="a (B, H, N, D) case; repeat the flag for more "
+                             "(default: 1 8 4096 64 and 4 16 1024 64)")  # fmt: skip
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
-    parser.add_argument("--block-size", type=int, default=None, help="our key block b")
+    parser.add_argument("--no-causal", action="store_true", help="skip the causal rows")
+    parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
-    parser.add_argument("--md", default=None, help="also write the table to this file")
-    parser.add_argument("--csv", default=None, help="also write the rows to this CSV")
-    parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--no-large", action="store_true", help="skip the large cases")
+    parser.add_argument("--small", action="store_true", help="add the small-call section")
+    parser.add_argument("--small-repeats", type=int, default=200)
+    parser.add_argument("--md", default=None, help="also write the tables to this file")
+    parser.add_argument("--csv", default=None, help="also write the large cases' rows here")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.memory_child:
-        return _memory_child(json.loads(args.memory_child))
+    if args.repeats < 1 or args.small_repeats < 1:
+        raise SystemExit("--repeats and --small-repeats must be >= 1")
     import torch
 
-    if args.repeats < 1:
-        raise SystemExit("--repeats must be >= 1")
     threads = args.threads or torch.get_num_threads()
-    rows = run(tuple(args.shape), args.dtype, args.repeats, threads, args.block_size,
-               memory=not args.no_memory)  # fmt: skip
-    table = markdown(rows)
-    print(table)
+    torch.set_num_threads(threads)
+    tables, rows = [], []
+    if not args.no_large:
+        before = _load()
+        for shape in [tuple(s) for s in args.shape] if args.shape else SHAPES:
+            for causal in (False,) if args.no_causal else (False, True):
+                rows += run_case(shape, causal, args.dtype, args.repeats,
+                                 flex=not args.no_flex, memory=not args.no_memory)  # fmt: skip
+        tables.append(markdown(rows, threads, (before, _load())))
+    if args.small:
+        small = [r for case in SMALL_CASES for r in small_case(case, args.small_repeats)]
+        tables.append(small_markdown(small, threads, args.small_repeats))
+    text = "\n\n".join(tables)
+    print(text)
     if args.md:
-        Path(args.md).write_text(table + "\n")
-    if args.csv:
+        Path(args.md).write_text(text + "\n")
+    if args.csv and rows:
         with open(args.csv, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
             writer.writeheader()

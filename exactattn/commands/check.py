@@ -4,6 +4,7 @@
                     [--grads | --no-grads] [--seed S] [--jobs J] [--device cpu|cuda]
                     [--report DIR] [--save-failures DIR] [--convention C] [--claim TEXT]
                     [--supports TEXT] [--list] [--replay FILE]
+                    [--mask-mod MODULE:FN] [--score-mod MODULE:FN]
 
 TARGET is a registry name (``--list``), ``mpN``, or your own function as
 ``package.module:function`` or ``path/to/file.py:function`` (``--convention sdpa|flash|
@@ -11,7 +12,11 @@ exactattn|hf``, ``--claim input=fp16,scores=fp32,stats=fp32,p=fp16,acc=fp32,bloc
 ``--supports masks=none+causal,gqa=no,...`` for what it takes). Prints one line per variant
 (target × dtype): cases run, skipped, failed, the forward error, the ratio to naive attention
 in the same dtype and to the FlashAttention-2 policy, the vacuous-bound share; each failure as
-a shrunk counterexample with its replay file. ``--report DIR`` writes ``report.md`` and
+a shrunk counterexample with its replay file. ``--mask-mod`` / ``--score-mod`` (``module:fn`` or
+``file.py:fn``, FlexAttention's signatures): every case runs the user's program — the
+reference evaluates the mask_mod on the whole index grid and the score_mod over arb balls —
+and the targets that run a program themselves (``flex``, exactattn's own) are judged on it;
+the others skip with the reason. ``--report DIR`` writes ``report.md`` and
 ``report.json``. Exit status 0 only when nothing failed (1: a failure; 2: bad usage; 130:
 interrupted, the report then holds what was seen).
 """
@@ -48,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-baselines", action="store_true", help="skip naive / FA-2 runs")
     parser.add_argument("--no-probes", action="store_true", help="skip the dropout probe")
     parser.add_argument("--progress", action="store_true", help="progress lines on stderr")
+    parser.add_argument("--mask-mod", metavar="MODULE:FN", help="mask_mod(b, h, q_idx, kv_idx)")
+    parser.add_argument(
+        "--score-mod", metavar="MODULE:FN", help="score_mod(score, b, h, q_idx, kv_idx)"
+    )
     return parser
 
 
@@ -79,9 +88,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         chosen = [targets.get(name, **(spec if ":" in name else {})) for name in args.targets]
         dtypes = tuple(targets.base.format_name(d) for d in args.dtypes) if args.dtypes else None
-    except (ValueError, TypeError) as error:
+        program = _program(args)
+    except (ValueError, TypeError, IndexError) as error:
         return _error(str(error))
-    return _check(args, chosen, dtypes, spec)
+    return _check(args, chosen, dtypes, spec, program)
+
+
+def _program(args: argparse.Namespace) -> tuple[str | None, str | None] | None:
+    """The user's ``(mask_mod, score_mod)`` references, tried once on the largest grid the
+    check draws (B = 2, H = 6, n = --max-n): a reference that names nothing, a mask_mod that
+    gives no booleans, a score_mod that calls torch on the score, an index out of range —
+    each a clear error before any case is drawn."""
+    from ..testing.program import try_program
+
+    if args.mask_mod is None and args.score_mod is None:
+        return None
+    program = (args.mask_mod, args.score_mod)
+    try_program(*program, args.max_n)
+    return program
 
 
 def _spec(args: argparse.Namespace) -> dict:
@@ -94,13 +118,12 @@ def _spec(args: argparse.Namespace) -> dict:
     if args.claim:
         spec["claim"] = targets.Claim.parse(args.claim)
     if args.supports:
-        spec["supports"] = targets.Capabilities.parse(
-            args.supports, targets.Capabilities(devices=("cpu", "cuda"))
-        )
+        base = targets.user_capabilities(args.convention or "sdpa")
+        spec["supports"] = targets.Capabilities.parse(args.supports, base)
     return spec
 
 
-def _check(args, chosen, dtypes, spec) -> int:
+def _check(args, chosen, dtypes, spec, program) -> int:
     from ..testing import report, session
 
     settings = session.Settings(
@@ -115,6 +138,7 @@ def _check(args, chosen, dtypes, spec) -> int:
         baselines=not args.no_baselines,
         probes=not args.no_probes,
         progress=args.progress,
+        program=program,
     )
     names = [(t.name, spec if ":" in t.name else {}) for t in chosen]
     try:

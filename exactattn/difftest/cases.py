@@ -4,7 +4,10 @@ A :class:`Case` holds everything a run needs: the float64 inputs ``q, k, v`` and
 upstream gradient ``G`` (as drawn, before any rounding to a target's dtype), block size
 ``b``, scale ``c``, the mask as a spec (:mod:`exactattn.testing.spec`), dropout rate and
 seed, the empty-row policy, and for ``exactattn check`` the dtype the targets run in and
-the memory layout of the inputs. A failure written with :meth:`Case.to_json` replays on any
+the memory layout of the inputs; a score modification: the dense additive ``bias`` (float64,
+broadcastable to ``(*batch, n_q, n_k)``, ``−∞`` excluding a pair, with the ``score`` spec it
+was filled from, :mod:`exactattn.testing.spec`), a ``softcap``, or a user's ``score_mod``
+(``module:function``). A failure written with :meth:`Case.to_json` replays on any
 machine. :func:`build_case` turns a small description (a :class:`Draw`: sizes, a mask
 template, an input distribution, a data seed) into a Case; hypothesis draws and shrinks the
 description, not the array entries.
@@ -22,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import masks
+from .. import loading, masks
 from ..testing import spec as maskspec
 
+ARRAYS = ("q", "k", "v", "g", "bias")
 DISTRIBUTIONS = ("normal", "outliers", "large_logits", "tiny", "uniform_int")
 LAYOUTS = ("contiguous", "transposed", "strided")
 
@@ -38,6 +42,13 @@ class Draw:
     batch element, a ``dense`` leaf without ``allowed`` gets a random table (``density``;
     ``empty_row: true`` empties row 0), a ``document`` leaf without ids gets ``docs``
     sorted document ids for queries and keys.
+
+    ``score`` is a score-modification template filled the same way: ``alibi`` gets its
+    slopes (powers of two per head), ``t5`` a random ``(H, buckets)`` table, ``dense`` a
+    random table (``shape`` ``full``, ``per_head`` or ``shared``) with a share ``neg_inf``
+    of ``−∞`` entries (``empty_row: true``: row 0 all ``−∞``). ``softcap``: the cap.
+    ``score_mod``: a user's ``module:function`` every case runs (``exactattn check
+    --score-mod``).
     """
 
     batch: tuple[int, ...]
@@ -56,6 +67,9 @@ class Draw:
     group: int = 1  # query heads per key/value head (GQA); divides batch[-1]
     dtype: str | None = None
     layout: str = "contiguous"
+    score: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
+    softcap: float | None = None
+    score_mod: str | None = None
 
 
 @dataclass
@@ -75,6 +89,10 @@ class Case:
     note: str = ""
     dtype: str | None = None  # the dtype targets run in (None: each target's own)
     layout: str = "contiguous"
+    bias: np.ndarray | None = None  # float64, broadcastable to (*batch, n_q, n_k)
+    softcap: float | None = None
+    score: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})  # bias's spec
+    score_mod: str | None = None  # a user's score_mod(score, b, h, q_idx, kv_idx)
 
     # --- derived --------------------------------------------------------------------
     @property
@@ -106,6 +124,27 @@ class Case:
         definition (:func:`exactattn.testing.spec.allowed`, never through the library)."""
         n = self.sizes
         return maskspec.allowed(self.mask, self.batch, n["n_q"], n["n_k"])
+
+    def attended(self) -> np.ndarray:
+        """The pairs that take part: allowed and not excluded by a ``−∞`` bias."""
+        allowed = self.allowed()
+        return allowed if self.bias is None else allowed & (self.bias != -np.inf)
+
+    @property
+    def modified(self) -> bool:
+        """Whether the scores are modified (a bias, a soft-cap or a score_mod)."""
+        return self.bias is not None or self.softcap is not None or self.score_mod is not None
+
+    def lifted_bias(self, bias: np.ndarray | None = None) -> np.ndarray | None:
+        """``bias`` (default the case's) with its batch axes lifted to the 4-d ``(B, H)``
+        layout as :func:`exactattn.testing.spec.lift` lifts the inputs' (per-head tables
+        stay per head, a per-batch one per batch)."""
+        bias = self.bias if bias is None else bias
+        if bias is None:
+            return None
+        nb = len(self.batch)
+        full = bias.reshape((1,) * (nb + 2 - bias.ndim) + bias.shape)
+        return full.reshape((*maskspec.lift(full.shape[:nb]), *full.shape[-2:]))
 
     def rho(self) -> np.ndarray:
         """Dropout factors ``ρ = r/(1−p)`` by formula from the keep-bits (ones without)."""
@@ -141,6 +180,8 @@ class Case:
             return masks.dense(self._array(table, like, "bool"))
         if kind == "document":
             return masks.from_mask_mod(self._documents(spec, like))
+        if kind == "mask_mod":
+            return masks.from_mask_mod(loading.load_callable(spec["fn"], "--mask-mod"))
         parts = [self._lower(part, like) for part in spec["parts"]]
         if kind == "or" and None in parts:  # "none" (every key) absorbs an or
             return None
@@ -195,6 +236,8 @@ class Case:
             f"q {tuple(self.q.shape)}, k {tuple(self.k.shape)}, v {tuple(self.v.shape)}",
             f"dtype {self.dtype}" if self.dtype else "",
             f"mask {maskspec.describe(self.mask)}",
+            maskspec.describe_score(self.score, self.softcap),
+            f"score_mod {self.score_mod}" if self.score_mod else "",
             f"scale {self.c():.6g}" + ("" if self.scale is not None else " (default)"),
             f"block_size {self.block_size}" if block_size else "",
             f"dropout p={self.dropout_p} seed={self.seed}" if self.dropout_p else "",
@@ -208,17 +251,21 @@ class Case:
     # --- files ------------------------------------------------------------------------
     def to_json(self) -> str:
         data = asdict(self)
-        for name in ("q", "k", "v", "g"):
-            data[name] = getattr(self, name).tolist()
-        data["shape"] = {name: list(getattr(self, name).shape) for name in ("q", "k", "v", "g")}
+        arrays = [x for x in ARRAYS if getattr(self, x) is not None]
+        for name in arrays:
+            data[name] = getattr(self, name).tolist()  # −∞ bias entries: JSON's -Infinity
+        data["shape"] = {name: list(getattr(self, name).shape) for name in arrays}
         return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> Case:
+        """The case written by :meth:`to_json` (files from before score modification
+        load with none)."""
         data = json.loads(text)
         shapes = data.pop("shape")
-        for name in ("q", "k", "v", "g"):
-            data[name] = np.asarray(data[name], dtype=np.float64).reshape(shapes[name])
+        for name in ARRAYS:
+            if data.get(name) is not None:
+                data[name] = np.asarray(data[name], dtype=np.float64).reshape(shapes[name])
         for extra in ("expect", "finding"):
             data.pop(extra, None)
         return cls(**data)
@@ -266,6 +313,37 @@ def _fill_mask(
     return spec
 
 
+def _fill_score(
+    template: dict[str, Any], rng: np.random.Generator, batch: tuple[int, ...], n_q: int, n_k: int
+) -> tuple[dict[str, Any], np.ndarray | None]:
+    """The score template with its random parts drawn (see :class:`Draw`), and its bias
+    (from the spec's definition, :func:`exactattn.testing.spec.bias`)."""
+    spec = dict(template)
+    kind = spec["kind"]
+    heads = maskspec.heads(batch)
+    if kind == "alibi" and "slopes" not in spec:
+        # ALiBi's geometric slopes 2^(-8h/H), rounded to powers of two: the bias is then
+        # exact in every input format, so a kernel that forms it from the slopes (flash-attn's
+        # alibi_slopes) adds exactly the bias the reference adds
+        spec["slopes"] = [2.0 ** -round(8 * (h + 1) / heads) for h in range(heads)]
+    elif kind == "t5" and "table" not in spec:
+        table = rng.standard_normal((heads, spec.get("buckets", 8)))
+        spec["table"] = table.tolist()
+        spec.setdefault("max_distance", 16)
+    elif kind == "dense" and "values" not in spec:
+        shape = {
+            "full": (*batch, n_q, n_k),
+            "per_head": (heads, n_q, n_k) if len(batch) == 2 else (n_q, n_k),
+            "shared": (n_q, n_k),
+        }[spec.get("shape", "full")]
+        values = rng.standard_normal(shape)
+        values[rng.random(shape) < spec.pop("neg_inf", 0.2)] = -np.inf
+        if spec.pop("empty_row", False):
+            values[..., 0, :] = -np.inf
+        return spec, values
+    return spec, maskspec.bias(spec, batch, n_q, n_k)
+
+
 def build_case(draw: Draw) -> Case:
     """Fill a :class:`Draw` with arrays drawn from ``draw.data_seed``."""
     rng = np.random.default_rng(draw.data_seed)
@@ -297,9 +375,12 @@ def build_case(draw: Draw) -> Case:
         dtype=draw.dtype,
         layout=draw.layout,
     )
-    if not case.allowed().any(axis=-1).all():
+    score, bias = _fill_score(draw.score, rng, b, draw.n_q, draw.n_k)
+    case.score, case.bias, case.softcap, case.score_mod = score, bias, draw.softcap, draw.score_mod
+    if not case.attended().any(axis=-1).all():
         # a row with no allowed key (bottom-right alignment with n_q > n_k, a narrow
-        # window, a composition, a document without keys): the opt-in convention is tested
+        # window, a composition, a document without keys, a bias row of −∞): the opt-in
+        # convention is tested
         case.empty_rows = "zero"
     return case
 

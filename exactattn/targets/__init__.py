@@ -17,16 +17,13 @@ holds inputs in its format and has one derived tolerance.
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import math
-import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .. import loading
 from . import builtin, foreign
 from .base import NAIVE_BLOCK, Capabilities, Claim, Target, size_of
 from .conventions import USER_CONVENTIONS, conventions
@@ -42,6 +39,7 @@ __all__ = [
     "names",
     "registry",
     "unavailable",
+    "user_capabilities",
 ]
 
 
@@ -103,10 +101,7 @@ def from_callable(
     """A callable as a target (``exactattn.testing.assert_attention_close`` uses this)."""
     if not callable(fn):
         raise TypeError(f"the target must be callable; got {type(fn).__name__}")
-    caps = supports or Capabilities(
-        devices=("cpu", "cuda"),
-        dropout=True if convention == "exactattn" else "own",
-    )
+    caps = supports or user_capabilities(convention)
     return Target(
         name=name or getattr(fn, "__qualname__", repr(fn)),
         convention=convention,
@@ -119,36 +114,27 @@ def from_callable(
     )
 
 
+def user_capabilities(convention: str) -> Capabilities:
+    """What a user's function is assumed to take before ``--supports`` says more: a bias and a
+    soft-cap only under the ``exactattn`` convention, whose keywords carry them (a function
+    with SDPA's signature may take boolean masks only: ``--supports bias=yes``)."""
+    own = convention == "exactattn"
+    unstated = "not stated for a user's function (--supports {}=yes)"
+    return Capabilities(
+        devices=("cpu", "cuda"),
+        dropout=True if own else "own",
+        bias=True if own else unstated.format("bias"),
+        softcap=True if own else unstated.format("softcap"),
+    )
+
+
 def load_callable(spec: str) -> Any:
-    """``package.module:function`` or ``path/to/file.py:function`` → the function."""
-    where, _, attr = spec.rpartition(":")
-    if not where or not attr:
-        raise UnknownTarget(f"{spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION")
+    """``package.module:function`` or ``path/to/file.py:function`` → the function
+    (:func:`exactattn.loading.load_callable`; an :class:`UnknownTarget` when it names none)."""
     try:
-        if where.endswith(".py"):
-            path = Path(where)
-            if not path.is_file():
-                raise FileNotFoundError(f"no such file: {path}")
-            module_spec = importlib.util.spec_from_file_location(
-                f"_exactattn_user_{path.stem}", path
-            )
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_spec.name] = module
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except Exception as error:
-        raise UnknownTarget(
-            f"cannot import {where!r} for target {spec!r}: {type(error).__name__}: {error}"
-        ) from error
-    fn: Any = module
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise UnknownTarget(f"{where!r} has no attribute {attr!r} (target {spec!r})")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise UnknownTarget(f"{spec!r} is a {type(fn).__name__}, not a function")
-    return fn
+        return loading.load_callable(spec, f"target {spec!r}")
+    except loading.LoadError as error:
+        raise UnknownTarget(str(error)) from error
 
 
 def unavailable(target: Target, device: str = "cpu") -> str | None:
@@ -208,6 +194,14 @@ class Variant:
             return quantize_per_tensor(x, fmt)
         return hold(x, fmt)
 
+    def hold_bias(self, bias: np.ndarray) -> np.ndarray:
+        """A bias as this variant takes it: in its input format (the compute format for
+        per-tensor FP8 inputs, whose scaling a bias does not share)."""
+        from ..difftest.cases import hold
+
+        fmt = self.claim.input or self.dtype
+        return hold(bias, self.claim.scores if fmt in ("e4m3", "e5m2") else fmt)
+
     def bound_block(self, case: Any) -> int | None:
         """The key-block size the tolerance assumes for ``case`` (None: the worst case)."""
         if self.target.options.get("exact_block"):
@@ -234,6 +228,9 @@ class Variant:
             (n["n_q"] != n["n_k"], caps.cross, "n_q != n_k"),
             (bool(case.dropout_p), caps.dropout, "dropout"),
             (case.empty_rows == "zero", caps.empty_rows, "rows with no allowed key"),
+            (case.bias is not None, caps.bias, "bias"),
+            (case.softcap is not None, caps.softcap, "softcap"),
+            (_program(case), caps.program, "a user's program"),
         )
         for applies, capability, what in checks:
             if applies and capability is not True:
@@ -263,6 +260,15 @@ class Variant:
         return self.convention.run(
             self.target, replace(case, dtype=self.dtype), held, self.device, grads
         )
+
+
+def _program(case: Any) -> bool:
+    """Whether the case runs a user's ``score_mod`` or ``mask_mod``."""
+    from ..testing.spec import leaves
+
+    return case.score_mod is not None or any(
+        leaf["kind"] == "mask_mod" for leaf in leaves(case.mask)
+    )
 
 
 def _triton_unsupported(case: Any, device: str) -> str | None:

@@ -117,8 +117,11 @@ class Capabilities:
     ``grads`` / ``dropout`` / ``lse`` / ``empty_rows``: ``True`` when supported, else a
     string saying why not. ``dropout=True`` means the target replays exactattn's keep-bits
     (compared element by element); ``"own"`` means it draws its own (checked by the dropout
-    probe, :mod:`exactattn.testing.probes`). ``max_size`` bounds ``n_q·n_k·(d+v)·batch``
-    for slow number systems.
+    probe, :mod:`exactattn.testing.probes`). ``bias``: takes an additive float bias (``−∞``
+    entries exclude pairs); ``softcap``: takes ``cap·tanh(s/cap)``; ``program``: runs a
+    user's FlexAttention ``mask_mod`` / ``score_mod`` itself (``exactattn check --mask-mod``;
+    a target that would only see the mask materialised, or not the score_mod at all, says
+    why not). ``max_size`` bounds ``n_q·n_k·(d+v)·batch`` for slow number systems.
     """
 
     dtypes: tuple[str, ...] = FLOAT_DTYPES
@@ -129,6 +132,9 @@ class Capabilities:
     gqa: bool | str = True
     cross: bool | str = True
     empty_rows: bool | str = True
+    bias: bool | str = "takes no bias (not stated)"
+    softcap: bool | str = "takes no soft-cap (not stated)"
+    program: bool | str = "runs no FlexAttention program (mask_mod / score_mod)"
     equal_head_dims: bool = False  # needs v == d
     batch_dims: tuple[int, ...] = (0, 1, 2)  # leading dims it accepts
     max_size: int | None = None
@@ -142,6 +148,7 @@ class Capabilities:
         base = base or cls()
         lists = {"dtypes", "devices", "masks"}
         flags = {"grads", "dropout", "lse", "gqa", "cross", "empty_rows", "equal_head_dims"}
+        flags |= {"bias", "softcap", "program"}
         values: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = (x.strip() for x in item.partition("="))

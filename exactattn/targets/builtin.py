@@ -48,6 +48,7 @@ EMU = re.compile(r"emu(\d+)-(rn|rz)(-fa2)?(-scalar)?")
 EMU_BITS = (2, 26)  # double rounding through float64 stays within ū of the format up to 26
 ROUNDING = {"rn": "nearest", "rz": "toward_zero"}
 DIFFTEST_MP = (11, 24, 80)  # the mpmath widths difftest runs
+SCORES = {"bias": True, "softcap": True}  # every exactattn entry takes both
 SMALL = 600  # n_q·n_k·(d+v)·batch: where the exact and object-array systems stay fast
 
 
@@ -151,6 +152,8 @@ def config_target(name: str) -> Target:
     caps = Capabilities(
         dtypes=(quantize or storage,),
         max_size=SMALL if backend == "mpmath" else None,
+        **SCORES,
+        program=True,
     )
     family = "mpmath" if backend == "mpmath" else backend
     return Target(
@@ -221,6 +224,8 @@ def _sympy() -> Target:
             dropout="the exact run is kept to tiny integer cases",
             batch_dims=(0, 1),
             max_n=3,
+            **SCORES,
+            program=True,
         ),
         claim=Claim(input="float64", scores="p150", stats="p150", p="p150", acc="p150"),
         description="sympy: exact symbols (rational inputs, Y in closed form, 50 digits)",
@@ -240,7 +245,7 @@ def _flint() -> Target:
         name="flint",
         convention="api",
         loader=lambda: None,
-        caps=Capabilities(dtypes=("float64",), max_size=2000),
+        caps=Capabilities(dtypes=("float64",), max_size=2000, **SCORES, program=True),
         claim=Claim(input="float64", scores="p200", stats="p200", p="p200", acc="p200"),
         description="python-flint arb balls at 53 bits: each output must enclose the exact value",
         requires=("flint",),
@@ -261,7 +266,7 @@ def _exactattn_torch() -> Target:
         name="exactattn",
         convention="exactattn",
         loader=_torch_attention,
-        caps=Capabilities(devices=("cpu", "cuda")),
+        caps=Capabilities(devices=("cpu", "cuda"), **SCORES, program=True),  # its mask_mod
         claim=Claim(),  # resolved per dtype: see fa2_claim
         description="exactattn.torch.attention (generic path; FA-2 policy for fp16/bf16)",
         requires=("torch",),
@@ -313,6 +318,7 @@ def _exactattn_triton() -> Target:
             dropout="the Triton kernels take no dropout",
             empty_rows="the Triton kernels assume every row has an allowed key",
             max_size=None,
+            **SCORES,
         ),
         claim=Claim(block=None),  # FA-2 policy; kernel block sizes are the kernels' own
         description="exactattn.torch.attention(impl='triton'): the FlashAttention-2 kernels "

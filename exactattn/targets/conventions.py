@@ -28,6 +28,17 @@ for the ``api`` and ``exactattn`` conventions whose argument *is* a library mask
 * ``flex``: ``flex_attention(q, k, v, block_mask=, scale=, enable_gqa=, return_lse=)``
   with the block mask from ``create_block_mask`` (:mod:`.flex`).
 
+Score modification: the bias reaches a target as held in its input format, lifted like the
+inputs (:meth:`~exactattn.difftest.cases.Case.lifted_bias`): ``bias=`` for exactattn's own
+(``api`` with ``bias_grad``, ``exactattn`` with a bias tensor that requires grad: both return
+``dbias``), SDPA's / transformers' / xformers' float ``attn_mask`` (the bias where the mask
+allows, ``−∞`` — or eager's ``finfo.min`` — elsewhere), a ``score_mod`` closing over the bias
+tensor for Flex, and flash-attn's ``alibi_slopes`` when the bias is ALiBi in flash-attn's
+form; ``softcap=`` for exactattn's own and flash-attn (``softcap``), ``cap·tanh(s/cap)`` in
+Flex's ``score_mod``. A user's program (``mask_mod`` / ``score_mod``) runs as itself in the
+``api`` and ``flex`` conventions (and its mask_mod in ``exactattn``). What a convention cannot
+take is a skip with the reason (:class:`~.base.Capabilities`, :meth:`Convention.unsupported`).
+
 Leading batch dims are lifted to the 4-d ``(B, H)`` layout foreign functions take:
 ``()`` → ``(1, 1)``, ``(B,)`` → ``(B, 1)``, ``(B, H)`` unchanged (:func:`lift`).
 """
@@ -119,6 +130,19 @@ def lifted_allowed(case: Case) -> np.ndarray:
     return case.allowed().reshape((*lift(case.batch), n["n_q"], n["n_k"]))
 
 
+def float_mask(case: Case, held: dict[str, np.ndarray], dtype: str, device: str, low: float):
+    """The mask and the held bias as one additive float tensor ``(B, H, n_q, n_k)``: the
+    bias where the mask allows (0 without a bias), ``low`` elsewhere."""
+    import torch
+
+    allowed = torch.from_numpy(lifted_allowed(case).copy()).to(device)
+    values = torch.zeros((), dtype=torch_dtype(dtype), device=device)
+    if "bias" in held:
+        values = torch.from_numpy(case.lifted_bias(held["bias"]).copy())
+        values = values.to(torch_dtype(dtype)).to(device)
+    return torch.where(allowed, values, torch.full((), low, dtype=values.dtype, device=device))
+
+
 # --- conventions ---------------------------------------------------------------------------
 class Convention:
     """Base: the case's layout in, ``{y, lse?, dq?, dk?, dv?}`` and their dtypes out."""
@@ -146,7 +170,9 @@ class Sdpa(Convention):
         four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
         views = [tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"]
         kwargs: dict[str, Any] = {"scale": case.scale}
-        if causal_top_left_only(case.mask, n["n_q"], n["n_k"]):
+        if "bias" in held:  # SDPA's float attn_mask: added to the scores
+            kwargs["attn_mask"] = float_mask(case, held, dtype, device, -math.inf)
+        elif causal_top_left_only(case.mask, n["n_q"], n["n_k"]):
             kwargs["is_causal"] = True
         elif case.mask["kind"] != "none":
             kwargs["attn_mask"] = torch.from_numpy(lifted_allowed(case).copy()).to(device)
@@ -211,7 +237,10 @@ class Hf(Convention):
         # every key (a decode step), with n_k > n_q it crops the keys; its mask builders
         # materialise every other case, and so does this convention
         square = n["n_q"] == n["n_k"]
-        if causal_top_left_only(case.mask, n["n_q"], n["n_k"]) and square and not additive:
+        if "bias" in held:
+            low = torch.finfo(torch_dtype(dtype)).min if additive else -math.inf
+            mask = float_mask(case, held, dtype, device, low)
+        elif causal_top_left_only(case.mask, n["n_q"], n["n_k"]) and square and not additive:
             module.is_causal = True
         elif case.mask["kind"] != "none":
             allowed = torch.from_numpy(lifted_allowed(case).copy()).to(device)
@@ -260,7 +289,11 @@ class Flash(Convention):
 
     def unsupported(self, target, case, device, grads):
         window = flash_window(case)
-        return window if isinstance(window, str) else None
+        if isinstance(window, str):
+            return window
+        if case.bias is not None:
+            return flash_alibi(case)
+        return None
 
     def run(self, target, case, held, device, grads):
         fn = target.load()
@@ -279,6 +312,13 @@ class Flash(Convention):
         }
         if case.dropout_p:
             kwargs["dropout_p"] = case.dropout_p
+        if case.softcap is not None:
+            kwargs["softcap"] = case.softcap
+        if case.bias is not None:
+            import torch
+
+            slopes = np.asarray(case.score["slopes"], dtype=np.float32)
+            kwargs["alibi_slopes"] = torch.from_numpy(slopes).to(device)
         want_lse = target.caps.lse is True
         if want_lse:
             kwargs["return_attn_probs"] = True
@@ -324,10 +364,35 @@ def flash_window(case: Case) -> tuple[int, int] | str:
     return as_int(left), as_int(right)
 
 
+def flash_alibi(case: Case) -> str | None:
+    """Why the case's bias is not flash-attn's ``alibi_slopes`` (None when it is): flash-attn
+    adds ``−slope_h·|i + n_k − n_q − j|``, formed in float32 from the slopes; that must be
+    the case's bias, exactly in the input format, at every allowed pair."""
+    from ..difftest.cases import hold
+
+    if case.score["kind"] != "alibi":
+        return "flash-attn takes a bias only as ALiBi slopes (alibi_slopes)"
+    n = case.sizes
+    i, j = np.arange(n["n_q"])[:, None], np.arange(n["n_k"])[None, :]
+    slopes = np.asarray(case.score["slopes"], dtype=np.float32).astype(np.float64)
+    flash = -slopes[:, None, None] * np.abs(i + n["n_k"] - n["n_q"] - j)
+    flash = flash if len(case.batch) == 2 else flash[0]
+    held = hold(case.bias, case.dtype or "float32")
+    same = np.broadcast_to((flash == case.bias) & (held == case.bias), case.allowed().shape)
+    if not same[case.allowed()].all():
+        return "the ALiBi bias is not flash-attn's -slope·|i + n_k - n_q - j| in the input format"
+    return None
+
+
 class Exactattn(Convention):
     """A torch function with exactattn's keywords (e.g. ``exactattn.torch.attention``)."""
 
     name = "exactattn"
+
+    def unsupported(self, target, case, device, grads):
+        if case.score_mod is not None:
+            return "exactattn.torch.attention takes no score_mod (bias and softcap only)"
+        return None
 
     def run(self, target, case, held, device, grads):
         fn = target.load()
@@ -343,18 +408,27 @@ class Exactattn(Convention):
             "block_size": case.block_size,
             **target.options.get("keywords", {}),
         }
+        if case.softcap is not None:
+            kwargs["softcap"] = case.softcap
+        if "bias" in held:
+            lifted_bias = case.lifted_bias(held["bias"])
+            kwargs["bias"] = tensor(lifted_bias, dtype, device, "contiguous", grads)
+            views.append(kwargs["bias"])
         if case.group > 1:
             kwargs["enable_gqa"] = True
         if case.dropout_p:
             kwargs.update(dropout_p=case.dropout_p, seed=case.seed)
         if case.empty_rows == "zero":
             kwargs["empty_rows"] = "zero"
-        y = fn(*views, **kwargs)
+        y = fn(*views[:3], **kwargs)
         out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
         out["y"] = out["y"].reshape(held["g"].shape)
         if grads:
             grads_ = autograd(y, views, four_g(held, B), dtype, device)
             _grads_out(out, grads_, four, held)
+            if "bias" in held:
+                dbias = to_numpy("dbias", grads_[3], tuple(views[3].shape))
+                out["dbias"] = dbias.reshape(held["bias"].shape)
         return out
 
 
@@ -406,8 +480,16 @@ class Api(Convention):
         elif backend == "sympy":
             import sympy
 
-            arrays = {x: np.frompyfunc(sympy.Rational, 1, 1)(a) for x, a in held.items()}
+            arrays = {x: np.frompyfunc(_rational, 1, 1)(a) for x, a in held.items()}
         keywords = case.keywords()
+        if "bias" in held:
+            keywords["bias"] = arrays.get("bias", held["bias"])
+        if case.softcap is not None:
+            keywords["softcap"] = case.softcap
+        if case.score_mod is not None:
+            from .. import loading
+
+            keywords["score_mod"] = loading.load_callable(case.score_mod, "--score-mod")
         if case.group > 1:
             keywords["enable_gqa"] = True
         if options.get("path") == "naive":
@@ -422,15 +504,24 @@ class Api(Convention):
         y, stats = forward(q, k, v, mask=mask, backend=ctx, return_stats=True, **keywords)
         out: Outputs = {"y": y, "lse": stats.lse}
         if grads:
-            out["dq"], out["dk"], out["dv"] = backward(
-                q, k, v, y, stats, g, mask=mask, backend=ctx, **keywords
-            )
+            bias_grad = {"bias_grad": True} if "bias" in held else {}
+            found = backward(q, k, v, y, stats, g, mask=mask, backend=ctx, **keywords, **bias_grad)
+            out.update(zip(("dq", "dk", "dv", "dbias"), found))
         result: Outputs = {"_dtype": options.get("storage", "")}
         expected = {"y": shapes["g"], "lse": shapes["g"][:-1], "dq": shapes["q"]}
         expected.update(dk=shapes["k"], dv=shapes["v"])
+        if "bias" in held:
+            expected["dbias"] = held["bias"].shape
         for name, x in out.items():
             result[name] = _api_output(backend, x, expected[name])
         return result
+
+
+def _rational(x: float) -> Any:
+    """A held float as an exact sympy number (a bias's ``−∞`` as ``−oo``)."""
+    import sympy
+
+    return sympy.Rational(x) if np.isfinite(x) else sympy.sympify(float(x))
 
 
 def _numpy_array(x: np.ndarray, ctx: Any, layout: str) -> np.ndarray:
@@ -502,7 +593,9 @@ class Xformers(Convention):
         }
         views = [tensor(bnhd[x], dtype, device, case.layout, grads) for x in "qkv"]
         bias: Any = None
-        if case.mask["kind"] == "causal":
+        if "bias" in held:
+            bias = float_mask(case, held, dtype, device, -math.inf)
+        elif case.mask["kind"] == "causal":
             from xformers.ops import fmha
 
             bottom = case.mask.get("align") == "bottom-right"

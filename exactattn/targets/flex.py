@@ -17,6 +17,13 @@ padding changes no score. The scale ``c`` is a tensor read by a ``score_mod`` (w
 ``scale=1``): a Python float would be guarded as a constant and recompile the kernel for
 every new scale. Compile time is measured apart from run time (:data:`STATS`).
 
+Score modification goes through the ``score_mod`` too, as a Flex user writes it: ``cap ·
+tanh(s/cap)`` (``cap`` a tensor, for the same reason as the scale), then ``+ bias[b, h, q_idx,
+kv_idx]`` from the held bias tensor (padded with zeros). A user's program runs as itself: their
+``mask_mod`` (ANDed with "inside the unpadded problem", and called on indices clamped into it,
+so a mod that indexes its own tables by position never reads past them) and their
+``score_mod`` after the scale.
+
 On the CPU, compiled Flex returns no log-sum-exp and has no backward (torch 2.13): only
 ``y`` is judged there, the gradients are reported skipped with that reason.
 
@@ -98,17 +105,8 @@ class Flex(Convention):
         q = _padded(held["q"], (B, H, n["n_q"], n["d"]), (pb, ph, nq, d))
         k = _padded(held["k"], (B, H_kv, n["n_k"], n["d"]), (pb, ph_kv, nk, d))
         vv = _padded(held["v"], (B, H_kv, n["n_k"], n["v"]), (pb, ph_kv, nk, v))
-        table = np.zeros((pb, ph, nq, nk), dtype=bool)
-        table[:B, :H, : n["n_q"], : n["n_k"]] = lifted_allowed(case)
-        lookup = torch.from_numpy(table).to(device)
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            return lookup[b, h, q_idx, kv_idx]
-
-        scale = torch.tensor(case.c(), dtype=torch.float32, device=device)
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score * scale
+        mask_mod = _mask_mod(case, (pb, ph, nq, nk), device)
+        score_mod = _score_mod(case, held, (pb, ph, nq, nk), device)
 
         block_mask = create_block_mask(mask_mod, pb, ph, nq, nk, device=device, BLOCK_SIZE=KV_BLOCK)
         tensors = [torch.from_numpy(x).to(dtype).to(device) for x in (q, k, vv)]
@@ -148,6 +146,79 @@ class Flex(Convention):
             lse_np = to_numpy("lse", result[1], (pb, ph, nq))[:B, :H, : n["n_q"]]
             out["lse"] = lse_np.reshape(held["g"].shape[:-1])
         return out
+
+
+def _clamped(fn: Any, sizes: tuple[int, ...]) -> Any:
+    """``fn(b, h, q_idx, kv_idx)`` on indices clamped into the unpadded ``sizes`` (B, H,
+    n_q, n_k)."""
+    B, H, n_q, n_k = sizes
+
+    def call(*args: Any) -> Any:
+        *score, b, h, q_idx, kv_idx = args
+        clamped = (b.clamp(max=B - 1), h.clamp(max=H - 1), q_idx.clamp(max=n_q - 1))
+        return fn(*score, *clamped, kv_idx.clamp(max=n_k - 1))
+
+    return call
+
+
+def _mask_mod(case: Any, padded: tuple[int, ...], device: str) -> Any:
+    """The case's mask as a mask_mod: the user's (``mask_mod`` cases), else a lookup into
+    the allowed table (one function body for every mask kind: no recompile per mask)."""
+    import torch
+
+    from .. import loading
+
+    B, H = lift(case.batch)
+    n = case.sizes
+    if case.mask["kind"] == "mask_mod":
+        fn = loading.load_callable(case.mask["fn"], "--mask-mod")
+        user = _clamped(fn, (B, H, n["n_q"], n["n_k"]))
+
+        def program(b, h, q_idx, kv_idx):
+            inside = (b < B) & (h < H) & (q_idx < n["n_q"]) & (kv_idx < n["n_k"])
+            return user(b, h, q_idx, kv_idx) & inside
+
+        return program
+    table = np.zeros(padded, dtype=bool)
+    table[:B, :H, : n["n_q"], : n["n_k"]] = lifted_allowed(case)
+    lookup = torch.from_numpy(table).to(device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return lookup[b, h, q_idx, kv_idx]
+
+    return mask_mod
+
+
+def _score_mod(case: Any, held: dict, padded: tuple[int, ...], device: str) -> Any:
+    """``c·s``, then the case's soft-cap, bias, and a user's score_mod, as one score_mod
+    (constants as tensors: a Python float would be guarded and recompile per value)."""
+    import torch
+
+    from .. import loading
+
+    B, H = lift(case.batch)
+    scale = torch.tensor(case.c(), dtype=torch.float32, device=device)
+    steps = []
+    if case.softcap is not None:
+        cap = torch.tensor(case.softcap, dtype=torch.float32, device=device)
+        steps.append(lambda s, b, h, i, j: cap * torch.tanh(s / cap))
+    if "bias" in held:
+        n = case.sizes
+        table = np.zeros(padded)
+        table[:B, :H, : n["n_q"], : n["n_k"]] = case.lifted_bias(held["bias"])
+        bias = torch.from_numpy(table).to(torch.float32).to(device)  # held: exact in float32
+        steps.append(lambda s, b, h, i, j: s + bias[b, h, i, j])
+    if case.score_mod is not None:
+        user = loading.load_callable(case.score_mod, "--score-mod")
+        steps.append(_clamped(user, (B, H, case.sizes["n_q"], case.sizes["n_k"])))
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        score = score * scale
+        for step in steps:
+            score = step(score, b, h, q_idx, kv_idx)
+        return score
+
+    return score_mod
 
 
 def _padded(x: np.ndarray, shape: tuple[int, ...], padded: tuple[int, ...]) -> np.ndarray:

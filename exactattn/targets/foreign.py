@@ -34,6 +34,7 @@ from .flex import KV_BLOCK
 
 SDPA_CLAIM = Claim(block=512)  # with the FA-2 policy (see the module docstring)
 OWN_DROPOUT = "own"
+NO_SOFTCAP = "the calling convention has no soft-cap"
 
 
 @functools.cache
@@ -54,6 +55,8 @@ def _sdpa(name: str, backend: str | None, description: str) -> Target:
         devices=("cuda",) if cuda_only else ("cpu", "cuda"),
         dropout=OWN_DROPOUT if backend != "flash" else "the CPU flash kernel takes no dropout",
         equal_head_dims=backend == "flash",
+        bias=True,
+        softcap=NO_SOFTCAP,
     )
     policy = "upcast" if backend == "math" else "fa2"
     block = 0 if backend == "math" else (512 if backend in (None, "flash") else None)
@@ -81,6 +84,9 @@ def _flex() -> Target:
             devices=("cpu", "cuda"),
             dropout="FlexAttention has no dropout",
             lse=True,
+            bias=True,
+            softcap=True,
+            program=True,
         ),
         claim=Claim(block=KV_BLOCK),
         description="FlexAttention through torch.compile, block mask from create_block_mask",
@@ -94,6 +100,8 @@ def _hf(name: str, module: str, function: str, mask: str, description: str) -> T
         caps = Capabilities(
             dropout=OWN_DROPOUT,
             empty_rows="an additive finfo.min mask averages every key of a row with none allowed",
+            bias=True,
+            softcap=NO_SOFTCAP,
         )
         claim = Claim(stats="float32", block=0)
         options: dict[str, Any] = {
@@ -102,7 +110,7 @@ def _hf(name: str, module: str, function: str, mask: str, description: str) -> T
             "reverse": (("ml", "rowsum"),),  # autograd through naive attention
         }
     else:
-        caps = Capabilities(dropout=OWN_DROPOUT)
+        caps = Capabilities(dropout=OWN_DROPOUT, bias=True, softcap=NO_SOFTCAP)
         claim = SDPA_CLAIM
         options = {"mask": "bool", "policy": "fa2", "block_by_device": {"cuda": None}}
     return Target(
@@ -149,6 +157,8 @@ def entries() -> list[Target]:
                 devices=("cuda",),
                 dropout=OWN_DROPOUT,
                 lse=True,
+                bias=True,  # as ALiBi slopes only: the convention says when not
+                softcap=True,
             ),
             claim=Claim(),
             description="flash-attn's flash_attn_func (FlashAttention-2)",
@@ -165,6 +175,8 @@ def entries() -> list[Target]:
                 devices=("cuda",),
                 dropout=OWN_DROPOUT,
                 gqa="the xformers convention here passes one head per key/value head",
+                bias=True,
+                softcap=NO_SOFTCAP,
             ),
             claim=Claim(),
             description="xformers.ops.memory_efficient_attention",

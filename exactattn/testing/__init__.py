@@ -57,9 +57,7 @@ def assert_attention_close(
     if isinstance(claim, str):
         claim = targets.Claim.parse(claim)
     if isinstance(supports, str):
-        supports = targets.Capabilities.parse(
-            supports, targets.Capabilities(devices=("cpu", "cuda"))
-        )
+        supports = targets.Capabilities.parse(supports, targets.user_capabilities(convention))
     target = targets.from_callable(fn, convention=convention, claim=claim, supports=supports)
     settings = Settings(
         examples=examples,

@@ -1,7 +1,8 @@
 """One case through every variant: skip with a reason, or run, judge, and compare side by side.
 
 For each :class:`~exactattn.targets.Variant` of the case's dtype: a case it does not take
-is a ``skip`` finding with the reason; otherwise the inputs are held in its format, the
+is a ``skip`` finding with the reason; otherwise the inputs (and a bias) are held in its
+format, the
 reference is computed once per distinct rounding (:func:`.reference.compute`), the variant
 runs (an exception, a wrong shape or dtype is a failed case with its message, never a crash
 of the harness), and :func:`.judge.judge` gives the verdict. Gradients a variant cannot give
@@ -68,10 +69,15 @@ def check_case(case: Case, variants: list[Variant], options: Options = Options()
         grads_skipped = variant.grads_unsupported() if options.grads else ""
         grads = options.grads and not grads_skipped
         held = {x: variant.hold(getattr(case, x)) for x in "qkvg"}
-        key = b"".join(held[x].tobytes() for x in "qkvg")
+        if case.bias is not None:
+            held["bias"] = variant.hold_bias(case.bias)
+        key = b"".join(x.tobytes() for x in held.values())
         if key not in references:
             references[key] = compute(case, held)
         ref = references[key]
+        if ref.unbounded and not variant.target.options.get("enclosure"):
+            findings.append(Finding(variant.name, "skip", ref.unbounded, dtype=variant.dtype))
+            continue
         finding, outputs = run_and_judge(variant, case, held, ref, grads)
         finding.grads_skipped = grads_skipped or ""
         if finding.status == "ok" and options.determinism:

@@ -5,12 +5,17 @@ reference (:func:`exactattn.certified.certified_attention`, arb balls) of the ca
 inputs exactly as the variant holds them — ``y``, ``lse`` and the gradients, grouped heads
 handled by the reference itself. The case hands it the allowed set from the mask spec's
 definition (:meth:`~exactattn.difftest.cases.Case.allowed`) and the keep-bits of the
-documented hash (:func:`exactattn.testing.spec.keep`), never the library's masks or dropout.
+documented hash (:func:`exactattn.testing.spec.keep`), never the library's masks or dropout;
+the score modification as the case holds it: the bias as held in the variant's format
+(``held["bias"]``; its gradient ``dbias`` joins the outputs), the soft-cap, and a user's
+``score_mod`` (evaluated over the balls by the reference itself).
 
 :func:`bounds` is the only call into the error bound (:func:`exactattn.bounds.bounds`): the
 arithmetic a variant claims as an :class:`exactattn.bounds.Arith` (:func:`arith_of`), the
 reverse's structure where the target states it (frozen ``m, ℓ`` or ``lse``; ``δ = G·Y`` or
-naive attention's row sum), else the larger of both. The bound assumes no overflow, so
+naive attention's row sum), else the larger of both. A user's ``score_mod`` is bounded
+when it is an additive bias (:func:`program_bias`), as that bias; no bound is derived for
+any other mod (only enclosures judge it). The bound assumes no overflow, so
 :func:`overflow_risk` says separately when a partial result may leave the claimed formats'
 range: an overflow error or a non-finite output is then accepted ("refused").
 """
@@ -24,10 +29,11 @@ import mpmath
 import numpy as np
 
 from .. import bounds as error_bounds
+from .. import loading
 from ..difftest.cases import Case
 from . import spec
 
-OUTPUTS = ("y", "lse", "dq", "dk", "dv")
+OUTPUTS = ("y", "lse", "dq", "dk", "dv", "dbias")
 REF_PREC = 160  # bits: far below the finest format judged (mpmath at 80 bits)
 REVERSES = (("ml", "gy"), ("lse", "gy"), ("ml", "rowsum"))  # (frozen stats, δ) a reverse uses
 LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
@@ -44,6 +50,8 @@ class Reference:
     balls: Any  # the Enclosure (double-double midpoints: Ball.error)
     case: Case
     held: dict[str, np.ndarray]
+    program_bias: np.ndarray | None = None  # a user's additive score_mod as a bias (float64)
+    unbounded: str = ""  # why no error bound can be derived for this case ("" when one can)
 
 
 def keep_bits(case: Case) -> np.ndarray | None:
@@ -58,6 +66,9 @@ def compute(case: Case, held: dict[str, np.ndarray]) -> Reference:
     """The certified reference for ``case`` on the inputs exactly as held."""
     from ..difftest.reference import require
 
+    score_mod = None
+    if case.score_mod is not None:
+        score_mod = loading.load_callable(case.score_mod, "--score-mod")
     enclosure = require()(
         held["q"],
         held["k"],
@@ -69,15 +80,58 @@ def compute(case: Case, held: dict[str, np.ndarray]) -> Reference:
         dropout_p=case.dropout_p,
         prec=REF_PREC,
         enable_gqa=case.group > 1,
+        bias=held.get("bias"),
+        softcap=case.softcap,
+        score_mod=score_mod,
     )
     mid, rad, near = {}, {}, {}
     with mpmath.workprec(REF_PREC + 64):
-        for name in OUTPUTS:
+        for name in enclosure.balls:
             ball = enclosure[name]
             mid[name], rad[name] = ball.mpf(), ball.rad
             with np.errstate(invalid="ignore"):
                 near[name] = ball.hi + ball.lo
-    return Reference(mid, rad, near, enclosure, case, held)
+    ref = Reference(mid, rad, near, enclosure, case, held)
+    if score_mod is not None:
+        ref.program_bias, ref.unbounded = program_bias(score_mod, case, held)
+    return ref
+
+
+def program_bias(fn: Any, case: Case, held: dict[str, np.ndarray]) -> tuple[Any, str]:
+    """A user's score_mod as the bias ``β = mod(0)`` when it is additive, ``mod(s) = s + β``
+    — else ``(None, why)``. Judged in float64 on the case's scores ``s = c·q·k``: the slope
+    ``∂mod/∂s`` (a :class:`exactattn.ops.Dual`'s tangent) is 1 at ``s`` and at 0, and
+    ``mod(s)`` is ``s + β`` to float64 rounding, at every pair the mask allows (a check on
+    these scores, not a proof that the mod is additive everywhere)."""
+    from ..backends import NumpyContext
+    from ..ops import Dual, grid_indices
+
+    q, k = held["q"].astype(np.float64), held["k"].astype(np.float64)
+    if case.group > 1:
+        k = np.repeat(k, case.group, axis=-3)
+    n = case.sizes
+    lifted = spec.lift(case.batch)
+    grid = (*lifted, n["n_q"], n["n_k"])
+    s = (case.c() * (q @ np.swapaxes(k, -1, -2))).reshape(grid)
+    ctx, indices = NumpyContext("float64"), grid_indices(lifted, n["n_q"], n["n_k"])
+
+    def mod(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = fn(Dual(ctx, x, 1.0), *indices)
+        value = np.broadcast_to(out.value if isinstance(out, Dual) else out, grid)
+        tangent = 0.0 if not isinstance(out, Dual) or out.tangent is None else out.tangent
+        return np.asarray(value, dtype=np.float64), np.broadcast_to(tangent, grid)
+
+    with np.errstate(all="ignore"):
+        at_s, slope_s = mod(s)
+        beta, slope_0 = mod(np.zeros(grid))
+        apart = np.abs(at_s - (s + beta)) > 2.0**-50 * (np.abs(s) + np.abs(beta))
+    on = case.allowed().reshape(grid) & (beta != -np.inf)
+    if (on & ((slope_s != 1) | (slope_0 != 1) | apart)).any():
+        return None, (
+            f"score_mod {case.score_mod} is not an additive bias (∂mod/∂s ≠ 1 on this case): "
+            "no error bound is derived for it, only enclosures are judged"
+        )
+    return beta.reshape((*case.batch, n["n_q"], n["n_k"])), ""
 
 
 def arith_of(variant: Any, case: Case) -> error_bounds.Arith:
@@ -132,9 +186,14 @@ def claimed_bound(
     inputs are exact values the variant rounds to its input format, as in the sweep)."""
     arith = arith_of(variant, case)
     reverses = variant.target.options.get("reverse", REVERSES)
+    bias = held.get("bias")
+    if ref.program_bias is not None:  # an additive score_mod after the bias: one bias
+        bias = ref.program_bias if bias is None else bias + ref.program_bias
     keywords = dict(
         scale=case.scale,
         allowed=case.allowed(),
+        bias=bias,
+        softcap=case.softcap,
         rho=case.rho() if case.dropout_p else None,
         enable_gqa=case.group > 1,
         row_block=case.sizes["n_q"] if variant.target.options.get("backend") == "numpy" else None,

@@ -47,6 +47,7 @@ class Settings:
     probes: bool = True
     progress: bool = False
     sampled: bool = True  # False: slow interpreters run every case they take
+    program: tuple[str | None, str | None] | None = None  # a user's (mask_mod, score_mod)
 
 
 @dataclass
@@ -128,6 +129,8 @@ def _search(variants: list[Variant], settings: Settings, dtypes: tuple, seed: in
             layouts=LAYOUTS,
             exact_share=0,
             dropout=any(v.target.caps.dropout is True for v in active),
+            program=settings.program,
+            modify=any(True in (v.target.caps.bias, v.target.caps.softcap) for v in active),
         )
 
     def judge(case, active):

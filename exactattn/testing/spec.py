@@ -16,11 +16,30 @@ these functions cannot inherit a bug of the code it judges (issue 11 §2).
 * ``{"kind": "document", "q_doc": D_q, "k_doc": D_k}``: ``D_q[b, i] = D_k[b, j]`` (document
   ids of shape ``(B, n)`` per element of the first batch axis, or ``(n,)``: a
   batch-dependent kind);
+* ``{"kind": "mask_mod", "fn": "module:function"}``: a user's FlexAttention
+  ``mask_mod(b, h, q_idx, kv_idx)`` evaluated once on the whole index grid (int64 torch
+  tensors, :func:`exactattn.ops.grid_indices`; batch dims lifted to ``(B, H)`` as
+  :func:`lift` says): the user's program is its own definition;
 * ``{"kind": "and" | "or", "parts": [...]}``: conjunction / disjunction of the parts.
 
 The alignment offset ``o`` is ``0`` for ``"top-left"`` (torch SDPA's ``is_causal``) and
 ``n_k − n_q`` for ``"bottom-right"`` (flash-attn's), so that there the last query sees the
 last key.
+
+**Score modification specs.** An additive bias ``B`` (float64, broadcastable to
+``(*batch, n_q, n_k)``; ``−∞`` excludes a pair) is data too, ``{"kind": K, ...}``:
+
+* ``"none"``: no bias;
+* ``"alibi"`` with ``slopes`` (one per head, the last of two batch axes; one slope
+  otherwise): ``B_hij = −slope_h·|i + o − j|`` (``form: "abs"``, flash-attn's) or
+  ``−slope_h·(i + o − j)`` (``form: "causal"``, the original ALiBi under a causal mask), ``o``
+  the alignment offset as for masks;
+* ``"t5"`` with a ``table`` ``(H, buckets)`` and ``max_distance``: ``B_hij =
+  table[h, bucket(j − i)]``, T5's bidirectional relative-position bucket (:func:`t5_bucket`);
+* ``"dense"`` with ``values``: the table itself.
+
+Soft-capping ``cap·tanh(s/cap)`` is a number beside the spec; the order is the core's,
+``s = c·q·k`` → soft-cap → ``+ B`` → mask.
 
 **Dropout.** Keep-bits ``r(seed, β, i, j)`` (``β`` the flat batch·head index) are the
 documented counter-based hash: ``h`` = Wellons' lowbias32,
@@ -38,7 +57,7 @@ from typing import Any
 import numpy as np
 
 ALIGNMENTS = ("top-left", "bottom-right")
-LEAF_KINDS = ("none", "causal", "window", "padding", "dense", "document")
+LEAF_KINDS = ("none", "causal", "window", "padding", "dense", "document", "mask_mod")
 COMBINATORS = ("and", "or")
 KINDS = LEAF_KINDS + COMBINATORS
 
@@ -82,10 +101,35 @@ def _allowed(spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int) -
         q_doc = q_doc.reshape((*q_doc.shape[:-1], *trailing, n_q, 1))
         k_doc = k_doc.reshape((*k_doc.shape[:-1], *trailing, 1, n_k))
         return q_doc == k_doc
+    if kind == "mask_mod":
+        return mask_mod_table(spec["fn"], batch, n_q, n_k)
     if kind in COMBINATORS:
         parts = [allowed(part, batch, n_q, n_k) for part in spec["parts"]]
         return reduce(np.logical_and if kind == "and" else np.logical_or, parts)
     raise ValueError(f"unknown mask kind {kind!r}; use one of {KINDS}")
+
+
+def lift(batch: tuple[int, ...]) -> tuple[int, int]:
+    """The ``(B, H)`` FlexAttention's ``b, h`` index: ``()`` → ``(1, 1)``, ``(B,)`` →
+    ``(B, 1)``, ``(B, H)`` itself."""
+    if len(batch) > 2:
+        raise ValueError(f"a FlexAttention program takes at most 2 batch dims (B, H); got {batch}")
+    return (*batch, 1, 1)[:2]  # type: ignore[return-value]
+
+
+def mask_mod_table(reference: str, batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray:
+    """A user's ``mask_mod`` (``module:function``) on the whole grid, shaped
+    ``(*batch, n_q, n_k)``; an error names the mod when it does not give booleans."""
+    from .. import loading
+    from ..ops import grid_indices
+
+    fn = loading.load_callable(reference, "--mask-mod")
+    lifted = lift(batch)
+    out = fn(*grid_indices(lifted, n_q, n_k))
+    out = out.detach().cpu().numpy() if hasattr(out, "detach") else np.asarray(out)
+    if out.dtype != bool:
+        raise TypeError(f"mask_mod {reference} must return booleans; got dtype {out.dtype}")
+    return np.broadcast_to(out, (*lifted, n_q, n_k)).reshape((*batch, n_q, n_k))
 
 
 def leaves(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -111,7 +155,80 @@ def describe(spec: dict[str, Any]) -> str:
         return f"dense({table.shape}, {int(table.sum())} allowed)"
     if kind == "document":
         return f"document(q_doc={np.asarray(spec['q_doc']).tolist()}, k_doc=…)"
+    if kind == "mask_mod":
+        return f"mask_mod {spec['fn']}"
     return kind
+
+
+# --- score modification --------------------------------------------------------------------
+SCORE_KINDS = ("none", "alibi", "t5", "dense")
+ALIBI_FORMS = ("abs", "causal")
+
+
+def heads(batch: tuple[int, ...]) -> int:
+    """The number of heads a per-head bias has: the last of two batch axes, else 1."""
+    return batch[-1] if len(batch) == 2 else 1
+
+
+def bias(spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray | None:
+    """The bias ``B`` of a score spec (float64, broadcastable to ``(*batch, n_q, n_k)``);
+    None for ``none``."""
+    kind = spec["kind"]
+    i = np.arange(n_q)[:, None]
+    j = np.arange(n_k)[None, :]
+    if kind == "none":
+        return None
+    if kind == "alibi":
+        form = spec.get("form", "abs")
+        if form not in ALIBI_FORMS:
+            raise ValueError(f"alibi form must be one of {ALIBI_FORMS}; got {form!r}")
+        distance = i + offset(spec, n_q, n_k) - j
+        distance = np.abs(distance) if form == "abs" else distance
+        slopes = np.asarray(spec["slopes"], dtype=np.float64)
+        return _per_head(-slopes[:, None, None] * distance, batch)
+    if kind == "t5":
+        table = np.asarray(spec["table"], dtype=np.float64)
+        bucket = t5_bucket(j - i, table.shape[-1], spec["max_distance"])
+        return _per_head(table[:, bucket], batch)
+    if kind == "dense":
+        return np.asarray(spec["values"], dtype=np.float64)
+    raise ValueError(f"unknown score kind {kind!r}; use one of {SCORE_KINDS}")
+
+
+def _per_head(table: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
+    """``(H, n_q, n_k)`` per-head values as a bias broadcasting over ``batch``."""
+    return table if len(batch) == 2 else table[0]
+
+
+def t5_bucket(relative: np.ndarray, buckets: int, max_distance: int) -> np.ndarray:
+    """T5's bidirectional bucket of ``relative = j − i`` (Raffel et al. 2020, Mesh
+    TensorFlow's ``_relative_position_bucket``): half the buckets per sign; distances below
+    a quarter of the buckets get one bucket each, longer ones log-spaced up to
+    ``max_distance`` (and beyond it the last bucket)."""
+    half = buckets // 2
+    exact = half // 2
+    sign = np.where(relative > 0, half, 0)
+    distance = np.abs(relative)
+    with np.errstate(divide="ignore"):
+        far = np.log(np.maximum(distance, 1) / exact) / math.log(max_distance / exact)
+    far = np.minimum(exact + (far * (half - exact)).astype(np.int64), half - 1)
+    return sign + np.where(distance < exact, distance, far)
+
+
+def describe_score(spec: dict[str, Any], softcap: float | None = None) -> str:
+    """One line, e.g. ``alibi[abs, top-left] + softcap 20``."""
+    kind = spec["kind"]
+    parts = []
+    if softcap is not None:
+        parts.append(f"softcap {softcap:g}")
+    if kind == "alibi":
+        slopes = np.asarray(spec["slopes"]).tolist()
+        parts.append(f"alibi[{spec.get('form', 'abs')}, {spec.get('align', 'top-left')}]{slopes}")
+    elif kind == "t5":
+        parts.append(f"t5 buckets {np.shape(spec['table'])}")
+    elif kind == "dense":
+        parts.append(f"dense bias ({spec.get('shape', 'full')})")
+    return " + ".join(parts)
 
 
 # --- dropout -------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def attention(
             impl=impl, enable_gqa=enable_gqa,
         )  # fmt: skip
         plan = passes.Plan(
-            ctx, geometry, c, passes.key_block_size(geometry, block_size, q.device),
+            ctx, geometry, c, passes.key_block_size(geometry, block_size, q.device, mask),
             mask, None if score_mod is None else score_mod.adopt(ctx), dropout, False, kernel,
         )  # fmt: skip
         if op.needs_grad(q, k, v, bias_tensor):

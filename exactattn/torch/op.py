@@ -185,7 +185,7 @@ def plan_of(
         ctx=ctx,
         geometry=geometry,
         scale=ctx.default_scale(q.shape[-1]) if scale is None else ctx.scalar(scale),
-        block_size=passes.key_block_size(geometry, block_size, q.device),
+        block_size=passes.key_block_size(geometry, block_size, q.device, mask),
         mask=mask,
         score_mod=score_mod,
         dropout=dropout,

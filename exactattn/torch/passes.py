@@ -13,7 +13,12 @@ the strict checks are the callers' (outside any traced region).
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +35,24 @@ from .dispatch import Kernel
 # Key-block size b of the generic path: the fastest on the CPU benchmark
 # (`exactattn bench-torch`, README); any b >= 1 gives the same exact result.
 DEFAULT_BLOCK_SIZE = 512
+BAND_BLOCK_SIZE = 128  # the smallest default b under a window mask (see key_block_size)
 # Elements of one (*batch, rows, b) score tile: the generic path runs the algorithm over
 # blocks of query rows sized to this (a cache-sized tile on the CPU; large on CUDA, where
 # bigger launches pay). Small problems take b above the default while the tile fits, so a
 # decode step (few rows, many keys) is one tile instead of n_k / 512 of them.
 TILE_ELEMENTS = {"cpu": 1 << 19, "cuda": 1 << 26}
 MIN_ROW_BLOCK = 16
+# A call with at least PIECE_WORK score elements (n_q·n_k summed over the heads) whose
+# heads are independent runs as pieces of whole heads (:func:`pieces`), with tiles of
+# PIECE_TILE elements and PIECE_ROWS query rows per head where that fits: a 1 MiB float32
+# tile stays in a core's L2 cache, and 256 rows keep the GEMMs efficient (measured on the
+# benchmark machine, `exactattn bench-torch`).
+PIECE_WORK = 1 << 21
+PIECE_TILE = 1 << 18
+PIECE_ROWS = 256
+# At least this many pieces (where there are as many heads): a piece's running state and
+# its Y are then at most an eighth of the output each, which bounds the extra memory.
+MIN_PIECES = 8
 
 
 @dataclass(frozen=True)
@@ -81,14 +98,26 @@ def context(dtype: torch.dtype, device: torch.device) -> TorchContext:
     return ctx
 
 
-def key_block_size(geometry: Geometry, block_size: int | None, device: torch.device) -> int:
-    """``b``: the caller's, else :data:`DEFAULT_BLOCK_SIZE`, raised up to ``n_k`` while a
-    ``(*batch, n_q, b)`` tile stays within the device's :data:`TILE_ELEMENTS`."""
+def key_block_size(
+    geometry: Geometry, block_size: int | None, device: torch.device, mask: Mask | None = None
+) -> int:
+    """``b``: the caller's, else :data:`DEFAULT_BLOCK_SIZE` (under a window mask
+    ``n_k / 16`` within [:data:`BAND_BLOCK_SIZE`, the default]), raised up to ``n_k``
+    while a ``(*batch, n_q, b)`` tile stays within the device's :data:`TILE_ELEMENTS`.
+
+    A window (causal) makes the tiles its edge crosses PARTIAL: about ``n_k·b`` scores per
+    head are computed and then masked, against ``n_q·n_k/2`` allowed, so a window takes a
+    smaller ``b``.
+    """
     if block_size is not None:
         return block_size
+    default = DEFAULT_BLOCK_SIZE
+    band = None if mask is None else mask.lower(geometry)
+    if band is not None and band.has_window:
+        default = min(DEFAULT_BLOCK_SIZE, max(BAND_BLOCK_SIZE, geometry.n_k // 16))
     budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS["cuda"])
     rows = max(1, math.prod(geometry.batch)) * max(1, geometry.n_q)
-    return max(DEFAULT_BLOCK_SIZE, min(geometry.n_k, budget // rows))
+    return max(default, min(geometry.n_k, budget // rows))
 
 
 def row_block_size(ctx: TorchContext, geometry: Geometry, block_size: int) -> int:
@@ -102,7 +131,7 @@ def row_block_size(ctx: TorchContext, geometry: Geometry, block_size: int) -> in
     return max(MIN_ROW_BLOCK, budget // per_row)
 
 
-def _generic_keywords(plan: Plan) -> dict[str, Any]:
+def _generic_keywords(plan: Plan, geometry: Geometry) -> dict[str, Any]:
     return dict(
         scale=plan.scale,
         block_size=plan.block_size,
@@ -110,24 +139,165 @@ def _generic_keywords(plan: Plan) -> dict[str, Any]:
         dropout=plan.dropout,
         score_mod=plan.score_mod,
         enable_gqa=plan.geometry.group != 1,
-        row_block=row_block_size(plan.ctx, plan.geometry, plan.block_size),
+        row_block=row_block_size(plan.ctx, geometry, plan.block_size),
     )
+
+
+# --- independent pieces ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Piece:
+    """One slice of the leading (batch, head) dims: an index into q (and Y, lse, dQ) and the
+    matching one into k, v (and dK, dV)."""
+
+    q: tuple[Any, ...]
+    kv: tuple[Any, ...]
+
+
+WHOLE = Piece((Ellipsis,), (Ellipsis,))
+
+
+def splittable(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the (batch, head) slices of the call are independent problems.
+
+    They are when nothing reads ``b`` or ``h``: the mask lowers to a window on ``(i, j)``
+    alone (no per-batch key lengths, dense mask or predicate), the score modifications hold
+    no bias array, there is no dropout (its keep-bits read ``b·H + h``), and no leading dim
+    is broadcast (dK, dV would sum across the slices).
+    """
+    if plan.kernel is not None or plan.dropout is not None or k.dim() < 3:
+        return False
+    if plan.mask is not None:
+        band = plan.mask.lower(plan.geometry)
+        if band is None or band.kv_lengths is not None:
+            return False
+    if plan.score_mod is not None:
+        lowered = plan.score_mod.lower()
+        if lowered is None or lowered.bias is not None:
+            return False
+    lead = -2 if plan.geometry.group == 1 else -3
+    return q.shape[:lead] == k.shape[:lead] == v.shape[:lead] and k.shape[:-2] == v.shape[:-2]
+
+
+def pieces(
+    plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, threads: int
+) -> list[Piece]:
+    """The call as independent pieces of whole key/value heads (one piece: the whole call).
+
+    A piece holds ``c`` consecutive heads of the last leading dim: as many as one tile of
+    :data:`PIECE_TILE` elements holds with :data:`PIECE_ROWS` rows each, and no more than
+    leaves :data:`MIN_PIECES` pieces and one piece per thread.
+    """
+    geometry, units = plan.geometry, tuple(k.shape[:-2])
+    work = math.prod(geometry.batch) * geometry.n_q * geometry.n_k
+    if work < PIECE_WORK or not splittable(plan, q, k, v):
+        return [WHOLE]
+    g, last = geometry.group, units[-1]
+    rows = g * min(geometry.n_q, PIECE_ROWS) * min(plan.block_size, geometry.n_k)
+    most = math.prod(units) // max(threads, MIN_PIECES)
+    heads = max(1, min(PIECE_TILE // rows, last, most))
+    out = []
+    for outer in itertools.product(*(range(n) for n in units[:-1])):
+        lead = tuple(slice(i, i + 1) for i in outer)
+        for h in range(0, last, heads):
+            kv = slice(h, min(h + heads, last))
+            out.append(Piece((*lead, slice(kv.start * g, kv.stop * g)), (*lead, kv)))
+    return out
+
+
+def _piece_keywords(plan: Plan, q, k, v) -> dict[str, Any]:
+    """The algorithm's keywords for one piece: its rows per tile fill :data:`PIECE_TILE`."""
+    geometry = algorithm.geometry_of(q, k, v, plan.geometry.group != 1)
+    per_row = math.prod(geometry.batch) * min(plan.block_size, geometry.n_k)
+    keywords = _generic_keywords(plan, geometry)
+    keywords["row_block"] = max(MIN_ROW_BLOCK, PIECE_TILE // per_row)
+    return keywords
+
+
+# --- running the pieces ------------------------------------------------------------------------
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _serial_worker(barrier: threading.Barrier) -> None:
+    # A thread takes the process default (torch.set_num_threads) at its first parallel op:
+    # take it now, then set this thread alone to one (OpenMP and MKL keep it per thread).
+    torch.get_num_threads()
+    torch.set_num_threads(1)
+    barrier.wait()
+
+
+def _workers(threads: int) -> ThreadPoolExecutor:
+    """``threads`` worker threads, each running torch single-threaded (made once per count)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != threads:
+            if _POOL is not None:
+                _POOL[1].shutdown(wait=False)
+            pool = ThreadPoolExecutor(threads, thread_name_prefix="exactattn")
+            barrier = threading.Barrier(threads)  # one task per thread: every thread starts
+            list(pool.map(_serial_worker, [barrier] * threads))
+            torch.set_num_threads(threads)  # the workers' call set the default for new threads
+            _POOL = (threads, pool)
+        return _POOL[1]
+
+
+def _forget_workers() -> None:
+    global _POOL
+    _POOL = None  # a forked child has none of its parent's threads
+
+
+os.register_at_fork(after_in_child=_forget_workers)
+
+
+def run_pieces(work: Callable[[Piece], None], parts: list[Piece], threads: int) -> None:
+    """``work`` on every piece: here when there is one piece or one torch thread, else on
+    the worker threads, one piece per thread at a time (no other synchronisation: each
+    piece writes its own slices of the outputs)."""
+    if len(parts) == 1 or threads == 1:
+        for part in parts:
+            work(part)
+        return
+
+    def task(part: Piece) -> None:
+        with torch.no_grad():  # grad mode is per thread
+            work(part)
+
+    for _ in _workers(threads).map(task, parts):
+        pass
 
 
 def forward(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """``(Y, lse)``: ``Y`` in the inputs' dtype, ``lse`` (*batch, n_q) in the compute dtype."""
-    ctx = plan.ctx
     with torch.no_grad():  # no graph inside the block loop
         if plan.kernel is not None:
             y, lse = dispatch.triton().triton_forward(
                 q, k, v, scale=float(plan.scale), **plan.kernel_keywords()
             )
         else:
-            y, state = algorithm.forward(ctx, q, k, v, **_generic_keywords(plan))
-            y, lse = ctx.output(y), algorithm.log_sum_exp(ctx, state.m, state.l)
+            y, lse = _generic_forward(plan, q, k, v)
     if plan.drop_all:
         y = torch.zeros_like(y)
     return y.contiguous(), lse.contiguous()
+
+
+def _generic_forward(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    ctx, threads = plan.ctx, torch.get_num_threads()
+    parts = pieces(plan, q, k, v, threads)
+    if parts == [WHOLE]:
+        y, state = algorithm.forward(ctx, q, k, v, **_generic_keywords(plan, plan.geometry))
+        return ctx.output(y), algorithm.log_sum_exp(ctx, state.m, state.l)
+    batch, n_q = plan.geometry.batch, plan.geometry.n_q
+    y = torch.empty((*batch, n_q, v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((*batch, n_q), dtype=ctx.compute_dtype, device=q.device)
+
+    def work(part: Piece) -> None:
+        qp, kp, vp = q[part.q], k[part.kv], v[part.kv]
+        y_p, state = algorithm.forward(ctx, qp, kp, vp, **_piece_keywords(plan, qp, kp, vp))
+        y[part.q] = y_p
+        lse[part.q] = algorithm.log_sum_exp(ctx, state.m, state.l)
+
+    run_pieces(work, parts, threads)
+    return y, lse
 
 
 def backward(
@@ -164,9 +334,27 @@ def backward(
             mod_grads: dict[str, torch.Tensor] = {"bias": dbias[0]} if dbias else {}
         else:
             mod_grads = {"bias": ctx.zeros(plan.score_mod.gradients()["bias"])} if bias_grad else {}
-            one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse.shape)
-            dq, dk, dv = algorithm.backward(
-                ctx, q, k, v, y, lse, one, g, mod_grads=mod_grads, **_generic_keywords(plan)
-            )
+            dq, dk, dv = _generic_backward(plan, q, k, v, y, lse, g, mod_grads)
     grads = tuple(ctx.output(x).contiguous() for x in (dq, dk, dv))
     return (*grads, mod_grads.get("bias"))
+
+
+def _generic_backward(plan: Plan, q, k, v, y, lse, g, mod_grads: dict[str, torch.Tensor]):
+    """The reverse with ``m = lse, ℓ = 1``, whole or in pieces."""
+    ctx, threads = plan.ctx, torch.get_num_threads()
+    parts = pieces(plan, q, k, v, threads)
+    if parts == [WHOLE]:
+        one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse.shape)
+        keywords = _generic_keywords(plan, plan.geometry)
+        return algorithm.backward(ctx, q, k, v, y, lse, one, g, mod_grads=mod_grads, **keywords)
+    dq, dk, dv = (torch.empty(x.shape, dtype=ctx.compute_dtype, device=x.device) for x in (q, k, v))
+
+    def work(part: Piece) -> None:
+        qp, kp, vp, lse_p = q[part.q], k[part.kv], v[part.kv], lse[part.q]
+        one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse_p.shape)
+        keywords = _piece_keywords(plan, qp, kp, vp)
+        grads = algorithm.backward(ctx, qp, kp, vp, y[part.q], lse_p, one, g[part.q], **keywords)
+        dq[part.q], dk[part.kv], dv[part.kv] = grads
+
+    run_pieces(work, parts, threads)
+    return dq, dk, dv

@@ -39,7 +39,7 @@ def test_bad_program_arguments_are_usage_errors(capsys):
     assert prove.main(["--mask-mod=nocolon"]) == 2
     assert "module:function" in capsys.readouterr().err
     assert prove.main([f"--mask-mod={FILE}:missing"]) == 2
-    assert "no callable 'missing'" in capsys.readouterr().err
+    assert "has no attribute 'missing'" in capsys.readouterr().err
     assert prove.main(["forward", f"--mask-mod={FILE}:causal"]) == 2
     assert "name no FAMILY" in capsys.readouterr().err
     assert prove.main([f"--mask-mod={FILE}:causal", "--heads=0"]) == 2
