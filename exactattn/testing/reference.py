@@ -174,21 +174,27 @@ class Allowed:
 def bounds(variant: Any, ref: Reference) -> Allowed:
     """The bound of ``variant``'s claimed arithmetic on ``ref``'s case (the one call)."""
     case, held = ref.case, ref.held
-    bound = claimed_bound(variant, case, held)
+    bound = claimed_bound(variant, case, held, program_bias=ref.program_bias)
     return Allowed(bound, overflow_risk(arith_of(variant, case), case, held))
 
 
 def claimed_bound(
-    variant: Any, case: Case, inputs: dict[str, Any], *, input_rounding: bool = False
+    variant: Any,
+    case: Case,
+    inputs: dict[str, Any],
+    *,
+    input_rounding: bool = False,
+    program_bias: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """:func:`exactattn.bounds.bounds` of the variant's arithmetic on ``inputs`` (``q, k, v,
-    g``), the largest over the reverse structures it may use (``input_rounding``: the
-    inputs are exact values the variant rounds to its input format, as in the sweep)."""
+    g`` and an optional ``bias``), the largest over the reverse structures it may use
+    (``input_rounding``: the inputs are exact values the variant rounds to its input format,
+    as in the sweep; ``program_bias``: a user's additive score_mod, added to the bias)."""
     arith = arith_of(variant, case)
     reverses = variant.target.options.get("reverse", REVERSES)
-    bias = held.get("bias")
-    if ref.program_bias is not None:  # an additive score_mod after the bias: one bias
-        bias = ref.program_bias if bias is None else bias + ref.program_bias
+    bias = inputs.get("bias")
+    if program_bias is not None:  # an additive score_mod after the bias: one bias
+        bias = program_bias if bias is None else bias + program_bias
     keywords = dict(
         scale=case.scale,
         allowed=case.allowed(),
