@@ -46,6 +46,7 @@ DELTAS = ("gy", "rowsum")  # δ_i = G_i·Y_i (tiled), or Σ_j p_ij dP_ij (naive 
 ROUNDINGS = ("nearest", "toward_zero")
 HALF_FUNCS = 1.001  # NumPy/torch half exp, log, tanh: float32 (≤ 4·2^-24) rounded once
 FLOAT64 = get_format("float64")
+MU_FLOOR = 2.0**-1068  # 64 times the smallest positive float64 (see _mu)
 
 _ALIASES = {
     "fp16": "float16",
@@ -171,6 +172,40 @@ class Arith:
         return cls(input=fmt, compute=fmt, acc=fmt, output=fmt, block=block, funcs=2.0)
 
     @classmethod
+    def emulated(cls, ctx: Any, *, block: int | None = None) -> Arith:
+        """The arithmetic of an :class:`~exactattn.backends.emulated_backend.EmulatedContext`.
+
+        Each result is the float64 result rounded to the format: within ``ū`` of the
+        format for ``+ − × ÷`` up to 26 bits (twice rounded: ``u + 2^-53 ≤ u + u²``; truncation
+        errs by less than ``2^{1−p}``, so it is bounded as ``p − 1`` bits to nearest, and its
+        subnormals by a whole spacing). In ``"op"`` granularity a matmul or row sum is
+        accumulated in float64 (``acc``) and rounded once, in ``"scalar"`` every product and
+        addition is (``acc`` = compute). libm's ``exp``/``log`` (about one float64 ulp) then
+        rounded: ``funcs = 2``.
+        """
+        if ctx.format.mantissa_bits > 26:
+            raise ValueError(
+                f"the bound covers emulated formats of at most 26 bits; got {ctx.format}"
+            )
+
+        def fmt(ef: Any) -> Format:
+            nearest = ef.rounding == "nearest"
+            p = ef.mantissa_bits if nearest else ef.mantissa_bits - 1
+            return Format(f"p{ef.mantissa_bits}-{ef.rounding}", p, ef.emin)
+
+        compute = fmt(ctx.format)
+        storage = fmt(ctx.storage)
+        return cls(
+            input=storage,
+            compute=compute,
+            acc=FLOAT64 if ctx.granularity == "op" else compute,
+            output=storage,
+            p=None if ctx.p_cast is None else fmt(ctx.p_cast),
+            block=block,
+            funcs=2.0,
+        )
+
+    @classmethod
     def of_context(cls, ctx: Any, *, block: int | None = None) -> Arith:
         """The arithmetic of an exactattn context (NumPy, torch or mpmath).
 
@@ -184,6 +219,8 @@ class Arith:
 
         if isinstance(ctx, MpmathContext):
             return cls.bits(ctx.prec, block=block)
+        if type(ctx).__name__ == "EmulatedContext":
+            return cls.emulated(ctx, block=block)
         storage = getattr(ctx, "storage_dtype", None)
         compute = getattr(ctx, "compute_dtype", None)
         if storage is None or compute is None:
@@ -243,6 +280,18 @@ def _lg(u: float) -> float:
     return u / (1 - u) if u < 1 else math.inf
 
 
+def _mu(fmt: Format) -> float:
+    """``μ`` as the evaluation charges it: at least :data:`MU_FLOOR` (docs/error_bound.md §1).
+
+    float64's own ``μ = 2^-1075`` (and longdouble's) is below float64's range and would
+    evaluate to 0, so the subnormal error of float64 weights would vanish from the bound
+    (tests/regressions/difftest_subnormal_weights_amplified.json). Raised to ``2^-1068``,
+    each underflow event also pays for the float64 evaluation's own roundings below
+    ``2^-1022`` (at most ``2^-1075`` each, fewer than 64 per event on any chain here).
+    """
+    return 0.0 if fmt.e_min is None else max(fmt.mu, MU_FLOOR)
+
+
 def _cast(src: Format, dst: Format | None) -> tuple[float, float]:
     """``(ū, μ)`` of converting a ``src`` number to ``dst`` ((0, 0) when exact)."""
     if dst is None:
@@ -251,7 +300,7 @@ def _cast(src: Format, dst: Format | None) -> tuple[float, float]:
     narrower = dst.e_min is not None and (src.e_min is None or dst.e_min > src.e_min)
     if not (fewer_bits or narrower):
         return 0.0, 0.0
-    return (_lg(dst.u) if fewer_bits else 0.0), dst.mu
+    return (_lg(dst.u) if fewer_bits else 0.0), _mu(dst)
 
 
 @dataclass(frozen=True)
@@ -281,7 +330,7 @@ class _Units:
         c = arith.compute
         ux, mx = _cast(arith.input, c)
         if input_rounding:
-            ux, mx = ux + _lg(arith.input.u), mx + arith.input.mu
+            ux, mx = ux + _lg(arith.input.u), mx + _mu(arith.input)
         up, mp = _cast(c, arith.p)
         ug, mg = _cast(c, arith.grad_cast)
         uo_bar, mo = _cast(c, arith.output)
@@ -292,9 +341,9 @@ class _Units:
         return cls(
             uc=_lg(c.u),
             u_c=c.u,
-            mc=c.mu,
+            mc=_mu(c),
             ua=ua,
-            ma=arith.acc.mu,
+            ma=_mu(arith.acc),
             res=_cast(arith.acc, c)[0],
             uf=_lg(arith.funcs * c.u),
             up=up,

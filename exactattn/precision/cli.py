@@ -1,7 +1,11 @@
-"""``exactattn sweep --preset NAME --out DIR [--resume] [--workers N] [--scheduler ADDRESS]``.
+"""``exactattn sweep --preset NAME --out DIR [--targets NAME ...] [--resume] [--workers N]``.
 
 Runs the preset's grid (:mod:`.presets`), writes ``DIR/results.csv`` (one row per run),
-PNG plots and ``DIR/report.md``. ``--list`` prints the presets.
+PNG plots and ``DIR/report.md``. ``--targets`` runs registry names instead of the preset's
+configurations on its grid: exactattn's (``np-fa2-fp16``, ``emu8-rz``…) and foreign ones
+(``sdpa``, ``sdpa-math``, ``flex``, ``sdpa[bfloat16]``…), so a foreign kernel's drift lands
+in the same CSV, plots and report. ``--list`` prints the presets, ``--scheduler ADDRESS``
+sends the tasks to a Dask cluster, ``--time-reference N D`` times the certified reference.
 """
 
 from __future__ import annotations
@@ -17,6 +21,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="exactattn sweep", description=__doc__.split("\n")[2])
     parser.add_argument("--preset", default="quick", help=f"one of {sorted(PRESETS)}")
     parser.add_argument("--out", default="sweep-out", help="output directory")
+    parser.add_argument(
+        "--targets",
+        nargs="+",
+        metavar="NAME",
+        help="registry names to run on the preset's grid instead of its configurations",
+    )
     parser.add_argument("--resume", action="store_true", help="keep the rows already in the CSV")
     executors.add_arguments(parser, default_workers=2)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -26,33 +36,36 @@ def _parser() -> argparse.ArgumentParser:
         nargs=2,
         type=int,
         metavar=("N", "D"),
-        help="time the certified reference (forward + backward, 200 bits) at n=N, d=D",
+        help="time the certified reference (forward + backward, precision chosen as in a "
+        "sweep, --workers processes) at n=N, d=D",
     )
     return parser
 
 
-def _time_reference(n: int, d: int) -> int:
-    import math
-    import time
+def _time_reference(n: int, d: int, workers: int) -> int:
+    from ..certified import time_reference
 
-    from .inputs import make_inputs
-    from .reference import certified_reference
-
-    inputs = make_inputs("normal", n, d, seed=0)
-    cpu = time.process_time()
-    ref = certified_reference(inputs, scale=1 / math.sqrt(d), prec=200)
-    cpu = time.process_time() - cpu
-    print(
-        f"certified reference n={n} d={d} prec=200: forward + backward {ref.seconds:.2f} s "
-        f"wall, {cpu:.2f} s CPU; largest radius {ref.radius:.3g}"
+    baseline = n <= 1024  # the previous reference (tiled over FlintContext(200)) is slow
+    t = time_reference(n, d, workers=workers, baseline=baseline)
+    line = (
+        f"certified reference n={n} d={d}, forward + backward, {t['workers']} workers: "
+        f"{t['seconds']:.2f} s wall, {t['cpu_seconds']:.2f} s CPU, prec {t['prec']} bits "
+        f"(chosen), largest radius {t['max_radius']:.3g}, accuracy {t['accuracy_bits']:.0f} "
+        "bits below the summands"
     )
+    if baseline:
+        line += (
+            f"; the previous reference {t['baseline_seconds']:.2f} s wall in the same run "
+            f"({t['speedup']:.2f}× wall, {t['cpu_speedup']:.2f}× CPU)"
+        )
+    print(line)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.time_reference:
-        return _time_reference(*args.time_reference)
+        return _time_reference(*args.time_reference, max(args.workers, 1))
     if args.list:
         for name, preset in PRESETS.items():
             print(f"{name:<8} {preset['description']}")
@@ -67,6 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     if wrong is not None:
         print(f"exactattn sweep: {wrong}", file=sys.stderr)
         return 2
+    chosen = None
+    if args.targets:
+        from .. import targets
+        from .configs import sweep_names
+
+        try:
+            chosen = sweep_names(args.targets)
+        except (targets.UnknownTarget, ValueError) as error:
+            print(f"exactattn sweep: {error}", file=sys.stderr)
+            return 2
     import pandas as pd
 
     from .plots import all_plots
@@ -81,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             scheduler=args.scheduler,
             progress=not args.no_progress,
+            targets=chosen,
         )
     except executors.SchedulerUnreachable as error:
         print(f"exactattn sweep: {error}", file=sys.stderr)

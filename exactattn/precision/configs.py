@@ -1,11 +1,15 @@
 """Precision configurations of the sweep: views of the target registry's exactattn entries.
 
 A configuration is a registry entry of the ``api`` convention (:mod:`exactattn.targets.builtin`
-holds the list: NumPy, torch, FP8 and ``mpN``): a backend and its precision policy —
-``storage`` (inputs and outputs), ``compute`` (scores, running ``m, ℓ, z``, accumulators),
-``p_cast`` (``p`` is rounded to it before the ``p·V`` product; the FlashAttention-2 policy
-casts to the input dtype) and ``quantize`` (per-tensor FP8 inputs, FlashAttention-3 §4.3's
-baseline). :func:`get_config` reads an entry; :func:`available` says whether it runs here.
+holds the list: NumPy, torch, FP8, ``mpN`` and the emulated formats ``emuN-rn|rz``): a
+backend and its precision policy — ``storage`` (inputs and outputs), ``compute`` (scores,
+running ``m, ℓ, z``, accumulators), ``p_cast`` (``p`` is rounded to it before the ``p·V``
+product; the FlashAttention-2 policy casts to the input dtype), ``quantize`` (per-tensor FP8
+inputs, FlashAttention-3 §4.3's baseline), ``rounding`` (``nearest`` or ``toward_zero``) and
+``granularity`` (what one rounding covers: ``native`` hardware arithmetic, every ``scalar``
+operation, or each whole ``op``). :func:`get_config` reads an entry; :func:`available` says
+whether it runs here; :meth:`Config.arith` is the arithmetic the error bound
+(:mod:`exactattn.bounds`) assumes for it.
 
 The same configuration runs the tiled algorithm and the naive reference, in the same
 arithmetic. Torch rows need :mod:`exactattn.backends.torch_backend`; when torch cannot be
@@ -15,16 +19,18 @@ imported, :func:`available` says why and the sweep skips them with a note.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from .. import targets
+from .. import bounds, targets
 from ..backends.base import ArrayContext
 from .formats import Format, get_format
 
-SWEEP_BACKENDS = ("numpy", "torch", "mpmath")
+SWEEP_BACKENDS = ("numpy", "torch", "mpmath", "emulated")
+GRANULARITY = {"numpy": "native", "torch": "native", "mpmath": "scalar"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class Config:
     compute: str
     p_cast: str | None = None
     quantize: str | None = None
+    rounding: str = "nearest"
+    granularity: str = "native"
 
     @property
     def input_format(self) -> Format:
@@ -65,6 +73,24 @@ class Config:
     def make_ctx(self) -> ArrayContext:
         return targets.get(self.name).options["ctx"]()
 
+    def arith(self, inputs: dict[str, np.ndarray], block: int) -> bounds.Arith:
+        """The arithmetic of this configuration at key-block size ``block`` (``n_k`` for the
+        naive computation), for :func:`exactattn.bounds.bounds` with ``input_rounding``.
+
+        Per-tensor FP8 inputs ``s·fp8(x/s)`` (then held in fp32) are bounded as a binary
+        format of the FP8 precision whose subnormal error covers ``s·μ_fp8`` for the largest
+        of the three scales ``s`` (the fp32 rounding on top stays within ``ū``).
+        """
+        arith = bounds.Arith.of_context(self.make_ctx(), block=block)
+        if self.quantize is None:
+            return arith
+        from . import fp8
+
+        base = get_format(self.quantize)
+        s = max(fp8.tensor_scale(inputs[x], self.quantize) for x in "qkv")
+        e_min = base.e_min + math.ceil(math.log2(s)) + 1  # 2^(e_min − p) ≥ 2·s·μ_fp8
+        return replace(arith, input=Format(f"{self.quantize}*s", base.p, e_min))
+
     def prepare(self, x: np.ndarray) -> np.ndarray:
         """The input as this configuration receives it (FP8 per-tensor quantised if set)."""
         if self.quantize is None:
@@ -76,31 +102,35 @@ class Config:
 
 @functools.cache
 def get_config(name: str) -> Config:
-    """The configuration called ``name`` (a registry entry of the ``api`` convention or ``mpN``)."""
+    """The configuration called ``name`` (a registry entry of the ``api`` convention, ``mpN``
+    or ``emuN-rn|rz``)."""
     try:
         target = targets.get(name)
     except targets.UnknownTarget:
         raise ValueError(
-            f"unknown configuration {name!r}; use one of {sorted(names())} or mpN"
+            f"unknown configuration {name!r}; use one of {sorted(names())}, mpN or emuN-rn|rz"
         ) from None
     options = target.options
     if target.convention != "api" or options.get("backend") not in SWEEP_BACKENDS:
         raise ValueError(
             f"{name!r} is a registry target but not a precision configuration; use one of "
-            f"{sorted(names())} or mpN"
+            f"{sorted(names())}, mpN or emuN-rn|rz"
         )
+    backend = options["backend"]
     return Config(
         name,
-        options["backend"],
+        backend,
         options["storage"],
         options["compute"],
         options["p_cast"],
         options["quantize"],
+        options.get("rounding", "nearest"),
+        options.get("granularity", GRANULARITY.get(backend, "native")),
     )
 
 
 def names() -> list[str]:
-    """The registered precision configurations (``mpN`` besides)."""
+    """The registered precision configurations (``mpN`` and ``emuN-rn|rz`` besides)."""
     return [
         name
         for name, target in targets.registry().items()
@@ -112,9 +142,37 @@ def names() -> list[str]:
 
 
 def available(name: str) -> tuple[bool, str]:
-    """Whether the configuration can run here, and if not, why."""
-    why = targets.unavailable(targets.get(get_config(name).name))
+    """Whether the configuration (or registry target ``name[dtype]``) can run here, and if
+    not, why."""
+    try:
+        target = targets.get(get_config(name).name)
+    except ValueError:
+        target = targets.variant(name).target
+    why = targets.unavailable(target)
     return why is None, why or ""
+
+
+def sweep_names(names: list[str]) -> list[str]:
+    """Registry names as the sweep's ``config`` knob: configurations as they are, foreign
+    targets as ``name[dtype]`` (a bare name that runs in several dtypes: each of float16,
+    bfloat16, float32 it takes). Unknown names raise :class:`~exactattn.targets.UnknownTarget`."""
+    out: list[str] = []
+    for name in names:
+        try:
+            get_config(name)
+            out.append(name)
+            continue
+        except ValueError:
+            pass
+        base, bracket, _ = name.partition("[")
+        target = targets.get(base)
+        if bracket or len(target.caps.dtypes) == 1:
+            targets.variant(name)  # checks the dtype
+            out.append(name)
+        else:
+            kinds = [x for x in ("float16", "bfloat16", "float32") if x in target.caps.dtypes]
+            out += [f"{base}[{x}]" for x in kinds]
+    return list(dict.fromkeys(out))
 
 
 def to_float64(x: Any) -> np.ndarray:

@@ -24,13 +24,20 @@ def _dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
+def tensor_scale(x: np.ndarray, fmt: str) -> float:
+    """The per-tensor scale ``s = amax|x| / max_fp8`` (1 for an all-zero tensor)."""
+    import torch
+
+    amax = float(np.max(np.abs(x))) if x.size else 0.0
+    return amax / float(torch.finfo(_dtype(fmt)).max) if amax > 0 else 1.0
+
+
 def quantize_per_tensor(x: np.ndarray, fmt: str) -> np.ndarray:
     """``s·fp8(x/s)`` with ``s = amax|x| / max_fp8`` (float64 in, float64 out)."""
     import torch
 
     dtype = _dtype(fmt)
-    amax = float(np.max(np.abs(x))) if x.size else 0.0
-    scale = amax / float(torch.finfo(dtype).max) if amax > 0 else 1.0
+    scale = tensor_scale(x, fmt)
     q = torch.from_numpy(np.asarray(x, dtype=np.float64) / scale).to(dtype)
     return q.to(torch.float64).numpy() * scale
 

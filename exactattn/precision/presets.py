@@ -7,14 +7,18 @@ a sliding window of ``n/8`` keys to the left), ``seed`` and ``grads`` (measure d
 dV too). A preset may add ``reference_prec`` (bits of the certified reference) and
 ``description``. Add a preset by adding a dict here; no library code changes.
 
-Scaling to a 2-core CPU: the certified reference costs about ``8 s · (n/1024)² · d/64``
-for forward + backward at 200 bits, and mpmath runs cost ~1 µs per rounded operation in
-pure Python, so the mantissa-width (``mpN``) grids stay at ``n ≤ 128, d = 16``.
+Scaling to a 2-core CPU: the certified reference costs about ``1.2 s · (n/1024)² · d/64``
+forward, ``3 s`` with the gradients (one core, 96 bits); mpmath runs cost ~1 µs per
+rounded operation in pure Python, so the ``mpN`` grids stay at ``n ≤ 128, d = 16``, while
+the vectorised emulated formats (``emuN-rn|rz``) run Golden et al.'s sizes. Presets whose
+names tests rely on: ``tiny`` (seconds).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+GOLDEN_BITS = (6, 7, 8, 9, 10, 11, 12, 14, 16, 20, 24)  # significand bits p (mantissa p − 1)
 
 DEFAULTS: dict[str, list[Any]] = {
     "block": [64],
@@ -25,13 +29,34 @@ DEFAULTS: dict[str, list[Any]] = {
     "grads": [True],
 }
 
+FULL_CONFIGS = (
+    "np-fp16",
+    "np-fa2-fp16",
+    "np-fp32",
+    "np-fp64",
+    "torch-fp16",
+    "torch-bf16",
+    "torch-fp32",
+    "torch-fp64",
+    "torch-fa2-fp16",
+    "torch-fa2-bf16",
+    "torch-fp8-e4m3",
+    "torch-fp8-e5m2",
+)
+FULL_KNOBS: dict[str, list[Any]] = {
+    "d": [64],
+    "block": [64, 256],
+    "dist": ["normal", "fa3-outliers", "large-logits"],
+    "mask": ["none", "causal", "window"],
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "description": "a few seconds: for tests and smoke runs",
         "seeds": [0],
         "grids": [
             {
-                "config": ["np-fp16", "np-fa2-fp16", "mp11"],
+                "config": ["np-fp16", "np-fa2-fp16", "mp11", "emu8-rn", "emu8-rz"],
                 "n": [16, 24],
                 "d": [8],
                 "block": [8],
@@ -101,58 +126,86 @@ PRESETS: dict[str, dict[str, Any]] = {
         ],
     },
     "golden": {
-        "description": "Golden et al. 2024: tiled vs naive deviation as the mantissa "
-        "shrinks, and with block size and n (mpmath-emulated formats, scaled down)",
+        "description": "Golden et al. 2024 at their sizes, forward only: tiled vs naive "
+        "deviation and each against the certified reference, for 5 to 23 mantissa bits "
+        "with every operation's float64 result rounded to nearest or truncated (emuN-rn, "
+        "emuN-rz), n = 256..4096, d = 64, 128, b = 16..256, and the FA-2 policy; a small "
+        "backward grid checks the gradient bound (45 min on 2 cores shared at load ~8)",
         "seeds": [0, 1],
         "grids": [
+            {  # mantissa bits m = p − 1 = 5..23 (BF16: 7, FP16: 10, FP32: 23)
+                "config": [f"emu{p}-{r}" for p in GOLDEN_BITS for r in ("rn", "rz")],
+                "n": [1024],
+                "d": [64, 128],
+                "block": [64],
+                "grads": [False],
+            },
+            {  # sequence length, at BF16's and FP16's precision
+                "config": ["emu8-rn", "emu8-rz", "emu11-rn", "emu11-rz"],
+                "n": [256, 1024, 4096],
+                "d": [64, 128],
+                "block": [64],
+                "grads": [False],
+            },
+            {  # key-block size
+                "config": ["emu8-rn", "emu8-rz"],
+                "n": [1024, 4096],
+                "d": [64, 128],
+                "block": [16, 32, 64, 128, 256],
+                "grads": [False],
+            },
+            {  # the precision policy: FA-2's (24-bit statistics and accumulators)
+                "config": ["emu8-rn-fa2", "emu8-rz-fa2"],
+                "n": [1024, 4096],
+                "d": [64],
+                "block": [16, 64, 256],
+                "grads": [False],
+            },
+            {  # the reverse, for the gradient bound
+                "config": ["emu8-rn", "emu8-rz", "emu11-rz", "emu8-rz-fa2"],
+                "n": [256, 1024],
+                "d": [64],
+                "block": [64],
+            },
+        ],
+    },
+    "golden-tiny": {
+        "description": "Golden et al.'s grids scaled down to seconds (for tests)",
+        "seeds": [0],
+        "grids": [
             {
-                "config": ["mp6", "mp8", "mp11", "mp16", "mp24", "mp53"],
+                "config": [f"emu{p}-{r}" for p in (6, 8, 11, 16) for r in ("rn", "rz")],
                 "n": [64],
                 "d": [16],
                 "block": [16],
                 "grads": [False],
             },
+            {"config": ["emu8-rn", "emu8-rz"], "n": [32, 64, 128], "d": [16], "block": [16]},
+            {"config": ["emu8-rn", "emu8-rz"], "n": [128], "d": [16], "block": [8, 32, 128]},
+            {"config": ["emu8-rz-fa2"], "n": [64], "d": [16], "block": [16], "grads": [False]},
+        ],
+    },
+    "golden-16k": {
+        "description": "Golden et al. at n = 16384, forward, BF16 precision both roundings; "
+        "run with --workers 1 (a naive run holds ~11 GB; ~12 min)",
+        "seeds": [0],
+        "grids": [
             {
-                "config": ["mp8", "mp11"],
-                "n": [32, 64, 128],
-                "d": [16],
-                "block": [8, 16, 32],
-                "grads": [False],
-            },
-            {
-                "config": ["torch-bf16", "torch-fa2-bf16", "np-fp16", "np-fa2-fp16"],
-                "n": [128, 256, 512, 1024],
+                "config": ["emu8-rn", "emu8-rz"],
+                "n": [16384],
                 "d": [64],
-                "block": [16, 64, 256],
+                "block": [64],
                 "grads": [False],
             },
         ],
     },
     "full": {
-        "description": "the whole grid up to n = 4096 (reference ~2 min per problem there)",
+        "description": "the whole grid — 12 NumPy and torch configurations, 3 input "
+        "distributions, 3 masks, b = 64 and 256, with gradients — at n = 64, 256, 1024, "
+        "and mpmath widths at n ≤ 128 (8 min on 2 cores shared at load ~5)",
         "seeds": [0],
         "grids": [
-            {
-                "config": [
-                    "np-fp16",
-                    "np-fa2-fp16",
-                    "np-fp32",
-                    "np-fp64",
-                    "torch-fp16",
-                    "torch-bf16",
-                    "torch-fp32",
-                    "torch-fp64",
-                    "torch-fa2-fp16",
-                    "torch-fa2-bf16",
-                    "torch-fp8-e4m3",
-                    "torch-fp8-e5m2",
-                ],
-                "n": [64, 256, 1024, 4096],
-                "d": [64],
-                "block": [64, 256],
-                "dist": ["normal", "fa3-outliers", "large-logits"],
-                "mask": ["none", "causal", "window"],
-            },
+            {"config": list(FULL_CONFIGS), "n": [64, 256, 1024], **FULL_KNOBS},
             {
                 "config": ["mp8", "mp11", "mp16", "mp24", "mp53"],
                 "n": [64, 128],
@@ -161,10 +214,22 @@ PRESETS: dict[str, dict[str, Any]] = {
             },
         ],
     },
+    "full-4096": {
+        "description": "the full grid at n = 4096, for a Dask cluster (--scheduler): the "
+        "runs, not the reference, dominate — ~16x the n = 1024 slice, hours of CPU",
+        "seeds": [0],
+        "grids": [{"config": list(FULL_CONFIGS), "n": [4096], **FULL_KNOBS}],
+    },
 }
 
 
-def get_preset(name: str) -> dict[str, Any]:
+def get_preset(name: str, targets: list[str] | None = None) -> dict[str, Any]:
+    """The preset called ``name``; with ``targets``, every grid runs those instead of its
+    own configurations (``exactattn sweep --targets``)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name]
+    preset = PRESETS[name]
+    if not targets:
+        return preset
+    grids = [{**grid, "config": list(targets)} for grid in preset["grids"]]
+    return {**preset, "grids": grids}

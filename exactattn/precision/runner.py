@@ -2,9 +2,13 @@
 
 Every grid point is an independent task (:func:`.tasks.run_task`); the certified
 reference of each problem is one task too (:func:`.tasks.reference_task`), computed once
-and handed to that problem's points. Rows are appended to ``results.csv`` as tasks finish
-(one row per run: a point × ``impl``), so a killed sweep resumes from what it wrote: with
-``resume`` the rows already in the CSV are kept and only the missing points run.
+and handed to that problem's points. References are submitted largest first; a large one
+(:data:`SPLIT_COST` and up) splits its rows over the local workers itself, so the last
+big reference does not run on one core while the others idle. Rows are appended to
+``results.csv`` as tasks finish (one row per run: a point × ``impl``), so a killed sweep
+resumes from what it wrote: with ``resume`` the rows already in the CSV are kept and only
+the missing points run. The progress bar's ETA weighs each task by its estimated cost
+(:func:`cost`), references included.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from .grid import KNOBS, Point, expand, key_of
 from .metrics import METRICS
 from .presets import get_preset
 from .reference import OUTPUTS
-from .tasks import reference_task, run_task
+from .tasks import BOUND_COLUMNS, reference_task, run_task
 
 PACKAGES = ("exactattn", "numpy", "mpmath", "python-flint", "torch")
 COLUMNS = (
@@ -33,6 +37,8 @@ COLUMNS = (
     "impl",
     "backend",
     "bits",
+    "rounding",
+    "granularity",
     "u_input",
     "u_compute",
     "u_p",
@@ -41,14 +47,22 @@ COLUMNS = (
     "seconds",
     *(f"{out}_{metric}" for out in OUTPUTS for metric in METRICS),
     *(f"dev_{out}_{metric}" for out in OUTPUTS for metric in ("max_abs", "rmse")),
-    "bound_ratio",
-    "bound_max",
+    *BOUND_COLUMNS,
     "ref_radius",
     "ref_prec",
     "ref_seconds",
     "python",
     *(f"v_{name.replace('-', '_')}" for name in PACKAGES),
 )
+
+
+SPLIT_COST = 1024 * 1024 * 64  # n²·d of a reference worth splitting (~1 s forward)
+
+
+def cost(problem: Any, kind: str) -> float:
+    """Relative cost of a task: ``n²·d``, ×3 with gradients; a reference ~20× a run."""
+    work = problem.n**2 * problem.d * (3 if problem.grads else 1)
+    return work * (20 if kind == "ref" else 1)
 
 
 def versions() -> dict[str, str]:
@@ -94,10 +108,14 @@ def run_sweep(
     scheduler: Any = None,
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    targets: list[str] | None = None,
 ) -> SweepResult:
-    """Run the preset's grid into ``out_dir/results.csv``; returns what was done."""
+    """Run the preset's grid into ``out_dir/results.csv``; returns what was done.
+
+    ``targets``: run these configuration or registry names (:func:`.configs.sweep_names`)
+    on the preset's grids instead of its own configurations."""
     start = time.perf_counter()
-    preset = get_preset(preset_name)
+    preset = get_preset(preset_name, targets)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.csv"
@@ -122,11 +140,19 @@ def run_sweep(
     stamp = versions()
     written = 0
     executor = make_executor(workers, scheduler)
-    bar = _Progress(progress, len(by_problem), len(points))
+    problems = sorted(by_problem, key=lambda p: -cost(p, "ref"))
+    total = sum(cost(p, "ref") for p in problems) + sum(cost(p, "run") for p in points)
+    bar = _Progress(progress, len(problems), len(points), total)
     try:
         with path.open("a", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-            pending = {executor.submit(reference_task, p, prec): ("ref", p) for p in by_problem}
+            pending = {}
+            for problem in problems:
+                split = (
+                    workers if scheduler is None and cost(problem, "ref") >= 20 * SPLIT_COST else 1
+                )
+                future = executor.submit(reference_task, problem, prec, split)
+                pending[future] = ("ref", problem)
             while pending:
                 finished, _ = executor.wait_first(pending)
                 for future in finished:
@@ -138,7 +164,7 @@ def run_sweep(
                             skipped[point.key] = f"{error}; rerun with --resume"
                         continue
                     if kind == "ref":
-                        bar.reference_done()
+                        bar.reference_done(cost(item, "ref"))
                         for point in by_problem[item]:
                             pending[executor.submit(run_task, point, result)] = ("run", point)
                         continue
@@ -149,7 +175,7 @@ def run_sweep(
                         if on_row is not None:
                             on_row(row)
                     handle.flush()
-                    bar.run_done()
+                    bar.run_done(cost(item, "run"))
     finally:
         executor.close()
         bar.close()
@@ -157,31 +183,46 @@ def run_sweep(
 
 
 class _Progress:
-    """A rich progress bar for references and runs (silent when disabled)."""
+    """Rich progress bars: all work weighted by cost (with an ETA), references and runs
+    counted (silent when disabled)."""
 
-    def __init__(self, enabled: bool, references: int, runs: int):
+    def __init__(self, enabled: bool, references: int, runs: int, total: float):
         self._bar = None
         if not enabled:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
         self._bar = Progress(
             "[progress.description]{task.description}",
             BarColumn(),
-            MofNCompleteColumn(),
+            "{task.percentage:>3.0f}%",
             TimeElapsedColumn(),
+            TimeRemainingColumn(),
         )
-        self._refs = self._bar.add_task("certified references", total=references)
-        self._runs = self._bar.add_task("runs", total=runs)
+        self._totals = {"references": references, "runs": runs}
+        self._done = dict.fromkeys(self._totals, 0)
+        self._work = self._bar.add_task("all work, by cost", total=max(total, 1.0))
+        self._tasks = {
+            name: self._bar.add_task(self._label(name), total=max(count, 1))
+            for name, count in self._totals.items()
+        }
         self._bar.start()
 
-    def reference_done(self) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._refs)
+    def _label(self, name: str) -> str:
+        return f"{name} {self._done[name]}/{self._totals[name]}"
 
-    def run_done(self) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._runs)
+    def _advance(self, name: str, work: float) -> None:
+        if self._bar is None:
+            return
+        self._done[name] += 1
+        self._bar.update(self._tasks[name], advance=1, description=self._label(name))
+        self._bar.advance(self._work, work)
+
+    def reference_done(self, work: float) -> None:
+        self._advance("references", work)
+
+    def run_done(self, work: float) -> None:
+        self._advance("runs", work)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -3,7 +3,10 @@
 * :func:`reference_task`: the certified reference (:mod:`exactattn.certified`) of one
   problem, its allowed set written from the mask's definition;
 * :func:`run_task`: one grid point, the tiled and the naive computation in the
-  configuration's arithmetic, measured against the reference; returns two CSV rows.
+  configuration's arithmetic, measured against the reference, each error divided by the
+  elementwise bound of :mod:`exactattn.bounds` for the configuration's arithmetic
+  (``bound_ratio`` for Y, ``grad_bound_ratio`` the worst of dQ, dK, dV; ≤ 1 where the
+  bound holds); returns two CSV rows.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import api, masks
-from .bound import allowed_matrix, bound_ratio, forward_bound
-from .configs import get_config, to_float64
+from .. import api, bounds, masks
+from .configs import Config, get_config, to_float64
 from .grid import Point, Problem
 from .inputs import input_seed, make_inputs
 from .metrics import METRICS, deviation, error_metrics
@@ -54,8 +56,9 @@ def scale_of(problem: Problem | Point) -> float:
     return float(problem.scale) / math.sqrt(problem.d)
 
 
-def reference_task(problem: Problem, prec: int | None) -> Reference:
-    """The certified reference of one problem (``prec=None``: chosen by the reference)."""
+def reference_task(problem: Problem, prec: int | None, workers: int = 1) -> Reference:
+    """The certified reference of one problem (``prec=None``: chosen by the reference;
+    ``workers``: processes its blocks of rows are split over)."""
     inputs = make_inputs(problem.dist, problem.n, problem.d, problem.seed)
     return certified_reference(
         inputs,
@@ -63,6 +66,7 @@ def reference_task(problem: Problem, prec: int | None) -> Reference:
         allowed=allowed_set(problem.mask, problem.n),
         prec=prec,
         grads=problem.grads,
+        workers=workers,
     )
 
 
@@ -81,34 +85,142 @@ def _run(impl: str, point: Point, ctx: Any, inputs: dict[str, np.ndarray], mask:
     return {name: to_float64(x) for name, x in out.items()}
 
 
+# --- what runs at a point: an exactattn configuration, or any registry target ---------------
+NAIVE_OF = {
+    "float16": "np-fp16",
+    "bfloat16": "torch-bf16",
+    "float32": "np-fp32",
+    "float64": "np-fp64",
+}
+
+
+class _Configured:
+    """An exactattn configuration: its tiled run (``tiled``) and naive attention
+    (``naive``), both in the configuration's arithmetic, bounded by :meth:`Config.arith`."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.ctx = config.make_ctx()
+        fmt = config.input_format
+        self.columns = {
+            "backend": getattr(self.ctx, "name", str(self.ctx)),
+            "bits": config.bits,
+            "rounding": config.rounding,
+            "granularity": config.granularity,
+            "u_input": fmt.u,
+            "u_compute": config.compute_format.u,
+            "u_p": config.p_format.u,
+        }
+        self.ulp_format = config.ulp_format
+
+    def run(self, impl: str, point: Point, original: dict[str, np.ndarray]) -> dict:
+        inputs = {x: self.config.prepare(a) if x != "g" else a for x, a in original.items()}
+        return _run(impl, point, self.ctx, inputs, build_mask(point.mask, point.n))
+
+    def bound(self, impl: str, point: Point, original: dict[str, np.ndarray]) -> dict:
+        """The tiled reverse freezes ``m, ℓ`` and reads ``δ = G·Y``; naive attention is one
+        block of ``n`` keys with ``δ`` summed over ``P``; every row in one reverse tile."""
+        tiled = impl == "tiled"
+        return bounds.bounds(
+            self.config.arith(original, point.block if tiled else point.n),
+            *(original[x] for x in "qkv"),
+            original["g"] if point.grads else None,
+            scale=scale_of(point),
+            allowed=allowed_set(point.mask, point.n),
+            delta="gy" if tiled else "rowsum",
+            row_block=point.n,
+            input_rounding=True,
+        )
+
+
+class _Foreign:
+    """A registry target that is not an exactattn configuration (``sdpa[float16]``,
+    ``flex``…): its own call as ``tiled``, naive attention in its dtype
+    (:data:`NAIVE_OF`) as ``naive``, bounded by the arithmetic it claims. A point it does
+    not take is skipped with its reason; without gradients there, only the forward runs."""
+
+    def __init__(self, name: str):
+        from .. import targets
+
+        self.variant = targets.variant(name)
+        self.naive = _Configured(get_config(NAIVE_OF[self.variant.dtype]))
+        claim = self.variant.claim
+        fmt = bounds.number_format
+        self.columns = {
+            "backend": f"{self.variant.name} ({self.variant.target.convention} convention)",
+            "bits": fmt(claim.input).p,
+            "rounding": "nearest",
+            "granularity": "native",
+            "u_input": fmt(claim.input).u,
+            "u_compute": max(fmt(claim.scores).u, fmt(claim.stats).u),
+            "u_p": fmt(claim.p).u,
+        }
+        self.ulp_format = fmt(claim.input)
+
+    def case(self, point: Point, original: dict[str, np.ndarray]) -> Any:
+        from ..difftest.cases import Case
+
+        mask = {"none": {"kind": "none"}, "causal": {"kind": "causal"}}.get(point.mask)
+        if mask is None:
+            mask = {"kind": "window", "left": max(1, point.n // 8), "right": 0}
+        return Case(**original, block_size=point.block, scale=scale_of(point), mask=mask)
+
+    def run(self, impl: str, point: Point, original: dict[str, np.ndarray]) -> dict:
+        if impl == "naive":
+            return self.naive.run(impl, point, original)
+        case = self.case(point, original)
+        why = self.variant.unsupported(case)
+        if why:
+            raise Skipped(why)
+        grads = point.grads and self.variant.grads_unsupported() is None  # else forward only
+        held = {x: self.variant.hold(a) for x, a in original.items()}
+        out = self.variant.run(case, held, grads)
+        return {x: np.asarray(out[x], dtype=np.float64) for x in OUTPUTS if x in out}
+
+    def bound(self, impl: str, point: Point, original: dict[str, np.ndarray]) -> dict:
+        if impl == "naive":
+            return self.naive.bound(impl, point, original)
+        from ..testing.reference import claimed_bound
+
+        inputs = {**original, "g": original["g"] if point.grads else None}
+        case = self.case(point, original)
+        return claimed_bound(self.variant, case, inputs, input_rounding=True)
+
+
+class Skipped(Exception):
+    """The target does not take this point (its capabilities say why)."""
+
+
+def unit_of(name: str) -> _Configured | _Foreign:
+    """What runs for the ``config`` knob ``name``: a configuration, else a registry target."""
+    try:
+        return _Configured(get_config(name))
+    except ValueError:
+        return _Foreign(name)
+
+
 def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
-    """Two rows (``impl`` = tiled, naive) of knobs, metrics, deviation and bound ratio."""
-    config = get_config(point.config)
+    """Two rows (``impl`` = tiled, naive) of knobs, metrics, deviation and bound ratios."""
+    unit = unit_of(point.config)
     original = make_inputs(point.dist, point.n, point.d, point.seed)
-    inputs = {name: config.prepare(x) if name != "g" else x for name, x in original.items()}
-    mask = build_mask(point.mask, point.n)
-    ctx = config.make_ctx()
     results, status, seconds = {}, {}, {}
     for impl in ("tiled", "naive"):
         start = time.perf_counter()
         try:
-            results[impl] = _run(impl, point, ctx, inputs, mask)
+            results[impl] = unit.run(impl, point, original)
             status[impl] = "ok"
-        except (FloatingPointError, ValueError, OverflowError) as error:
+        except Skipped as why:
+            results[impl], status[impl] = None, f"skipped: {why}"[:200]
+        except (FloatingPointError, ValueError, OverflowError, RuntimeError) as error:
             results[impl] = None
             status[impl] = f"error: {type(error).__name__}: {error}"[:200]
         seconds[impl] = time.perf_counter() - start
-    allowed = allowed_matrix(mask, point.n, point.n)
     rows = []
     for impl in ("tiled", "naive"):
         row: dict[str, Any] = {
             **{name: getattr(point, name) for name in Point.__dataclass_fields__},
             "impl": impl,
-            "backend": getattr(ctx, "name", str(ctx)),
-            "bits": config.bits,
-            "u_input": config.input_format.u,
-            "u_compute": config.compute_format.u,
-            "u_p": config.p_format.u,
+            **unit.columns,
             "input_seed": input_seed(point.seed, point.dist, point.n, point.d),
             "status": status[impl],
             "seconds": seconds[impl],
@@ -120,29 +232,59 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
         for name in OUTPUTS:
             present = mine is not None and name in mine
             metrics = (
-                error_metrics(mine[name], reference.hi[name], config.ulp_format, reference.lo[name])
+                error_metrics(mine[name], reference.hi[name], unit.ulp_format, reference.lo[name])
                 if present
                 else dict.fromkeys(METRICS, math.nan)
             )
             row.update({f"{name}_{metric}": value for metric, value in metrics.items()})
             dev = (
                 deviation(mine[name], other[name])
-                if present and other is not None
+                if present and other is not None and name in other
                 else {"max_abs": math.nan, "rmse": math.nan}
             )
             row[f"dev_{name}_max_abs"], row[f"dev_{name}_rmse"] = dev["max_abs"], dev["rmse"]
-        if mine is not None:
-            bound = forward_bound(
-                config,
-                original,
-                scale=scale_of(point),
-                block_size=point.block if impl == "tiled" else None,
-                allowed=allowed,
-            )
-            error = (mine["y"] - reference.hi["y"]) - reference.lo["y"]
-            row["bound_ratio"] = bound_ratio(error, bound)
-            row["bound_max"] = float(bound.max())
-        else:
-            row["bound_ratio"] = row["bound_max"] = math.nan
+        row.update(_bound_columns(unit, point, impl, original, mine, reference))
         rows.append(row)
     return rows
+
+
+BOUND_COLUMNS = ("bound_ratio", "grad_bound_ratio", "bound_max", "bound_vacuous")
+GRADS = ("dq", "dk", "dv")
+
+
+def _bound_columns(
+    unit: _Configured | _Foreign,
+    point: Point,
+    impl: str,
+    original: dict[str, np.ndarray],
+    mine: dict[str, np.ndarray] | None,
+    reference: Reference,
+) -> dict[str, float]:
+    """Measured error over the bound: ``bound_ratio`` (Y), ``grad_bound_ratio`` (the worst
+    of dQ, dK, dV), the largest bound on Y and the share of entries whose bound is infinite
+    (the arithmetic cannot resolve them: only finiteness is checked there).
+
+    The bound is :func:`exactattn.bounds.bounds` on the exact float64 inputs with
+    ``input_rounding`` (the run rounds them to its storage first). The error is the
+    distance to the reference's midpoint plus that entry's radius (not the largest radius:
+    an entry far below the others, e.g. a gradient through weights ``e^{-700}``, has a bound
+    far below the largest radius, and its own radius is as far below it).
+    """
+    out = dict.fromkeys(BOUND_COLUMNS, math.nan)
+    if mine is None:
+        return out
+    found = unit.bound(impl, point, original)
+
+    def ratio(name: str) -> float:
+        error = np.abs((mine[name] - reference.hi[name]) - reference.lo[name])
+        return bounds.ratio(error + reference.rad[name], found[name])
+
+    names = ["y", *(x for x in GRADS if x in mine)]
+    out["bound_ratio"] = ratio("y")
+    if len(names) > 1:
+        out["grad_bound_ratio"] = max(ratio(name) for name in names[1:])
+    out["bound_max"] = float(found["y"].max())
+    out["bound_vacuous"] = float(
+        sum(np.isinf(found[x]).sum() for x in names) / sum(found[x].size for x in names)
+    )
+    return out

@@ -69,12 +69,13 @@ def get(
     ``sdpa``, ``claim`` default: the input dtype throughout, block size unstated)."""
     if name in registry() and convention is None and claim is None and supports is None:
         return registry()[name]
-    if builtin.MP.fullmatch(name):
+    if builtin.MP.fullmatch(name) or builtin.EMU.fullmatch(name):
         return builtin.config_target(name)
     if ":" in name:
         return user_target(name, convention or "sdpa", claim or Claim(), supports)
     raise UnknownTarget(
         f"unknown target {name!r}; available: {', '.join(names())}, mpN (N >= 2), "
+        "emuN-rn / emuN-rz (2 <= N <= 26; -fa2, -scalar), "
         "or your own as package.module:function or path/to/file.py:function"
     )
 

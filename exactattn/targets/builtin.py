@@ -4,9 +4,17 @@ Each precision configuration — a number system and its policy: ``storage`` (in
 outputs), ``compute`` (scores, running ``m, ℓ, z``, accumulators), ``p_cast`` (``p`` is
 rounded to it before ``p·V``; the FlashAttention-2 policy casts to the input dtype) and
 ``quantize`` (per-tensor FP8 inputs, FlashAttention-3 §4.3's baseline) — is one entry;
-``mpN`` (any ``N ≥ 2``) is mpmath at ``N`` bits with every operation rounded (the
-emulated-mantissa experiment of Golden et al., 2024). The sweep (:mod:`exactattn.precision`),
-``exactattn difftest`` and ``exactattn check`` all read these entries; there is no other list.
+``mpN`` (any ``N ≥ 2``) is mpmath at ``N`` bits with every operation rounded. ``emuN-rn`` and
+``emuN-rz`` (``2 ≤ N ≤ 26``) are ``N`` significand bits emulated on float64 words
+(:class:`~exactattn.backends.emulated_backend.EmulatedContext`) with FP64's exponent range,
+rounded to nearest-even (``rn``) or truncated (``rz``) after every operation — each whole
+operation (a matmul, a row sum, an elementwise op) computed in float64 and its result
+rounded: Golden et al.'s (2024) method of truncating an FP64 implementation's mantissas.
+Suffixes: ``-fa2`` keeps the FlashAttention-2 policy (inputs and ``p`` in the ``N``-bit
+format, everything else in 24 bits, the same rounding), ``-scalar`` rounds every scalar
+multiply and add of dot products and sums instead (mpmath's granularity). The sweep
+(:mod:`exactattn.precision`), ``exactattn difftest`` and ``exactattn check`` all read these
+entries; there is no other list.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ CONFIGS: dict[str, tuple[str, str, str, str | None, str | None]] = {
     "torch-fp8-e5m2": ("torch", "float32", "float32", "e5m2", "e5m2"),
 }
 MP = re.compile(r"mp(\d+)")
+EMU = re.compile(r"emu(\d+)-(rn|rz)(-fa2)?(-scalar)?")
+EMU_BITS = (2, 26)  # double rounding through float64 stays within ū of the format up to 26
+ROUNDING = {"rn": "nearest", "rz": "toward_zero"}
 DIFFTEST_MP = (11, 24, 80)  # the mpmath widths difftest runs
 SCORES = {"bias": True, "softcap": True}  # every exactattn entry takes both
 SMALL = 600  # n_q·n_k·(d+v)·batch: where the exact and object-array systems stay fast
@@ -58,8 +69,68 @@ def _ctx_factory(backend: str, storage: str, compute: str, p_cast: str | None) -
     return make
 
 
+def _emulated_factory(bits: int, rounding: str, fa2: bool, granularity: str) -> Any:
+    def make() -> Any:
+        from ..backends.emulated_backend import EmulatedContext, EmulatedFormat
+
+        if not fa2:
+            return EmulatedContext(bits, exponent=11, rounding=rounding, granularity=granularity)
+        narrow = EmulatedFormat.of(bits, 11, rounding)
+        return EmulatedContext(
+            24,
+            exponent=11,
+            rounding=rounding,
+            granularity=granularity,
+            storage=narrow,
+            p_cast=narrow,
+        )
+
+    return make
+
+
+def emulated_target(name: str) -> Target:
+    """The entry of an emulated format ``emuN-rn|rz[-fa2][-scalar]`` (module docstring)."""
+    match = EMU.fullmatch(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not emuN-rn or emuN-rz (optionally -fa2, -scalar)")
+    bits, mode, fa2, scalar = int(match.group(1)), match.group(2), match.group(3), match.group(4)
+    if not EMU_BITS[0] <= bits <= EMU_BITS[1]:
+        raise ValueError(
+            f"{name!r}: emuN takes {EMU_BITS[0]} <= N <= {EMU_BITS[1]} significand bits "
+            "(beyond 26, rounding float64 results twice may exceed the format's unit roundoff)"
+        )
+    rounding, granularity = ROUNDING[mode], "scalar" if scalar else "op"
+    narrow, wide = f"p{bits}", "p24" if fa2 else f"p{bits}"
+    policy = "FA-2 policy (24-bit compute, p cast), " if fa2 else ""
+    return Target(
+        name=name,
+        convention="api",
+        loader=lambda: None,
+        caps=Capabilities(dtypes=("float64",), max_size=None if not scalar else SMALL * 100),
+        claim=Claim(input=narrow, scores=wide, stats=wide, p=narrow, acc=wide, block=None),
+        description=f"emulated {bits}-bit significand, FP64 exponent range, {rounding} after "
+        f"every {'scalar operation' if scalar else 'operation'}, {policy}inputs rounded",
+        options={
+            "ctx": _emulated_factory(bits, rounding, bool(fa2), granularity),
+            "backend": "emulated",
+            "storage": narrow,
+            "compute": wide,
+            "p_cast": narrow if fa2 else None,
+            "quantize": None,
+            "rounding": rounding,
+            "granularity": granularity,
+            "difftest": False,
+            "exact_block": True,
+            "reverse": (("ml", "gy"),),
+        },
+        family="emulated",
+    )
+
+
 def config_target(name: str) -> Target:
-    """The entry of a precision configuration (a key of :data:`CONFIGS` or ``mpN``)."""
+    """The entry of a precision configuration (a key of :data:`CONFIGS`, ``mpN`` or ``emu…``)."""
+    if EMU.fullmatch(name):
+        return emulated_target(name)
     match = MP.fullmatch(name)
     if match:
         bits = int(match.group(1))

@@ -546,7 +546,7 @@ def _api_output(backend: str, x: Any, shape: tuple[int, ...]) -> Any:
 
     if backend == "torch":
         return x.detach().to("cpu").double().numpy().reshape(shape)
-    if backend == "numpy":
+    if backend in ("numpy", "emulated"):
         arr = np.asarray(x)
         return (arr if arr.dtype == np.longdouble else arr.astype(np.float64)).reshape(shape)
     arr = np.asarray(x, dtype=object).reshape(shape)

@@ -137,14 +137,15 @@ def program_bias(fn: Any, case: Case, held: dict[str, np.ndarray]) -> tuple[Any,
 def arith_of(variant: Any, case: Case) -> error_bounds.Arith:
     """The :class:`~exactattn.bounds.Arith` a variant claims, at its key-block size.
 
-    exactattn's own IEEE and mpmath configurations: their context's arithmetic
+    exactattn's own IEEE, mpmath and emulated configurations: their context's arithmetic
     (:meth:`Arith.of_context`); every other target: its claim (the coarser of the score
     and statistics formats computes, ``p`` — and in the reverse ``p`` and ``γ`` — is cast
     when it is coarser, as FlashAttention-2's kernels do; outputs are in the input format).
     """
     target = variant.target
     block = variant.bound_block(case)
-    if target.convention == "api" and target.options.get("backend") in ("numpy", "torch", "mpmath"):
+    own = ("numpy", "torch", "mpmath", "emulated")
+    if target.convention == "api" and target.options.get("backend") in own:
         return error_bounds.Arith.of_context(target.options["ctx"](), block=block)
     claim = variant.claim
     fmt = error_bounds.number_format
@@ -173,11 +174,27 @@ class Allowed:
 def bounds(variant: Any, ref: Reference) -> Allowed:
     """The bound of ``variant``'s claimed arithmetic on ``ref``'s case (the one call)."""
     case, held = ref.case, ref.held
+    bound = claimed_bound(variant, case, held, program_bias=ref.program_bias)
+    return Allowed(bound, overflow_risk(arith_of(variant, case), case, held))
+
+
+def claimed_bound(
+    variant: Any,
+    case: Case,
+    inputs: dict[str, Any],
+    *,
+    input_rounding: bool = False,
+    program_bias: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """:func:`exactattn.bounds.bounds` of the variant's arithmetic on ``inputs`` (``q, k, v,
+    g`` and an optional ``bias``), the largest over the reverse structures it may use
+    (``input_rounding``: the inputs are exact values the variant rounds to its input format,
+    as in the sweep; ``program_bias``: a user's additive score_mod, added to the bias)."""
     arith = arith_of(variant, case)
     reverses = variant.target.options.get("reverse", REVERSES)
-    bias = held.get("bias")
-    if ref.program_bias is not None:  # an additive score_mod after the bias: one bias
-        bias = ref.program_bias if bias is None else bias + ref.program_bias
+    bias = inputs.get("bias")
+    if program_bias is not None:  # an additive score_mod after the bias: one bias
+        bias = program_bias if bias is None else bias + program_bias
     keywords = dict(
         scale=case.scale,
         allowed=case.allowed(),
@@ -186,59 +203,13 @@ def bounds(variant: Any, ref: Reference) -> Allowed:
         rho=case.rho() if case.dropout_p else None,
         enable_gqa=case.group > 1,
         row_block=case.sizes["n_q"] if variant.target.options.get("backend") == "numpy" else None,
+        input_rounding=input_rounding,
     )
     found = [
-        error_bounds.bounds(arith, *(held[x] for x in "qkvg"), stats=s, delta=d, **keywords)
+        error_bounds.bounds(arith, *(inputs[x] for x in "qkvg"), stats=s, delta=d, **keywords)
         for s, d in reverses
     ]
-    bound = {name: np.maximum.reduce([b[name] for b in found]) for name in found[0]}
-    for name, extra in underflow(arith, case, held).items():
-        bound[name] = bound[name] + extra
-    return Allowed(bound, overflow_risk(arith, case, held))
-
-
-def underflow(arith: error_bounds.Arith, case: Case, held: dict[str, np.ndarray]) -> dict:
-    """The absolute error of weights below the normal range, carried to the outputs.
-
-    A weight ``p_ij`` that lands among the subnormals of the compute (or p-cast) format is
-    off by up to ``μ`` (half the subnormal spacing) per rounding that touches it: the
-    exponential, the normalisation, the cast and each of the ``T`` rescales; charged as a
-    whole spacing each (``μ`` of float64 is below float64's range), ``a = (T + 4)·2μ`` in
-    all. :func:`exactattn.bounds.bounds` does not carry that *absolute* error through the
-    products that follow (measured: float64 dK off by 1290 subnormal units when
-    ``c = 1497`` multiplies a subnormal γ), so it is added here: ``Y`` moves by
-    ``aΣ_j ρ|V_j|``, dV by ``aΣ_i ρ|G_i|``, dQ and dK by ``a·c·Σ (ρ|dP_ij| + |δ_i|)·|K_j|``
-    (resp. ``|Q_i|``), with ``|δ_i| ≤ max_j ρ|dP_ij|``.
-    """
-    # the subnormal spacing 2μ (μ = 2^-1075 itself is 0 in float64, where this is evaluated)
-    spacings = [2.0 ** (f.e_min - f.p + 1) for f in (arith.compute, arith.p) if f and f.e_min]
-    n_k = case.sizes["n_k"]
-    blocks = -(-n_k // (arith.block or 1)) if n_k else 0
-    a = max(spacings, default=0.0) * (blocks + 4)
-    if a == 0:
-        return {}
-    q, k, v, g = (np.abs(held[x]) for x in "qkvg")
-    if case.group > 1:
-        k, v = (np.repeat(x, case.group, axis=-3) for x in (k, v))
-    weight = case.allowed() * case.rho()
-    dp = weight * (g @ np.swapaxes(v, -1, -2))
-    term = np.where(case.allowed(), dp + dp.max(axis=-1, keepdims=True, initial=0.0), 0.0)
-    c = abs(case.c())
-    out = {
-        "y": a * (weight @ v),
-        "dq": a * c * (term @ k),
-        "dk": a * c * (np.swapaxes(term, -1, -2) @ q),
-        "dv": a * (np.swapaxes(weight, -1, -2) @ g),
-    }
-    for name in ("dk", "dv"):
-        out[name] = _sum_groups(out[name], case.group)
-    return out
-
-
-def _sum_groups(x: np.ndarray, group: int) -> np.ndarray:
-    if group == 1:
-        return x
-    return x.reshape((*x.shape[:-3], x.shape[-3] // group, group, *x.shape[-2:])).sum(axis=-3)
+    return {name: np.maximum.reduce([b[name] for b in found]) for name in found[0]}
 
 
 def overflow_risk(arith: error_bounds.Arith, case: Case, held: dict[str, np.ndarray]) -> bool:

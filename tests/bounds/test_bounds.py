@@ -151,3 +151,33 @@ def test_a_bound_without_one_term_is_exceeded(term, monkeypatch):
     assert max(measure(TARGETS[target], case, cache=cache).ratios.values()) <= 1
     drop(monkeypatch)
     assert max(measure(TARGETS[target], case, cache=cache).ratios.values()) > 1
+
+
+def test_subnormal_weights_amplified_downstream_stay_within_the_bound(monkeypatch):
+    """float64 weights below 2^-1022 err by an absolute μ each; γ carries that error, times
+    c = 1497, into dK. The replayed case (logits 1e4 apart) holds; with float64's μ evaluated
+    as it is (2^-1075, which is 0 in float64) dK exceeds the bound by ~1000 subnormal units."""
+    import json
+    from pathlib import Path
+
+    import exactattn
+    from exactattn.certified import certified_attention
+
+    path = Path(__file__).parents[1] / "regressions" / "difftest_subnormal_weights_amplified.json"
+    data = json.loads(path.read_text())
+    q, k, v, g = (np.array(data[x], dtype=np.float64) for x in "qkvg")
+    scale, block = data["scale"], data["block_size"]
+    ctx = exactattn.NumpyContext("float64")
+    y, stats = exactattn.attention(q, k, v, block_size=block, scale=scale, return_stats=True)
+    grads = exactattn.attention_backward(q, k, v, y, stats, g, block_size=block, scale=scale)
+    enc = certified_attention(q, k, v, g, scale=scale)
+    errors = {name: enc[name].distance(x) for name, x in zip(("dq", "dk", "dv"), grads)}
+    arith = B.Arith.of_context(ctx, block=block)
+
+    def worst() -> float:
+        b = B.bounds(arith, q, k, v, g, scale=scale, row_block=q.shape[-2])
+        return max(B.ratio(errors[name], b[name]) for name in errors)
+
+    assert worst() <= 1
+    monkeypatch.setattr(B, "MU_FLOOR", 0.0)
+    assert worst() > 1

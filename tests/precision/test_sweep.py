@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import numpy as np
 import pytest
@@ -47,10 +48,17 @@ def test_tiny_sweep_writes_csv_plots_and_report(tiny_run):
         assert int(row["ref_prec"]) >= 96
         assert row["v_numpy"] == np.__version__ and row["input_seed"].isdigit()
         assert 0 < float(row["bound_ratio"]) <= 1
+        assert 0 < float(row["grad_bound_ratio"]) <= 1
+        assert float(row["bound_vacuous"]) == 0
+    emulated = {row["config"]: (row["rounding"], row["granularity"]) for row in rows}
+    assert emulated["emu8-rz"] == ("toward_zero", "op")
+    assert emulated["emu8-rn"] == ("nearest", "op") and emulated["mp11"] == ("nearest", "scalar")
+    assert emulated["np-fp16"] == ("nearest", "native")
     report = (tiny_run / "report.md").read_text()
     assert "What the numbers show" in report and "mp11" in report
+    assert f"the bound held in {len(rows)} of {len(rows)} runs" in report
     pngs = sorted(p.name for p in tiny_run.glob("*.png"))
-    assert "tiled_vs_naive.png" in pngs and "bound_ratio.png" in pngs
+    assert {"tiled_vs_naive.png", "bound_ratio.png", "bound_hist.png"} <= set(pngs)
     assert all((tiny_run / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
 
 
@@ -83,6 +91,52 @@ def test_dask_cluster_gives_the_local_results(tiny_run, tmp_path):
     pd.testing.assert_frame_equal(
         _frame(tmp_path / "results.csv"), _frame(tiny_run / "results.csv")
     )
+
+
+def test_golden_tiny_reports_their_claims_beside_ours(tmp_path):
+    out = tmp_path / "golden"
+    assert cli.main(["--preset", "golden-tiny", "--out", str(out), "--no-progress"]) == 0
+    df = pd.read_csv(out / "results.csv")
+    assert set(df["rounding"]) == {"nearest", "toward_zero"}
+    assert (df["bound_ratio"] <= 1).all() and (df["grad_bound_ratio"].dropna() <= 1).all()
+    report = (out / "report.md").read_text()
+    assert "### Their claims beside ours" in report and "~10×" in report
+    assert "the largest tiled/naive ratio on the block grid" in report
+    for axis in ("mantissa bits", "sequence length", "block size"):
+        assert f"### Against {axis}" in report
+    assert {"golden_bits.png", "golden_n.png", "golden_block.png"} <= {
+        p.name for p in out.glob("*.png")
+    }
+
+
+def test_foreign_targets_land_in_the_same_csv(tmp_path, capsys):
+    requires("torch")
+    out = tmp_path / "foreign"
+    names = ["sdpa-math[float32]", "np-fa2-fp16", "sdpa"]
+    assert cli.main(["--preset", "tiny", "--out", str(out), "--targets", *names]) == 0
+    df = pd.read_csv(out / "results.csv")
+    assert set(df["config"]) == {
+        "sdpa-math[float32]",
+        "np-fa2-fp16",
+        "sdpa[float16]",
+        "sdpa[bfloat16]",
+        "sdpa[float32]",
+    }
+    assert (df["status"] == "ok").all()
+    assert (df["bound_ratio"] <= 1).all() and (df["grad_bound_ratio"] <= 1).all()
+    foreign = df[df["config"] == "sdpa-math[float32]"]
+    assert foreign["backend"].str.contains("sdpa convention").any()
+    assert "sdpa[bfloat16]" in (out / "report.md").read_text()
+    assert cli.main(["--preset", "tiny", "--out", str(out), "--targets", "no-such-kernel"]) == 2
+    assert "unknown target 'no-such-kernel'" in capsys.readouterr().err
+
+
+def test_time_reference_prints_the_chosen_precision_and_the_previous_reference(capsys):
+    assert cli.main(["--time-reference", "16", "4", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "n=16 d=4" in out and "previous reference" in out
+    prec = re.search(r"prec (\d+) bits \(chosen\)", out)
+    assert prec and int(prec.group(1)) >= 53, out  # far more than the float64 it certifies
 
 
 def test_cli_rejects_bad_arguments(capsys):
