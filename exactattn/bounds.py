@@ -46,6 +46,10 @@ DELTAS = ("gy", "rowsum")  # δ_i = G_i·Y_i (tiled), or Σ_j p_ij dP_ij (naive 
 ROUNDINGS = ("nearest", "toward_zero")
 HALF_FUNCS = 1.001  # NumPy/torch half exp, log, tanh: float32 (≤ 4·2^-24) rounded once
 FLOAT64 = get_format("float64")
+# An exponential's argument s − m costs three roundings: the subtraction, and where exp is
+# taken as 2^{(s − m)·log₂e} (exactattn's torch path, as SLEEF's exp2 is faster) log₂e's
+# rounding and the product; the telescoped arguments are charged for all three.
+EXP_ARG_ROUNDINGS = 3
 MU_FLOOR = 2.0**-1068  # 64 times the smallest positive float64 (see _mu)
 
 _ALIASES = {
@@ -637,7 +641,8 @@ def _forward(prob: _Problem, un: _Units, arith: Arith, rows: slice) -> _Forward:
     E_max = E.max(axis=-1, initial=0.0)
     gap = np.where(ok, shift[..., None] - np.where(ok, s, 0.0), 0.0)
     # η: the common relative error of e_ij (score, rounded s − m telescoped, T_i exps)
-    eta = np.where(ok, E + un.uc * (gap + E + E_max[..., None]) + T[..., None] * un.uf, 0.0)
+    arg = EXP_ARG_ROUNDINGS * un.uc * (gap + E + E_max[..., None])
+    eta = np.where(ok, E + arg + T[..., None] * un.uf, 0.0)
     chain = 2 * np.maximum(T - 1, 0) * un.uc  # a rescale product and an addition per merge
     lam = np.maximum(b - 1, 0) * un.ua + un.res + chain  # ℓ only
     theta = b * un.ua + un.res + chain + un.uc + un.up + un.ux  # z only (+ the division)
@@ -734,10 +739,12 @@ def _reverse(
     # π_ij: the recomputed p against the exact one, through the frozen statistics
     E = sc.E
     if stats == "ml":
-        pi = E + un.uc * (fw.gap + E + fw.E_max[..., None]) + un.uf + un.uc + fw.L[..., None]
+        arg = EXP_ARG_ROUNDINGS * un.uc * (fw.gap + E + fw.E_max[..., None])
+        pi = E + arg + un.uf + un.uc + fw.L[..., None]
     else:
         dl = fw.dlse[..., None]
-        pi = E + dl + un.uc * (fw.gap + fw.log_l[..., None] + E + dl) + un.uf
+        arg = EXP_ARG_ROUNDINGS * un.uc * (fw.gap + fw.log_l[..., None] + E + dl)
+        pi = E + dl + arg + un.uf
     pi = np.where(ok, pi, 0.0)
     a_p = 2 * un.mc  # p̂ underflows: exp, division
     if delta == "gy":  # δ_i = G_i·Ŷ_i from the stored output

@@ -154,10 +154,8 @@ class TorchContext(ArrayContext):
         generic path on some CPUs (4x ``exp2`` on the AMD EPYC benchmark machine); ``exp2``
         is SLEEF's vectorised code everywhere. The price is two more roundings of the
         argument (``log₂e`` rounded, and the product): ``2u|s − shift|`` more in the
-        exponent. ``docs/error_bound.md`` budgets ``u|s − m|`` for the subtraction (step 3)
-        and ``2u|s|`` for a ``log₂e`` folded into the scale (step 1), which covers these
-        two only where ``|s − m| ≤ |s|``; elsewhere they exceed the stated budget by
-        ``2u(|s − m| − |s|)``.
+        exponent, which ``exactattn.bounds`` charges (``EXP_ARG_ROUNDINGS``;
+        ``docs/error_bound.md``, step 3).
         """
         return s.sub_(shift.unsqueeze(-1)).mul_(LOG2_E).exp2_()
 
