@@ -37,6 +37,7 @@ import multiprocessing
 import multiprocessing.connection
 import pickle
 import signal
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -92,6 +93,18 @@ class LocalExecutor:
             self._pool.close()
 
 
+def _probe(address: str, timeout: float) -> None:
+    """Open (and close) a TCP connection to a ``tcp://`` scheduler address first: a Client
+    whose connection fails can deadlock in its own clean-up (``Client.__del__`` stopping
+    the event loop that is still starting), so a refused or silent address never gets one."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    scheme, location = parse_address(address)
+    if scheme == "tcp":
+        with socket.create_connection(parse_host_port(location), timeout=timeout):
+            pass
+
+
 class DaskExecutor:
     """Tasks on a Dask distributed cluster (``address``: ``tcp://host:port`` or a Client)."""
 
@@ -106,6 +119,7 @@ class DaskExecutor:
                     f"scheduler must be an address like tcp://host:8786; got {address!r}"
                 )
             try:
+                _probe(address, connect_timeout)
                 address = Client(address, timeout=connect_timeout)
             except Exception as error:  # a refused, silent or malformed address alike
                 raise SchedulerUnreachable(

@@ -8,7 +8,7 @@ from typing import Any
 
 from .presets import DEFAULTS
 
-KNOBS = ("config", "n", "d", "block", "dist", "scale", "mask", "seed", "grads")
+KNOBS = ("config", "n", "d", "block", "dist", "scale", "mask", "score", "seed", "grads")
 
 
 @dataclass(frozen=True, order=True)
@@ -20,6 +20,7 @@ class Problem:
     dist: str
     scale: float
     mask: str
+    score: str
     seed: int
     grads: bool
 
@@ -35,12 +36,15 @@ class Point:
     dist: str
     scale: float
     mask: str
+    score: str
     seed: int
     grads: bool
 
     @property
     def problem(self) -> Problem:
-        return Problem(self.n, self.d, self.dist, self.scale, self.mask, self.seed, self.grads)
+        return Problem(
+            self.n, self.d, self.dist, self.scale, self.mask, self.score, self.seed, self.grads
+        )
 
     @property
     def key(self) -> str:
@@ -51,7 +55,7 @@ class Point:
 def key_of(row: dict[str, Any]) -> str:
     parts = []
     for name in KNOBS:
-        value = row[name]
+        value = (row.get(name) or "none") if name == "score" else row[name]  # older CSVs: none
         if name == "scale":
             value = repr(float(value))
         elif name == "grads":

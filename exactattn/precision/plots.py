@@ -29,7 +29,7 @@ with needs("the sweep's plots (exactattn.precision.plots)"):
     import numpy as np
     import pandas as pd
 
-BASE = {"dist": "normal", "mask": "none", "scale": 1.0}
+BASE = {"dist": "normal", "mask": "none", "score": "none", "scale": 1.0}
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -124,7 +124,7 @@ def error_vs_bits(df: pd.DataFrame, out: Path) -> Path | None:
 def tiled_vs_naive(df: pd.DataFrame, out: Path) -> Path | None:
     data = _ok(df)
     wide = data.pivot_table(
-        index=[c for c in ("config", "n", "d", "block", "dist", "scale", "mask", "seed")],
+        index=[c for c in ("config", "n", "d", "block", "dist", "scale", "mask", "score", "seed")],
         columns="impl",
         values="y_rmse",
     ).dropna()

@@ -26,6 +26,7 @@ DEFAULTS: dict[str, list[Any]] = {
     "dist": ["normal"],
     "scale": [1.0],
     "mask": ["none"],
+    "score": ["none"],
     "grads": [True],
 }
 
@@ -50,6 +51,10 @@ FULL_KNOBS: dict[str, list[Any]] = {
     "mask": ["none", "causal", "window"],
 }
 
+# score modifications (exactattn.precision.tasks.score_terms): additive ALiBi, T5 relative
+# buckets, a random bias with −∞ entries, and logit soft-capping
+SCORES = ("none", "alibi", "t5", "bias-inf", "softcap")
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "description": "a few seconds: for tests and smoke runs",
@@ -61,6 +66,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "d": [8],
                 "block": [8],
                 "mask": ["none", "causal"],
+            },
+            {
+                "config": ["np-fa2-fp16", "emu8-rn"],
+                "n": [16],
+                "d": [8],
+                "block": [8],
+                "mask": ["causal"],
+                "score": list(SCORES[1:]),
             },
         ],
     },
@@ -95,11 +108,38 @@ PRESETS: dict[str, dict[str, Any]] = {
             },
             {"config": ["np-fa2-fp16"], "n": [256], "scale": [0.25, 4.0]},
             {
+                "config": ["np-fa2-fp16", "np-fp32", "torch-bf16"],
+                "n": [256],
+                "mask": ["none", "causal"],
+                "score": list(SCORES[1:]),
+            },
+            {
                 "config": ["mp6", "mp8", "mp11", "mp16", "mp24"],
                 "n": [64],
                 "d": [16],
                 "block": [16],
                 "grads": [False],
+            },
+        ],
+    },
+    "scores": {
+        "description": "score modification (ALiBi, T5 buckets, a bias with −∞ entries, "
+        "soft-capping) across dtypes, the FA-2 policy and 8-bit emulation, masks, n, inputs",
+        "seeds": [0, 1],
+        "grids": [
+            {
+                "config": [
+                    "np-fp16",
+                    "np-fa2-fp16",
+                    "np-fp32",
+                    "torch-bf16",
+                    "torch-fa2-bf16",
+                    "emu8-rn",
+                ],
+                "n": [256, 1024],
+                "mask": ["none", "causal"],
+                "dist": ["normal", "large-logits"],
+                "score": list(SCORES),
             },
         ],
     },

@@ -36,6 +36,8 @@ def certified_reference(
     *,
     scale: float,
     allowed: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    softcap: float | None = None,
     prec: int | None = None,
     grads: bool = True,
     workers: int = 1,
@@ -43,9 +45,10 @@ def certified_reference(
     """Enclosures of ``Y`` (and of ``dQ, dK, dV`` at upstream ``G`` when ``grads``).
 
     ``allowed``: the (n_q, n_k) allowed set, written from the mask's definition by the
-    caller; ``prec=None`` lets :mod:`exactattn.certified` choose the precision (the lowest
-    of its ladder that certifies every output to 2^-70 of its summands); ``workers``
-    processes share the blocks of rows.
+    caller; ``bias`` (``−∞`` excludes a pair) and ``softcap``: the score modification, also
+    from its definition; ``prec=None`` lets :mod:`exactattn.certified` choose the precision
+    (the lowest of its ladder that certifies every output to 2^-70 of its summands);
+    ``workers`` processes share the blocks of rows.
     """
     enc = certified_attention(
         inputs["q"],
@@ -54,6 +57,8 @@ def certified_reference(
         inputs["g"] if grads else None,
         scale=scale,
         allowed=allowed,
+        bias=bias,
+        softcap=softcap,
         prec=prec,
         workers=workers,
     )

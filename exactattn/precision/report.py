@@ -129,7 +129,7 @@ def findings(df: pd.DataFrame) -> list[str]:
             "(every rounding the same sign) and a random walk of roundings."
         )
     wide = ok.pivot_table(
-        index=["config", "n", "d", "block", "dist", "scale", "mask", "seed"],
+        index=["config", "n", "d", "block", "dist", "scale", "mask", "score", "seed"],
         columns="impl",
         values="y_rmse",
     ).dropna()
@@ -143,7 +143,7 @@ def findings(df: pd.DataFrame) -> list[str]:
         )
     pair = ok[(ok["impl"] == "tiled") & ok["config"].isin(["np-fp16", "np-fa2-fp16"])]
     pair = pair.pivot_table(
-        index=["n", "d", "block", "dist", "scale", "mask", "seed"],
+        index=["n", "d", "block", "dist", "scale", "mask", "score", "seed"],
         columns="config",
         values="y_rmse",
     ).dropna()
@@ -181,7 +181,7 @@ def findings(df: pd.DataFrame) -> list[str]:
         )
     half = ok[ok["config"].isin(["torch-bf16", "np-fp16"])]
     half = half.pivot_table(
-        index=["config", "n", "d", "block", "dist", "scale", "mask", "seed"],
+        index=["config", "n", "d", "block", "dist", "scale", "mask", "score", "seed"],
         columns="impl",
         values="y_max_abs",
     ).dropna()
@@ -209,6 +209,29 @@ def bound_table(df: pd.DataFrame) -> list[list[Any]]:
                 grad.max() if len(grad) else np.nan,
                 grad.median() if len(grad) else np.nan,
                 group["bound_vacuous"].mean(),
+            ]
+        )
+    return rows
+
+
+def score_table(df: pd.DataFrame) -> list[list[Any]]:
+    """Per configuration and score modification (runs that have one): points, median tiled
+    and naive RMSE of Y and their ratio, worst bound ratios forward and backward."""
+    ok = df[(df["status"] == "ok") & (df["score"].astype(str) != "none")]
+    rows = []
+    for (config, score), group in ok.groupby(["config", "score"]):
+        tiled, naive = group[group["impl"] == "tiled"], group[group["impl"] == "naive"]
+        t_rmse, n_rmse = tiled["y_rmse"].median(), naive["y_rmse"].median()
+        rows.append(
+            [
+                config,
+                score,
+                len(tiled),
+                t_rmse,
+                n_rmse,
+                t_rmse / n_rmse if n_rmse else np.nan,
+                group["bound_ratio"].max(),
+                group["grad_bound_ratio"].max(),
             ]
         )
     return rows
@@ -451,6 +474,22 @@ def write_report(
         ["config", "runs", "Y worst", "Y median", "grad worst", "grad median", "vacuous share"],
         bound_table(df),
     )
+    scores = score_table(df)
+    if scores:
+        lines += ["", "## Score modification (ALiBi, T5 buckets, bias with −∞, soft-cap)", ""]
+        lines += _table(
+            [
+                "config",
+                "score",
+                "points",
+                "tiled RMSE Y",
+                "naive RMSE Y",
+                "tiled/naive",
+                "worst Y bound ratio",
+                "worst grad bound ratio",
+            ],
+            scores,
+        )
     lines += ["", "## What the numbers show", ""] + [f"- {s}" for s in findings(df)]
     lines += ["", "## Per configuration (medians over runs)", ""]
     lines += _table(

@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 
 from .. import api, bounds, masks
+from ..testing import spec
 from .configs import Config, get_config, to_float64
 from .grid import Point, Problem
 from .inputs import input_seed, make_inputs
 from .metrics import METRICS, deviation, error_metrics
+from .presets import SCORES
 from .reference import OUTPUTS, Reference, certified_reference
 
 MASKS = ("none", "causal", "window")
@@ -51,6 +53,34 @@ def allowed_set(name: str, n: int) -> np.ndarray | None:
     return allowed & (j >= i - max(1, n // 8)) if name == "window" else allowed
 
 
+def score_terms(name: str, n: int, seed: int) -> tuple[np.ndarray | None, float | None]:
+    """The bias ``B`` (float64, ``(n, n)``) and soft-cap of a score modification, written
+    from its definition (:mod:`exactattn.testing.spec`, not :mod:`exactattn.scores`):
+
+    * ``alibi``: ``B_ij = −|i − j|/8`` (one head's slope, 2^-3: exact in every format);
+    * ``t5``: a N(0, 1) table of 32 buckets indexed by T5's bidirectional bucket of
+      ``j − i`` (max distance 128);
+    * ``bias-inf``: N(0, 1) entries, a tenth of the off-diagonal ones ``−∞`` (the diagonal
+      stays finite, so no row of a causal problem ends empty);
+    * ``softcap``: no bias, scores capped as ``5·tanh(s/5)``.
+    """
+    if name not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}; got {name!r}")
+    rng = np.random.default_rng([seed, n, SCORES.index(name)])
+    if name == "alibi":
+        return spec.bias({"kind": "alibi", "form": "abs", "slopes": [2.0**-3]}, (), n, n), None
+    if name == "t5":
+        table = rng.standard_normal((1, 32))
+        return spec.bias({"kind": "t5", "table": table, "max_distance": 128}, (), n, n), None
+    if name == "bias-inf":
+        values = rng.standard_normal((n, n))
+        values[(rng.random((n, n)) < 0.1) & ~np.eye(n, dtype=bool)] = -np.inf
+        return values, None
+    if name == "softcap":
+        return None, 5.0
+    return None, None
+
+
 def scale_of(problem: Problem | Point) -> float:
     """The score scale ``c = scale / sqrt(d)`` as a float64 (exact input of every run)."""
     return float(problem.scale) / math.sqrt(problem.d)
@@ -60,10 +90,13 @@ def reference_task(problem: Problem, prec: int | None, workers: int = 1) -> Refe
     """The certified reference of one problem (``prec=None``: chosen by the reference;
     ``workers``: processes its blocks of rows are split over)."""
     inputs = make_inputs(problem.dist, problem.n, problem.d, problem.seed)
+    bias, softcap = score_terms(problem.score, problem.n, problem.seed)
     return certified_reference(
         inputs,
         scale=scale_of(problem),
         allowed=allowed_set(problem.mask, problem.n),
+        bias=bias,
+        softcap=softcap,
         prec=prec,
         grads=problem.grads,
         workers=workers,
@@ -72,7 +105,8 @@ def reference_task(problem: Problem, prec: int | None, workers: int = 1) -> Refe
 
 def _run(impl: str, point: Point, ctx: Any, inputs: dict[str, np.ndarray], mask: Any):
     q, k, v, g = inputs["q"], inputs["k"], inputs["v"], inputs["g"]
-    keywords = dict(scale=scale_of(point), mask=mask, backend=ctx)
+    bias, softcap = score_terms(point.score, point.n, point.seed)
+    keywords = dict(scale=scale_of(point), mask=mask, backend=ctx, bias=bias, softcap=softcap)
     if impl == "tiled":
         keywords["block_size"] = point.block
         forward, backward = api.attention, api.attention_backward
@@ -127,6 +161,7 @@ class _Configured:
             original["g"] if point.grads else None,
             scale=scale_of(point),
             allowed=allowed_set(point.mask, point.n),
+            **dict(zip(("bias", "softcap"), score_terms(point.score, point.n, point.seed))),
             delta="gy" if tiled else "rowsum",
             row_block=point.n,
             input_rounding=True,
@@ -163,7 +198,15 @@ class _Foreign:
         mask = {"none": {"kind": "none"}, "causal": {"kind": "causal"}}.get(point.mask)
         if mask is None:
             mask = {"kind": "window", "left": max(1, point.n // 8), "right": 0}
-        return Case(**original, block_size=point.block, scale=scale_of(point), mask=mask)
+        bias, softcap = score_terms(point.score, point.n, point.seed)
+        return Case(
+            **original,
+            block_size=point.block,
+            scale=scale_of(point),
+            mask=mask,
+            bias=bias,
+            softcap=softcap,
+        )
 
     def run(self, impl: str, point: Point, original: dict[str, np.ndarray]) -> dict:
         if impl == "naive":
