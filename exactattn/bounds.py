@@ -339,6 +339,8 @@ class _Units:
         ug, mg = _cast(c, arith.grad_cast)
         uo_bar, mo = _cast(c, arith.output)
         ub, mb = _cast(FLOAT64, c)
+        if input_rounding:  # the bias too is held in the input format first
+            ub, mb = ub + _lg(arith.input.u), mb + _mu(arith.input)
         ua = _lg(arith.acc.u)
         if arith.block is None:  # one key per block bounds every b only if ū_a ≤ ū_c
             ua = max(ua, _lg(c.u))

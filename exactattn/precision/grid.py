@@ -20,9 +20,9 @@ class Problem:
     dist: str
     scale: float
     mask: str
-    score: str
     seed: int
     grads: bool
+    score: str = "none"  # a score modification (exactattn.precision.tasks.score_terms)
 
 
 @dataclass(frozen=True, order=True)
@@ -36,14 +36,14 @@ class Point:
     dist: str
     scale: float
     mask: str
-    score: str
     seed: int
     grads: bool
+    score: str = "none"  # a score modification (exactattn.precision.tasks.score_terms)
 
     @property
     def problem(self) -> Problem:
         return Problem(
-            self.n, self.d, self.dist, self.scale, self.mask, self.score, self.seed, self.grads
+            self.n, self.d, self.dist, self.scale, self.mask, self.seed, self.grads, self.score
         )
 
     @property

@@ -216,8 +216,7 @@ class _Foreign:
         if why:
             raise Skipped(why)
         grads = point.grads and self.variant.grads_unsupported() is None  # else forward only
-        held = {x: self.variant.hold(a) for x, a in original.items()}
-        out = self.variant.run(case, held, grads)
+        out = self.variant.run(case, self.variant.held(case), grads)
         return {x: np.asarray(out[x], dtype=np.float64) for x in OUTPUTS if x in out}
 
     def bound(self, impl: str, point: Point, original: dict[str, np.ndarray]) -> dict:
@@ -225,8 +224,8 @@ class _Foreign:
             return self.naive.bound(impl, point, original)
         from ..testing.reference import claimed_bound
 
-        inputs = {**original, "g": original["g"] if point.grads else None}
         case = self.case(point, original)
+        inputs = {**original, "g": original["g"] if point.grads else None, "bias": case.bias}
         return claimed_bound(self.variant, case, inputs, input_rounding=True)
 
 

@@ -194,6 +194,14 @@ class Variant:
             return quantize_per_tensor(x, fmt)
         return hold(x, fmt)
 
+    def held(self, case: Any) -> dict[str, np.ndarray]:
+        """The case's ``q, k, v, g`` and bias as this variant stores them (the arrays its
+        calling convention reads: a bias left out here would silently not be applied)."""
+        held = {x: self.hold(getattr(case, x)) for x in "qkvg"}
+        if case.bias is not None:
+            held["bias"] = self.hold_bias(case.bias)
+        return held
+
     def hold_bias(self, bias: np.ndarray) -> np.ndarray:
         """A bias as this variant takes it: in its input format (the compute format for
         per-tensor FP8 inputs, whose scaling a bias does not share)."""

@@ -68,9 +68,7 @@ def check_case(case: Case, variants: list[Variant], options: Options = Options()
             continue
         grads_skipped = variant.grads_unsupported() if options.grads else ""
         grads = options.grads and not grads_skipped
-        held = {x: variant.hold(getattr(case, x)) for x in "qkvg"}
-        if case.bias is not None:
-            held["bias"] = variant.hold_bias(case.bias)
+        held = variant.held(case)
         key = b"".join(x.tobytes() for x in held.values())
         if key not in references:
             references[key] = compute(case, held)

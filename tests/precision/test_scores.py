@@ -47,7 +47,7 @@ def test_unknown_score_is_refused():
 
 @pytest.mark.parametrize("score", SCORES[1:])
 def test_a_run_that_drops_the_modification_is_caught(score, monkeypatch):
-    point = Point("np-fp32", 32, 8, 8, "normal", 1.0, "causal", score, 0, True)
+    point = Point("np-fp32", 32, 8, 8, "normal", 1.0, "causal", 0, True, score=score)
     reference = reference_task(point.problem, None)
     honest = {row["impl"]: row for row in run_task(point, reference)}
     assert honest["tiled"]["bound_ratio"] <= 1 and honest["tiled"]["grad_bound_ratio"] <= 1
