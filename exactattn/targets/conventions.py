@@ -484,8 +484,8 @@ class Api(Convention):
         keywords = case.keywords()
         if "bias" in held:
             keywords["bias"] = arrays.get("bias", held["bias"])
-        if case.softcap is not None:
-            keywords["softcap"] = case.softcap
+        if case.softcap is not None:  # the binary cap, exactly, for sympy
+            keywords["softcap"] = _rational(case.softcap) if backend == "sympy" else case.softcap
         if case.score_mod is not None:
             from .. import loading
 
