@@ -266,6 +266,19 @@ def _torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def shape_of(x: Any) -> tuple[int, ...]:
+    """The shape of a score_mod's result (an array, a tensor, a Dual or a number)."""
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def keeps_shape(got: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether a result of shape ``got`` gives one score per score of ``shape``."""
+    try:
+        return np.broadcast_shapes(got, shape) == shape
+    except ValueError:
+        return False
+
+
 class _ScoreFnTile(TileMod):
     def __init__(self, mod: ScoreFn, ctx: Any, index: TileIndex, geometry: Geometry):
         self.mod, self.ctx, self.index, self.geometry = mod, ctx, index, geometry
@@ -290,12 +303,8 @@ class _ScoreFnTile(TileMod):
                 f"score_mod {mod_name(self.mod.fn)} returned booleans; a score_mod returns "
                 "scores (a mask goes in mask= / block_mask=)"
             )
-        got = tuple(out.shape) if hasattr(out, "shape") else np.shape(out)
-        try:
-            ok = np.broadcast_shapes(got, shape) == shape
-        except ValueError:
-            ok = False
-        if not ok:
+        got = shape_of(out)
+        if not keeps_shape(got, shape):
             raise ValueError(
                 f"score_mod {mod_name(self.mod.fn)} returned shape {got} for a score tile of "
                 f"shape {shape} (tile {describe_tile(self.index)}); a score_mod maps each "

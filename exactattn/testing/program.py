@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import loading
+from ..scores import keeps_shape, shape_of
 from . import spec
 
 GRID = (2, 6)  # the largest (B, H) the strategies draw for a program
@@ -61,12 +62,8 @@ def _try_score_mod(fn: Any, reference: str, n: int) -> None:
             f"tensor; write it with exactattn.ops.{error.function} (it dispatches on the "
             "score's type)"
         ) from None
-    got = tuple(out.shape) if hasattr(out, "shape") else np.shape(out)
-    try:
-        same = np.broadcast_shapes(got, shape) == shape
-    except ValueError:
-        same = False
-    if not same:
+    got = shape_of(out)
+    if not keeps_shape(got, shape):
         raise ValueError(
             f"--score-mod {reference} returned shape {got} for scores of shape {shape}; a "
             "score_mod maps each score to one score"
