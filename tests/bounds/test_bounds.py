@@ -157,6 +157,7 @@ def test_subnormal_weights_amplified_downstream_stay_within_the_bound(monkeypatc
     """float64 weights below 2^-1022 err by an absolute μ each; γ carries that error, times
     c = 1497, into dK. The replayed case (logits 1e4 apart) holds; with float64's μ evaluated
     as it is (2^-1075, which is 0 in float64) dK exceeds the bound by ~1000 subnormal units."""
+    requires("flint")  # the certified reference
     import json
     from pathlib import Path
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.optional import requires
+
+requires("flint")  # the certified reference, imported by the sweep's tasks
+
 from exactattn import api
 from exactattn.precision.grid import Point
 from exactattn.precision.presets import SCORES
 from exactattn.precision.tasks import reference_task, run_task, score_terms
-from tests.optional import requires
-
-requires("flint")
 
 
 def test_alibi_and_softcap_are_their_definitions():

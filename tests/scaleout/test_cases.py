@@ -11,7 +11,6 @@ import pytest
 
 from exactattn.commands import check, difftest
 from exactattn.precision import cli as sweep_cli
-from exactattn.precision import runner as sweep_runner
 from exactattn.precision.grid import expand
 from exactattn.precision.presets import PRESETS
 from exactattn.testing import runner
@@ -71,6 +70,7 @@ _JUDGE = runner.judge_chunk
 
 
 def test_an_interrupted_difftest_resumes_to_the_same_table(tmp_path, monkeypatch, capsys):
+    requires("flint")  # the difftest's certified reference
     journal = str(tmp_path / "journal.jsonl")
     whole = _difftest(["--workers", "1"], capsys)
     monkeypatch.setattr(runner, "judge_chunk", _Interrupting(at=7))
@@ -114,6 +114,7 @@ def test_a_check_worker_that_dies_fails_its_cases_and_the_run_goes_on(tmp_path, 
 
 
 def test_objects_do_not_travel_to_workers():
+    requires("torch")  # the user's target module imports it
     from exactattn import targets
     from exactattn.testing import session
 
@@ -123,12 +124,13 @@ def test_objects_do_not_travel_to_workers():
 
 
 # --- sweep ---------------------------------------------------------------------------------
-_RUN = sweep_runner.run_task
-
-
 def test_a_sweep_worker_that_dies_leaves_its_rows_missing_and_the_run_goes_on(
     tmp_path, monkeypatch
 ):
+    requires("flint", "pandas", "matplotlib")  # the certified reference, the sweep's outputs
+    from exactattn.precision import runner as sweep_runner
+
+    honest = sweep_runner.run_task
     monkeypatch.setattr(sweep_runner, "run_task", tasks.sweep_run_or_dies)
     result = sweep_runner.run_sweep("tiny", tmp_path, workers=2, progress=False)
     (lost,) = [k for k in result.skipped if "config=mp11" in k]
@@ -136,7 +138,7 @@ def test_a_sweep_worker_that_dies_leaves_its_rows_missing_and_the_run_goes_on(
     assert "killed by SIGKILL" in result.skipped[lost] and "--resume" in result.skipped[lost]
     points = len(expand(PRESETS["tiny"]))
     assert result.rows_written == 2 * (points - 1)  # every other point: tiled and naive
-    monkeypatch.setattr(sweep_runner, "run_task", _RUN)
+    monkeypatch.setattr(sweep_runner, "run_task", honest)
     again = sweep_runner.run_sweep("tiny", tmp_path, workers=1, resume=True, progress=False)
     assert (again.rows_written, again.skipped) == (2, {})
 

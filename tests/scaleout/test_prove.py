@@ -216,6 +216,7 @@ def test_the_certificate_names_what_was_proved_not_where(tmp_path, capsys):
 
 # --- progress ------------------------------------------------------------------------------
 def test_the_progress_bar_counts_to_the_end_with_the_time_left(capsys):
+    requires("rich")  # the bar; without it there is none
     assert runner.run(["monoid"], 1, progress=True) == 0
     captured = capsys.readouterr()
     count = captured.out.count("PROVED")
