@@ -43,10 +43,9 @@ from .batched import row_runs
 from .checks import Problem, check_forward
 from .coverage import Coverage
 from .engine import Obligation
-from .grid import BY_NAME, CASES, EMPTY_ROWS, MaskCase, score_problem
+from .grid import BY_NAME, CASES, EMPTY_ROWS, MaskCase, score_problem, symbolic_dropout_problem
 from .inputs import (
     C,
-    SymbolicDropout,
     every_block_size,
     every_mask_check,
     matrix,
@@ -139,18 +138,12 @@ def dropout(n: int = 3) -> Obligation:
         "dropout: the library's Dropout at p = 1/4 vs Σ e^s (r/(1−p)) V / Σ e^s",
         f"{case.sizes(n)} seed=7 b=1..{n + 1}",
         _whole_and_split(pb, n),
-        coverage=(
-            case.coverage("forward", n, dropout=True),
-            case.coverage("forward", n, dropout=True, row_block=True),
-        ),
+        coverage=case.whole_and_split("forward", n, dropout=True),
     )
 
 
 def symbolic_dropout(n: int) -> Obligation:
-    pb = Problem(
-        matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 2), C,
-        symbolic_rho=SymbolicDropout.of_shape(n, n),
-    )  # fmt: skip
+    pb = symbolic_dropout_problem(n)
     return Obligation(
         FAMILY,
         "dropout, symbolic replayed ρ_ij: Y = Σ e^s ρ V / Σ e^s",
@@ -168,10 +161,7 @@ def empty_rows(n: int = 3) -> Obligation:
         "empty rows (empty_rows='zero'): Y = 0, lse = −∞",
         f"{case.sizes(n)} b=1..{n + 1}",
         _whole_and_split(pb, n),
-        coverage=(
-            case.coverage("forward", n, empty_rows=True),
-            case.coverage("forward", n, empty_rows=True, row_block=True),
-        ),
+        coverage=case.whole_and_split("forward", n, empty_rows=True),
     )
 
 

@@ -19,7 +19,7 @@ from exactattn import masks
 from . import spec
 from .checks import Problem
 from .coverage import Coverage
-from .inputs import C, identity, tensor
+from .inputs import C, SymbolicDropout, identity, matrix, tensor
 
 
 def _lengths(n: int) -> tuple[int, int]:
@@ -46,6 +46,13 @@ class MaskCase:
             direction, self.kind, self.alignment, n, cross=self.n_q(n) != n,
             batch="batch" if self.batch else "", **features,
         )  # fmt: skip
+
+    def whole_and_split(self, direction: str, n: int, **features: Any) -> tuple[Coverage, ...]:
+        """The coverage of a run over whole rows and one over rows split into runs."""
+        return (
+            self.coverage(direction, n, **features),
+            self.coverage(direction, n, **features, row_block=True),
+        )
 
 
 CAUSAL = MaskCase("causal", "causal", "top-left", lambda n: masks.causal(), lambda n: spec.causal())
@@ -115,3 +122,11 @@ def full_problem(case: MaskCase, n: int, d: int = 2, v: int = 2, **extra: Any) -
     n_q, lead = case.n_q(n), ((case.batch,) if case.batch else ())
     q, k, v_ = tensor("q", *lead, n_q, d), tensor("k", *lead, n, d), tensor("v", *lead, n, v)
     return Problem(q, k, v_, C, case.library(n), case.allowed(n), **extra)
+
+
+def symbolic_dropout_problem(n: int) -> Problem:
+    """Q, K, V symbolic (n × 2), every keep-factor ρ_ij its own symbol, replayed per tile."""
+    return Problem(
+        matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 2), C,
+        symbolic_rho=SymbolicDropout.of_shape(n, n),
+    )  # fmt: skip

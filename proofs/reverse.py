@@ -38,10 +38,17 @@ from .checks import Problem, check_reverse
 from .context import ProofContext
 from .coverage import Coverage
 from .engine import Obligation, check_equal
-from .grid import BY_NAME, CASES, CAUSAL, EMPTY_ROWS, MaskCase, full_problem
+from .grid import (
+    BY_NAME,
+    CASES,
+    CAUSAL,
+    EMPTY_ROWS,
+    MaskCase,
+    full_problem,
+    symbolic_dropout_problem,
+)
 from .inputs import (
     C,
-    SymbolicDropout,
     every_block_size,
     every_mask_check,
     matrix,
@@ -150,10 +157,7 @@ BATCHED_CLAIMS = {
 
 
 def symbolic_dropout(n: int) -> Obligation:
-    pb = Problem(
-        matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 2), C,
-        symbolic_rho=SymbolicDropout.of_shape(n, n),
-    )  # fmt: skip
+    pb = symbolic_dropout_problem(n)
     return Obligation(
         FAMILY,
         "dropout, symbolic replayed ρ_ij: exact gradient",
@@ -171,10 +175,7 @@ def library_dropout(n: int = 3) -> Obligation:
         "dropout: the library's Dropout at p = 1/4, exact gradient of Σ G·Y",
         f"{case.sizes(n)} d=2 v=1 seed=7 b=1..{n + 1}",
         _whole_and_split(pb, n),
-        coverage=(
-            case.coverage("reverse", n, dropout=True),
-            case.coverage("reverse", n, dropout=True, row_block=True),
-        ),
+        coverage=case.whole_and_split("reverse", n, dropout=True),
     )
 
 
@@ -186,10 +187,7 @@ def empty_rows(n: int = 3) -> Obligation:
         "empty rows (empty_rows='zero'): zero gradient from them",
         f"{case.sizes(n)} d=2 v=1 b=1..{n + 1}",
         _whole_and_split(pb, n),
-        coverage=(
-            case.coverage("reverse", n, empty_rows=True),
-            case.coverage("reverse", n, empty_rows=True, row_block=True),
-        ),
+        coverage=case.whole_and_split("reverse", n, empty_rows=True),
     )
 
 

@@ -167,8 +167,7 @@ class Sdpa(Convention):
         dtype = case.dtype
         B, H = lift(case.batch)
         n = case.sizes
-        four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
-        views = [tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"]
+        four, views = four_views(case, held, B, device, grads)
         kwargs: dict[str, Any] = {"scale": case.scale}
         if "bias" in held:  # SDPA's float attn_mask: added to the scores
             kwargs["attn_mask"] = float_mask(case, held, dtype, device, -math.inf)
@@ -189,6 +188,15 @@ class Sdpa(Convention):
                 _grads_out(out, (dq, dk, dv), four, held)
         out["y"] = out["y"].reshape(held["g"].shape)
         return out
+
+
+def four_views(
+    case: Case, held: dict[str, np.ndarray], B: int, device: str, grads: bool
+) -> tuple[dict[str, np.ndarray], list[Any]]:
+    """``q, k, v`` as ``(B, H, n, ·)`` arrays and the tensors a target is called with (in
+    the case's dtype and layout, requiring grad when the gradients are judged)."""
+    four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
+    return four, [tensor(four[x], case.dtype, device, case.layout, grads) for x in "qkv"]
 
 
 def four_g(held: dict[str, np.ndarray], B: int) -> np.ndarray:
@@ -228,8 +236,7 @@ class Hf(Convention):
         dtype = case.dtype
         B, H = lift(case.batch)
         n = case.sizes
-        four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
-        views = [tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"]
+        four, views = four_views(case, held, B, device, grads)
         module = _HfModule(case.group, case.c(), training=bool(case.dropout_p))
         mask = None
         additive = target.options.get("mask") == "additive"
@@ -399,8 +406,7 @@ class Exactattn(Convention):
         dtype = case.dtype
         B, H = lift(case.batch)
         n = case.sizes
-        four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
-        views = [tensor(four[x], dtype, device, case.layout, grads) for x in "qkv"]
+        four, views = four_views(case, held, B, device, grads)
         lifted = lifted_case(case)
         kwargs: dict[str, Any] = {
             "scale": case.scale,
