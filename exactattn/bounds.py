@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .precision.formats import Format, get_format
+from .formats import Format, get_format, number_format
 
 CHUNK = 1 << 19  # float64 elements of one (*batch, rows, n_k) temporary
 SPREAD = 1 << 17  # ... of one (*batch, rows, n_k, dv) temporary of the spread term
@@ -51,45 +51,6 @@ FLOAT64 = get_format("float64")
 # rounding and the product; the telescoped arguments are charged for all three.
 EXP_ARG_ROUNDINGS = 3
 MU_FLOOR = 2.0**-1068  # 64 times the smallest positive float64 (see _mu)
-
-_ALIASES = {
-    "fp16": "float16",
-    "half": "float16",
-    "bf16": "bfloat16",
-    "fp32": "float32",
-    "float": "float32",
-    "single": "float32",
-    "fp64": "float64",
-    "double": "float64",
-    "fp8": "e4m3",
-    "e4m3fn": "e4m3",
-    "float8_e4m3fn": "e4m3",
-    "float8_e5m2": "e5m2",
-}
-
-
-def number_format(spec: Any) -> Format:
-    """A :class:`Format` from a name (``fp16``, ``bf16``, ``float32``, ``e4m3``, ``p11`` …),
-    a NumPy or torch dtype, or a Format (returned as is).
-
-    ``pN`` is ``N`` significand bits with an unbounded exponent (mpmath, emulated formats).
-    """
-    if isinstance(spec, Format):
-        return spec
-    if isinstance(spec, np.dtype) or (isinstance(spec, type) and issubclass(spec, np.generic)):
-        spec = np.dtype(spec).name
-    name = str(spec).removeprefix("torch.").lower()
-    name = _ALIASES.get(name, name)
-    if name in ("longdouble", "float128", "float96"):
-        info = np.finfo(np.longdouble)
-        return Format("longdouble", info.nmant + 1, info.minexp)
-    try:
-        return get_format(name)
-    except ValueError:
-        raise ValueError(
-            f"unknown number format {spec!r}; use fp16, bf16, fp32, fp64, e4m3, e5m2, "
-            "a NumPy/torch float dtype, or pN (N significand bits, unbounded exponent)"
-        ) from None
 
 
 @dataclass(frozen=True)

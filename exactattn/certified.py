@@ -445,7 +445,7 @@ def time_reference(
     """
     from . import api
     from .backends.flint_backend import FlintContext
-    from .precision.inputs import make_inputs
+    from .cases.inputs import make_inputs
 
     x = make_inputs("normal", n, d, seed)
     workers = workers or min(2, multiprocessing.cpu_count())

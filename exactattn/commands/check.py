@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 
 from .. import executors
+from ..formats import canonical_name
 
 DEFAULT_FAILURES = "check-failures"
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return _error(wrong)
     try:
         chosen = [targets.get(name, **(spec if ":" in name else {})) for name in args.targets]
-        dtypes = tuple(targets.base.format_name(d) for d in args.dtypes) if args.dtypes else None
+        dtypes = tuple(canonical_name(d) for d in args.dtypes) if args.dtypes else None
         program = _program(args)
     except (ValueError, TypeError, IndexError) as error:
         return _error(str(error))
@@ -266,7 +267,7 @@ def _list(device: str) -> int:
 
 def _replay(args, spec: dict) -> int:
     from .. import targets
-    from ..difftest.cases import Case
+    from ..cases import Case
     from ..testing.check import Options, check_case
     from ..testing.report import counterexample
 

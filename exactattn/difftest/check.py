@@ -7,11 +7,11 @@ on and the bug is listed), not ``fail``; cases a unit does not take are left out
 
 from __future__ import annotations
 
+from ..cases import Case
 from ..targets import Variant
 from ..testing.check import Options
 from ..testing.check import check_case as check_variants
 from ..testing.judge import Finding
-from .cases import Case
 
 KNOWN_BUGS = {
     "overflow-as-masked": (

@@ -21,8 +21,8 @@ from typing import Any
 import mpmath
 import numpy as np
 
+from ..cases import Case
 from ..dropout import make_dropout
-from .cases import Case
 
 REF_PREC = 160
 OUTPUTS = ("y", "dq", "dk", "dv")

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..cases import Case
+from ..cases.strategies import draws
 from ..executors import make_executor
 from ..journal import Journal, code_fingerprint
 from ..targets import Variant
@@ -20,9 +22,7 @@ from ..testing import report as check_report
 from ..testing.judge import Finding
 from ..testing.runner import Given, Report
 from ..testing.runner import search as search_units
-from .cases import Case
 from .check import check_case
-from .strategies import draws
 from .targets import discover
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import bounds, targets
 from ..backends.base import ArrayContext
-from .formats import Format, get_format
+from ..formats import Format, get_format
 
 SWEEP_BACKENDS = ("numpy", "torch", "mpmath", "emulated")
 GRANULARITY = {"numpy": "native", "torch": "native", "mpmath": "scalar"}

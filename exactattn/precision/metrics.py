@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formats import Format
+from ..formats import Format
 
 METRICS = ("max_abs", "max_rel", "rmse", "mean_ulp", "max_ulp")
 

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from .. import api, bounds, masks
-from ..testing import spec
+from ..cases import spec
+from ..cases.inputs import input_seed, make_inputs
 from .configs import Config, get_config, to_float64
 from .grid import Point, Problem
-from .inputs import input_seed, make_inputs
 from .metrics import METRICS, deviation, error_metrics
 from .presets import SCORES
 from .reference import OUTPUTS, Reference, certified_reference
@@ -55,7 +55,7 @@ def allowed_set(name: str, n: int) -> np.ndarray | None:
 
 def score_terms(name: str, n: int, seed: int) -> tuple[np.ndarray | None, float | None]:
     """The bias ``B`` (float64, ``(n, n)``) and soft-cap of a score modification, written
-    from its definition (:mod:`exactattn.testing.spec`, not :mod:`exactattn.scores`):
+    from its definition (:mod:`exactattn.cases.spec`, not :mod:`exactattn.scores`):
 
     * ``alibi``: ``B_ij = −|i − j|/8`` (one head's slope, 2^-3: exact in every format);
     * ``t5``: a N(0, 1) table of 32 buckets indexed by T5's bidirectional bucket of
@@ -193,7 +193,7 @@ class _Foreign:
         self.ulp_format = fmt(claim.input)
 
     def case(self, point: Point, original: dict[str, np.ndarray]) -> Any:
-        from ..difftest.cases import Case
+        from ..cases import Case
 
         mask = {"none": {"kind": "none"}, "causal": {"kind": "causal"}}.get(point.mask)
         if mask is None:

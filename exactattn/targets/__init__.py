@@ -185,7 +185,7 @@ class Variant:
 
     def hold(self, x: np.ndarray) -> np.ndarray:
         """The float64 input as this variant stores it (rounded to its input format)."""
-        from ..difftest.cases import hold
+        from ..cases import hold
 
         fmt = self.claim.input or self.dtype
         if fmt in ("e4m3", "e5m2"):  # per-tensor FP8 quantisation
@@ -205,7 +205,7 @@ class Variant:
     def hold_bias(self, bias: np.ndarray) -> np.ndarray:
         """A bias as this variant takes it: in its input format (the compute format for
         per-tensor FP8 inputs, whose scaling a bias does not share)."""
-        from ..difftest.cases import hold
+        from ..cases import hold
 
         fmt = self.claim.input or self.dtype
         return hold(bias, self.claim.scores if fmt in ("e4m3", "e5m2") else fmt)
@@ -253,7 +253,7 @@ class Variant:
         if caps.max_n is not None and max(*n.values(), math.prod(case.batch)) > caps.max_n:
             return f"sizes above {caps.max_n} (slow number system)"
         if caps.masks is not None:
-            from ..testing.spec import leaves
+            from ..cases.spec import leaves
 
             kinds = {leaf["kind"] for leaf in leaves(case.mask)} | {case.mask["kind"]}
             if not kinds <= set(caps.masks) | {"none"}:
@@ -272,7 +272,7 @@ class Variant:
 
 def _program(case: Any) -> bool:
     """Whether the case runs a user's ``score_mod`` or ``mask_mod``."""
-    from ..testing.spec import leaves
+    from ..cases.spec import leaves
 
     return case.score_mod is not None or any(
         leaf["kind"] == "mask_mod" for leaf in leaves(case.mask)

@@ -18,30 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..formats import canonical_name
+
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-ALIASES = {
-    "fp64": "float64",
-    "double": "float64",
-    "fp32": "float32",
-    "float": "float32",
-    "fp16": "float16",
-    "half": "float16",
-    "bf16": "bfloat16",
-    "fp8-e4m3": "e4m3",
-    "fp8-e5m2": "e5m2",
-}
 CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block")
 NAIVE_BLOCK = 0  # ``block=0``: one block spanning every key (naive attention)
-
-
-def format_name(name: str) -> str:
-    """The canonical name of a number format (``fp16`` → ``float16``; ``pN`` kept)."""
-    from ..precision.formats import get_format
-
-    canonical = ALIASES.get(name, name)
-    if canonical != "longdouble":
-        get_format(canonical)  # raises ValueError naming the accepted formats
-    return canonical
 
 
 @dataclass(frozen=True)
@@ -79,7 +60,7 @@ class Claim:
                     raise ValueError(f"--claim block must be an integer >= 0; got {value!r}")
                 values[key] = int(value)
             else:
-                values[key] = format_name(value)
+                values[key] = canonical_name(value)
         return cls(**values)
 
     def resolve(self, dtype: str) -> Claim:
@@ -159,7 +140,7 @@ class Capabilities:
                 )
             if key in lists:
                 items = tuple(filter(None, value.split("+")))
-                values[key] = tuple(format_name(x) for x in items) if key == "dtypes" else items
+                values[key] = tuple(canonical_name(x) for x in items) if key == "dtypes" else items
             elif key == "equal_head_dims":
                 values[key] = value == "yes"
             elif value in ("yes", "no", "own"):

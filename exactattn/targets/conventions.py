@@ -1,11 +1,11 @@
 """Calling conventions: how a case becomes a call, and the call's result comes back.
 
-A convention turns a :class:`~exactattn.difftest.cases.Case` (float64 arrays already held
+A convention turns a :class:`~exactattn.cases.Case` (float64 arrays already held
 in the target's format, a mask spec, keywords) into the arguments one family of attention
 functions takes, calls the target, and returns its outputs as NumPy arrays keyed ``y``,
 ``lse``, ``dq``, ``dk``, ``dv`` (gradients by autograd at the case's upstream ``G``).
 It also says which masks it can express: the mask arguments are derived from the case's
-mask spec (:mod:`exactattn.testing.spec`), never from the library's mask objects, except
+mask spec (:mod:`exactattn.cases.spec`), never from the library's mask objects, except
 for the ``api`` and ``exactattn`` conventions whose argument *is* a library mask.
 
 * ``api``: exactattn's own number systems (``exactattn.attention`` /
@@ -29,7 +29,7 @@ for the ``api`` and ``exactattn`` conventions whose argument *is* a library mask
   with the block mask from ``create_block_mask`` (:mod:`.flex`).
 
 Score modification: the bias reaches a target as held in its input format, lifted like the
-inputs (:meth:`~exactattn.difftest.cases.Case.lifted_bias`): ``bias=`` for exactattn's own
+inputs (:meth:`~exactattn.cases.Case.lifted_bias`): ``bias=`` for exactattn's own
 (``api`` with ``bias_grad``, ``exactattn`` with a bias tensor that requires grad: both return
 ``dbias``), SDPA's / transformers' / xformers' float ``attn_mask`` (the bias where the mask
 allows, ``−∞`` — or eager's ``finfo.min`` — elsewhere), a ``score_mod`` closing over the bias
@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from ..difftest.cases import Case
-from ..testing import spec as maskspec
+from ..cases import Case
+from ..cases import spec as maskspec
 
 Outputs = dict[str, Any]
 
@@ -375,7 +375,7 @@ def flash_alibi(case: Case) -> str | None:
     """Why the case's bias is not flash-attn's ``alibi_slopes`` (None when it is): flash-attn
     adds ``−slope_h·|i + n_k − n_q − j|``, formed in float32 from the slopes; that must be
     the case's bias, exactly in the input format, at every allowed pair."""
-    from ..difftest.cases import hold
+    from ..cases import hold
 
     if case.score["kind"] != "alibi":
         return "flash-attn takes a bias only as ALiBi slopes (alibi_slopes)"

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..difftest.cases import Case
+from ..cases import Case
 from ..targets import Variant, builtin
 from ..targets.conventions import TargetError
 from .judge import Finding, judge

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..bounds import number_format
-from ..difftest.cases import Case
+from ..cases import Case
 from .reference import bounds, compute
 
 KEEP_SIGMAS = 5.0

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from .. import loading
+from ..cases import spec
 from ..scores import keeps_shape, shape_of
-from . import spec
 
 GRID = (2, 6)  # the largest (B, H) the strategies draw for a program
 

@@ -4,8 +4,8 @@
 reference (:func:`exactattn.certified.certified_attention`, arb balls) of the case on the
 inputs exactly as the variant holds them — ``y``, ``lse`` and the gradients, grouped heads
 handled by the reference itself. The case hands it the allowed set from the mask spec's
-definition (:meth:`~exactattn.difftest.cases.Case.allowed`) and the keep-bits of the
-documented hash (:func:`exactattn.testing.spec.keep`), never the library's masks or dropout;
+definition (:meth:`~exactattn.cases.Case.allowed`) and the keep-bits of the
+documented hash (:func:`exactattn.cases.spec.keep`), never the library's masks or dropout;
 the score modification as the case holds it: the bias as held in the variant's format
 (``held["bias"]``; its gradient ``dbias`` joins the outputs), the soft-cap, and a user's
 ``score_mod`` (evaluated over the balls by the reference itself).
@@ -30,8 +30,7 @@ import numpy as np
 
 from .. import bounds as error_bounds
 from .. import loading
-from ..difftest.cases import Case
-from . import spec
+from ..cases import Case, spec
 
 OUTPUTS = ("y", "lse", "dq", "dk", "dv", "dbias")
 REF_PREC = 160  # bits: far below the finest format judged (mpmath at 80 bits)

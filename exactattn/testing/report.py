@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..difftest.cases import Case
+from ..cases import Case
 from .check import target_errors
 from .judge import Finding
 from .session import Result

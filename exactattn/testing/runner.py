@@ -1,7 +1,7 @@
 """The search: cases drawn from a seed, judged as tasks anywhere, failures shrunk here.
 
 :func:`draw` lists the cases first — hypothesis draws ``examples`` case descriptions
-(:class:`~exactattn.difftest.cases.Draw`) from ``seed``, the same list on every machine,
+(:class:`~exactattn.cases.Draw`) from ``seed``, the same list on every machine,
 before anything is judged. :func:`search` judges them in chunks (:func:`judge_chunk`, a
 task for :mod:`exactattn.executors`: this process, local processes or a Dask cluster) and
 gathers every unit's findings by case index, so the report does not depend on where or in
@@ -42,7 +42,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky, Unsatisfiable
 
-from ..difftest.cases import Case, Draw, build_case
+from ..cases import Case, Draw, build_case
 from ..executors import Executor, LocalExecutor, WorkerDied, as_completed
 from ..journal import Journal
 from ..progress import Progress

@@ -1,7 +1,7 @@
 """``exactattn check`` as a function: targets in, a report of every variant out.
 
 :func:`run` resolves the targets' variants (each dtype each takes, on the device), draws
-cases with hypothesis (:mod:`exactattn.difftest.strategies`: every mask kind and
+cases with hypothesis (:mod:`exactattn.cases.strategies`: every mask kind and
 composition, both alignments, ``n_q ≠ n_k``, GQA, layouts, distributions), judges each
 variant on each case (:func:`.check.check_case`) through :func:`.runner.search` — in this
 process, in ``settings.workers`` local processes or on the Dask cluster of
@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import targets as registry
-from ..difftest import strategies
-from ..difftest.cases import LAYOUTS, Case
+from ..cases import LAYOUTS, Case, strategies
 from ..executors import make_executor
 from ..journal import Journal
 from ..targets import Target, Variant

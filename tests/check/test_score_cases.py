@@ -1,6 +1,6 @@
 """Score modification in the checked cases (issue 12 item 1, issue 15 item 3).
 
-The bias of each kind is written from its definition (:mod:`exactattn.testing.spec`) and
+The bias of each kind is written from its definition (:mod:`exactattn.cases.spec`) and
 checked here against numbers worked by hand; each kind reaches the judge on exactattn's
 own targets and on SDPA; a target that ignores the bias, one that soft-caps after the bias
 and a reference that drops a score_mod's slope are each caught; a user's program (a
@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 from exactattn import targets
-from exactattn.difftest.cases import Case, Draw, build_case
-from exactattn.testing import spec
+from exactattn.cases import Case, Draw, build_case, spec
 from exactattn.testing.check import Options, check_case
 from tests.optional import requires
 
@@ -77,7 +76,7 @@ def test_cases_with_a_bias_replay_and_old_files_still_load():
 def test_the_strategies_draw_each_modification_for_a_fair_share():
     from hypothesis import HealthCheck, given, settings
 
-    from exactattn.difftest.strategies import draws
+    from exactattn.cases.strategies import draws
 
     seen: list[str] = []
 

@@ -1,6 +1,6 @@
 """The specification side: masks and dropout from their definitions agree with the library.
 
-:mod:`exactattn.testing.spec` writes each mask kind as inequalities on ``i, j``, offsets and
+:mod:`exactattn.cases.spec` writes each mask kind as inequalities on ``i, j``, offsets and
 lengths, and the keep-bits as the documented hash in unsigned 64-bit arithmetic, without
 calling :mod:`exactattn.masks` or :mod:`exactattn.dropout`. These tests hold the two
 independent implementations against each other, over every kind and and/or composition
@@ -18,11 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exactattn import masks
-from exactattn.difftest.cases import Draw, build_case
-from exactattn.difftest.strategies import BATCHES
-from exactattn.difftest.strategies import masks as mask_templates
+from exactattn.cases import Draw, build_case, spec
+from exactattn.cases.strategies import BATCHES
+from exactattn.cases.strategies import masks as mask_templates
 from exactattn.dropout import Dropout
-from exactattn.testing import spec
 
 
 def _library_allowed(case) -> np.ndarray:

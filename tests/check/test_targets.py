@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from exactattn import targets
-from exactattn.difftest.cases import Case
+from exactattn.cases import Case
 from exactattn.targets import Capabilities, Claim
 from exactattn.testing import session
 from tests.optional import requires
@@ -70,7 +70,7 @@ def test_claims_of_the_built_in_targets():
 
 def test_unsupported_cases_are_skipped_with_reasons():
     requires("torch")
-    from exactattn.difftest.cases import Draw, build_case
+    from exactattn.cases import Draw, build_case
 
     flash = targets.Variant(targets.get("sdpa-flash"), "float32")
     assert flash.unsupported(build_case(Draw((1, 1), 3, 3, 2, 3, 2, dtype="float32"))) == (

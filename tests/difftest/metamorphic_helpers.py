@@ -9,7 +9,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from exactattn.difftest.cases import Case
+from exactattn.cases import Case
 from exactattn.targets import Variant
 from exactattn.testing.reference import bounds, compute
 from tests.optional import requires

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from exactattn import targets
+from exactattn.cases import Case, Draw, build_case
 from exactattn.commands import difftest as cli
-from exactattn.difftest.cases import Case, Draw, build_case
 from exactattn.difftest.check import check_case
 from exactattn.difftest.runner import run, save_failures, search
 from tests.optional import requires

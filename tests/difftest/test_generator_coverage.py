@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from exactattn import masks
-from exactattn.difftest.cases import Case
+from exactattn.cases import Case
 from exactattn.difftest.runner import search
 from exactattn.difftest.targets import discover
 from tests.optional import requires

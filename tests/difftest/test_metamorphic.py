@@ -14,7 +14,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from exactattn.difftest.cases import Draw, build_case
+from exactattn.cases import Draw, build_case
 from exactattn.difftest.targets import BITWISE as BITWISE_FAMILIES
 from exactattn.difftest.targets import discover
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from exactattn import targets
-from exactattn.difftest.cases import Case
+from exactattn.cases import Case
 from exactattn.testing.check import Options, check_case
 from tests.optional import requires
 

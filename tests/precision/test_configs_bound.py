@@ -7,10 +7,10 @@ import pytest
 
 import exactattn
 from exactattn import bounds
+from exactattn.cases.inputs import make_inputs
 from exactattn.precision import fp8
 from exactattn.precision.configs import available, get_config
 from exactattn.precision.grid import Point
-from exactattn.precision.inputs import make_inputs
 from tests.optional import requires
 
 requires("flint")

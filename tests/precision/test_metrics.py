@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from exactattn.precision.formats import Format, get_format
+from exactattn.formats import Format, get_format
 from exactattn.precision.metrics import deviation, error_metrics
 
 FP16 = get_format("float16")

@@ -1,4 +1,5 @@
-"""Binary floating-point formats: precision ``p`` (significand bits), exponent range, ulp.
+"""The one table of number formats: precision ``p`` (significand bits), exponent range, ulp,
+and every name a format goes by (``fp16``, ``half``, ``torch.float16`` … → ``float16``).
 
 ``u = 2^{-p}`` is the unit roundoff of round-to-nearest; ``ulp(x) = 2^{max(e, e_min) − p + 1}``
 for ``2^e ≤ |x| < 2^{e+1}``; ``μ = 2^{e_min − p}`` is half the subnormal spacing, the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +57,25 @@ FORMATS: dict[str, Format] = {
 }
 
 
+ALIASES = {
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32",
+    "float": "float32",
+    "single": "float32",
+    "fp64": "float64",
+    "double": "float64",
+    "fp8": "e4m3",
+    "fp8-e4m3": "e4m3",
+    "fp8-e5m2": "e5m2",
+    "e4m3fn": "e4m3",
+    "float8_e4m3fn": "e4m3",
+    "float8_e5m2": "e5m2",
+}
+LONGDOUBLE_NAMES = ("longdouble", "float128", "float96")
+
+
 def get_format(name: str) -> Format:
     """A format by name: an IEEE/FP8 name above, or ``pN`` for N bits, unbounded exponent."""
     if name in FORMATS:
@@ -63,3 +84,36 @@ def get_format(name: str) -> Format:
     if match and int(match.group(1)) >= 2:
         return Format(name, int(match.group(1)), None)
     raise ValueError(f"unknown number format {name!r}; use one of {sorted(FORMATS)} or pN")
+
+
+def canonical_name(name: str) -> str:
+    """The table's name of a format (``fp16`` → ``float16``; ``pN`` and ``longdouble``
+    kept); a ValueError names the accepted formats."""
+    canonical = ALIASES.get(name, name)
+    if canonical != "longdouble":
+        get_format(canonical)
+    return canonical
+
+
+def number_format(spec: Any) -> Format:
+    """A :class:`Format` from a name (``fp16``, ``bf16``, ``float32``, ``e4m3``, ``p11`` …),
+    a NumPy or torch dtype, or a Format (returned as is).
+
+    ``pN`` is ``N`` significand bits with an unbounded exponent (mpmath, emulated formats).
+    """
+    if isinstance(spec, Format):
+        return spec
+    if isinstance(spec, np.dtype) or (isinstance(spec, type) and issubclass(spec, np.generic)):
+        spec = np.dtype(spec).name
+    name = str(spec).removeprefix("torch.").lower()
+    name = ALIASES.get(name, name)
+    if name in LONGDOUBLE_NAMES:
+        info = np.finfo(np.longdouble)
+        return Format("longdouble", info.nmant + 1, info.minexp)
+    try:
+        return get_format(name)
+    except ValueError:
+        raise ValueError(
+            f"unknown number format {spec!r}; use fp16, bf16, fp32, fp64, e4m3, e5m2, "
+            "a NumPy/torch float dtype, or pN (N significand bits, unbounded exponent)"
+        ) from None

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import loading, masks
-from ..testing import spec as maskspec
+from . import spec as maskspec
 
 ARRAYS = ("q", "k", "v", "g", "bias")
 DISTRIBUTIONS = ("normal", "outliers", "large_logits", "tiny", "uniform_int")

@@ -20,8 +20,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ..testing.spec import ALIBI_FORMS, ALIGNMENTS
-from .cases import DISTRIBUTIONS, Draw
+from .case import DISTRIBUTIONS, Draw
+from .spec import ALIBI_FORMS, ALIGNMENTS
 
 BATCHES = ((), (1,), (2,), (1, 1), (2, 3), (1, 2), (2, 4), (1, 4), (1, 6))
 
