@@ -73,6 +73,14 @@ ALIASES = {
     "float8_e4m3fn": "e4m3",
     "float8_e5m2": "e5m2",
 }
+LARGEST = {
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+    "float32": 3.4028234663852886e38,
+    "float64": 1.7976931348623157e308,
+    "e4m3": 448.0,  # e4m3fn: no infinity, the top exponent holds numbers up to 448
+    "e5m2": 57344.0,
+}  # the largest finite number of each format
 LONGDOUBLE_NAMES = ("longdouble", "float128", "float96")
 
 

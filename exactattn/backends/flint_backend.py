@@ -180,3 +180,13 @@ def _to_float(x: np.ndarray) -> np.ndarray:
 
 def _from_float(x: np.ndarray) -> np.ndarray:
     return np.asarray(_FROM_FLOAT(x), dtype=object)
+
+
+def arb_mid(e: arb) -> Any:
+    """The exact midpoint of an arb ball as an mpmath ``mpf`` (at the precision its
+    mantissa needs, so nothing is rounded)."""
+    import mpmath
+
+    man, exp = e.mid().man_exp()
+    with mpmath.workprec(max(int(man).bit_length(), 2)):  # mpf() rounds to the working prec
+        return mpmath.mpf((int(man), int(exp)))

@@ -125,6 +125,15 @@ class Case:
         n = self.sizes
         return maskspec.allowed(self.mask, self.batch, n["n_q"], n["n_k"])
 
+    @property
+    def masked(self) -> bool:
+        """Whether the mask excludes anything by its kind (``none`` allows every pair)."""
+        return self.mask["kind"] != "none"
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The case's float64 arrays by name: ``q, k, v, g`` and the ``bias`` if it has one."""
+        return {name: getattr(self, name) for name in ARRAYS if getattr(self, name) is not None}
+
     def attended(self) -> np.ndarray:
         """The pairs that take part: allowed and not excluded by a ``−∞`` bias."""
         allowed = self.allowed()

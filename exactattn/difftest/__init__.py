@@ -4,7 +4,7 @@ Hypothesis draws cases (:mod:`.strategies`, :mod:`.cases`); every exactattn conf
 of the target registry (:mod:`exactattn.targets`) available on the machine runs the
 forward and the reverse (:mod:`.targets`); each output is compared with certified naive
 attention (:mod:`exactattn.certified`) within the bound of the configuration's arithmetic
-(:mod:`exactattn.bounds`), both through :mod:`exactattn.testing.reference`; failures are
+(:mod:`exactattn.bounds`), both through :mod:`exactattn.testing.tolerance`; failures are
 shrunk and written as replay files (:mod:`.runner`). ``exactattn check``
 (:mod:`exactattn.testing`) runs the same machinery over any registered target, foreign ones
 included.

@@ -51,7 +51,7 @@ FULL_KNOBS: dict[str, list[Any]] = {
     "mask": ["none", "causal", "window"],
 }
 
-# score modifications (exactattn.precision.tasks.score_terms): additive ALiBi, T5 relative
+# score modifications (exactattn.precision.grid.score_terms): additive ALiBi, T5 relative
 # buckets, a random bias with −∞ entries, and logit soft-capping
 SCORES = ("none", "alibi", "t5", "bias-inf", "softcap")
 

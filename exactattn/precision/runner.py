@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from ..executors import WorkerDied, make_executor
+from ..metrics import METRICS
 from .configs import available
 from .grid import KNOBS, Point, expand, key_of
-from .metrics import METRICS
 from .presets import get_preset
-from .reference import OUTPUTS
-from .tasks import BOUND_COLUMNS, reference_task, run_task
+from .tasks import BOUND_COLUMNS, SWEPT, reference_task, run_task
 
 PACKAGES = ("exactattn", "numpy", "mpmath", "python-flint", "torch")
 COLUMNS = (
@@ -45,8 +44,8 @@ COLUMNS = (
     "input_seed",
     "status",
     "seconds",
-    *(f"{out}_{metric}" for out in OUTPUTS for metric in METRICS),
-    *(f"dev_{out}_{metric}" for out in OUTPUTS for metric in ("max_abs", "rmse")),
+    *(f"{out}_{metric}" for out in SWEPT for metric in METRICS),
+    *(f"dev_{out}_{metric}" for out in SWEPT for metric in ("max_abs", "rmse")),
     *BOUND_COLUMNS,
     "ref_radius",
     "ref_prec",

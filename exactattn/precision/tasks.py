@@ -17,104 +17,40 @@ from typing import Any
 
 import numpy as np
 
-from .. import api, bounds, masks
-from ..cases import spec
-from ..cases.inputs import input_seed, make_inputs
+from .. import api, bounds
+from ..cases import Case
+from ..cases.inputs import input_seed
+from ..cases.reference import Reference, certified
+from ..metrics import METRICS, deviation, error_metrics
 from .configs import Config, get_config, to_float64
 from .grid import Point, Problem
-from .metrics import METRICS, deviation, error_metrics
-from .presets import SCORES
-from .reference import OUTPUTS, Reference, certified_reference
 
-MASKS = ("none", "causal", "window")
-
-
-def build_mask(name: str, n: int) -> Any:
-    """``none``, ``causal`` or ``window`` (each query sees the ``max(1, n//8)`` keys before it)."""
-    if name == "none":
-        return None
-    if name == "causal":
-        return masks.causal()
-    if name == "window":
-        return masks.sliding_window(left=max(1, n // 8), right=0)
-    raise ValueError(f"mask must be one of {MASKS}; got {name!r}")
-
-
-def allowed_set(name: str, n: int) -> np.ndarray | None:
-    """The allowed set of :func:`build_mask`'s mask, written from its definition for the
-    reference (not through :mod:`exactattn.masks`): ``j ≤ i`` (causal), and also
-    ``j ≥ i − max(1, n//8)`` (window); ``None`` when every pair is allowed."""
-    if name not in MASKS:
-        raise ValueError(f"mask must be one of {MASKS}; got {name!r}")
-    if name == "none":
-        return None
-    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-    allowed = j <= i
-    return allowed & (j >= i - max(1, n // 8)) if name == "window" else allowed
-
-
-def score_terms(name: str, n: int, seed: int) -> tuple[np.ndarray | None, float | None]:
-    """The bias ``B`` (float64, ``(n, n)``) and soft-cap of a score modification, written
-    from its definition (:mod:`exactattn.cases.spec`, not :mod:`exactattn.scores`):
-
-    * ``alibi``: ``B_ij = −|i − j|/8`` (one head's slope, 2^-3: exact in every format);
-    * ``t5``: a N(0, 1) table of 32 buckets indexed by T5's bidirectional bucket of
-      ``j − i`` (max distance 128);
-    * ``bias-inf``: N(0, 1) entries, a tenth of the off-diagonal ones ``−∞`` (the diagonal
-      stays finite, so no row of a causal problem ends empty);
-    * ``softcap``: no bias, scores capped as ``5·tanh(s/5)``.
-    """
-    if name not in SCORES:
-        raise ValueError(f"score must be one of {SCORES}; got {name!r}")
-    rng = np.random.default_rng([seed, n, SCORES.index(name)])
-    if name == "alibi":
-        return spec.bias({"kind": "alibi", "form": "abs", "slopes": [2.0**-3]}, (), n, n), None
-    if name == "t5":
-        table = rng.standard_normal((1, 32))
-        return spec.bias({"kind": "t5", "table": table, "max_distance": 128}, (), n, n), None
-    if name == "bias-inf":
-        values = rng.standard_normal((n, n))
-        values[(rng.random((n, n)) < 0.1) & ~np.eye(n, dtype=bool)] = -np.inf
-        return values, None
-    if name == "softcap":
-        return None, 5.0
-    return None, None
-
-
-def scale_of(problem: Problem | Point) -> float:
-    """The score scale ``c = scale / sqrt(d)`` as a float64 (exact input of every run)."""
-    return float(problem.scale) / math.sqrt(problem.d)
+SWEPT = ("y", "dq", "dk", "dv")  # the outputs the sweep measures (its CSV's columns)
 
 
 def reference_task(problem: Problem, prec: int | None, workers: int = 1) -> Reference:
-    """The certified reference of one problem (``prec=None``: chosen by the reference;
-    ``workers``: processes its blocks of rows are split over)."""
-    inputs = make_inputs(problem.dist, problem.n, problem.d, problem.seed)
-    bias, softcap = score_terms(problem.score, problem.n, problem.seed)
-    return certified_reference(
-        inputs,
-        scale=scale_of(problem),
-        allowed=allowed_set(problem.mask, problem.n),
-        bias=bias,
-        softcap=softcap,
-        prec=prec,
-        grads=problem.grads,
-        workers=workers,
-    )
+    """The certified reference of one problem's case (``prec=None``: chosen by the
+    reference; ``workers``: processes its blocks of rows are split over)."""
+    return certified(problem.case(), grads=problem.grads, prec=prec, workers=workers)
 
 
-def _run(impl: str, point: Point, ctx: Any, inputs: dict[str, np.ndarray], mask: Any):
+def _run(impl: str, case: Case, grads: bool, ctx: Any, inputs: dict[str, np.ndarray]):
     q, k, v, g = inputs["q"], inputs["k"], inputs["v"], inputs["g"]
-    bias, softcap = score_terms(point.score, point.n, point.seed)
-    keywords = dict(scale=scale_of(point), mask=mask, backend=ctx, bias=bias, softcap=softcap)
+    keywords = dict(
+        scale=case.scale,
+        mask=case.mask_object(),
+        backend=ctx,
+        bias=case.bias,
+        softcap=case.softcap,
+    )
     if impl == "tiled":
-        keywords["block_size"] = point.block
+        keywords["block_size"] = case.block_size
         forward, backward = api.attention, api.attention_backward
     else:
         forward, backward = api.naive_attention, api.naive_attention_backward
     y, stats = forward(q, k, v, return_stats=True, **keywords)
     out = {"y": y}
-    if point.grads:
+    if grads:
         out["dq"], out["dk"], out["dv"] = backward(q, k, v, y, stats, g, **keywords)
     return {name: to_float64(x) for name, x in out.items()}
 
@@ -147,23 +83,26 @@ class _Configured:
         }
         self.ulp_format = config.ulp_format
 
-    def run(self, impl: str, point: Point, original: dict[str, np.ndarray]) -> dict:
-        inputs = {x: self.config.prepare(a) if x != "g" else a for x, a in original.items()}
-        return _run(impl, point, self.ctx, inputs, build_mask(point.mask, point.n))
+    def run(self, impl: str, case: Case, grads: bool) -> dict:
+        inputs = {x: self.config.prepare(getattr(case, x)) for x in "qkv"}
+        return _run(impl, case, grads, self.ctx, {**inputs, "g": case.g})
 
-    def bound(self, impl: str, point: Point, original: dict[str, np.ndarray]) -> dict:
+    def bound(self, impl: str, case: Case, grads: bool) -> dict:
         """The tiled reverse freezes ``m, ℓ`` and reads ``δ = G·Y``; naive attention is one
         block of ``n`` keys with ``δ`` summed over ``P``; every row in one reverse tile."""
         tiled = impl == "tiled"
+        n = case.sizes["n_k"]
+        original = {x: getattr(case, x) for x in "qkv"}
         return bounds.bounds(
-            self.config.arith(original, point.block if tiled else point.n),
-            *(original[x] for x in "qkv"),
-            original["g"] if point.grads else None,
-            scale=scale_of(point),
-            allowed=allowed_set(point.mask, point.n),
-            **dict(zip(("bias", "softcap"), score_terms(point.score, point.n, point.seed))),
+            self.config.arith(original, case.block_size if tiled else n),
+            *original.values(),
+            case.g if grads else None,
+            scale=case.scale,
+            allowed=case.allowed() if case.masked else None,
+            bias=case.bias,
+            softcap=case.softcap,
             delta="gy" if tiled else "rowsum",
-            row_block=point.n,
+            row_block=case.sizes["n_q"],
             input_rounding=True,
         )
 
@@ -192,40 +131,22 @@ class _Foreign:
         }
         self.ulp_format = fmt(claim.input)
 
-    def case(self, point: Point, original: dict[str, np.ndarray]) -> Any:
-        from ..cases import Case
-
-        mask = {"none": {"kind": "none"}, "causal": {"kind": "causal"}}.get(point.mask)
-        if mask is None:
-            mask = {"kind": "window", "left": max(1, point.n // 8), "right": 0}
-        bias, softcap = score_terms(point.score, point.n, point.seed)
-        return Case(
-            **original,
-            block_size=point.block,
-            scale=scale_of(point),
-            mask=mask,
-            bias=bias,
-            softcap=softcap,
-        )
-
-    def run(self, impl: str, point: Point, original: dict[str, np.ndarray]) -> dict:
+    def run(self, impl: str, case: Case, grads: bool) -> dict:
         if impl == "naive":
-            return self.naive.run(impl, point, original)
-        case = self.case(point, original)
+            return self.naive.run(impl, case, grads)
         why = self.variant.unsupported(case)
         if why:
             raise Skipped(why)
-        grads = point.grads and self.variant.grads_unsupported() is None  # else forward only
+        grads = grads and self.variant.grads_unsupported() is None  # else forward only
         out = self.variant.run(case, self.variant.held(case), grads)
-        return {x: np.asarray(out[x], dtype=np.float64) for x in OUTPUTS if x in out}
+        return {x: np.asarray(out[x], dtype=np.float64) for x in SWEPT if x in out}
 
-    def bound(self, impl: str, point: Point, original: dict[str, np.ndarray]) -> dict:
+    def bound(self, impl: str, case: Case, grads: bool) -> dict:
         if impl == "naive":
-            return self.naive.bound(impl, point, original)
-        from ..testing.reference import claimed_bound
+            return self.naive.bound(impl, case, grads)
+        from ..testing.tolerance import claimed_bound
 
-        case = self.case(point, original)
-        inputs = {**original, "g": original["g"] if point.grads else None, "bias": case.bias}
+        inputs = {**case.arrays(), "g": case.g if grads else None, "bias": case.bias}
         return claimed_bound(self.variant, case, inputs, input_rounding=True)
 
 
@@ -244,12 +165,12 @@ def unit_of(name: str) -> _Configured | _Foreign:
 def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
     """Two rows (``impl`` = tiled, naive) of knobs, metrics, deviation and bound ratios."""
     unit = unit_of(point.config)
-    original = make_inputs(point.dist, point.n, point.d, point.seed)
+    case = point.case()
     results, status, seconds = {}, {}, {}
     for impl in ("tiled", "naive"):
         start = time.perf_counter()
         try:
-            results[impl] = unit.run(impl, point, original)
+            results[impl] = unit.run(impl, case, point.grads)
             status[impl] = "ok"
         except Skipped as why:
             results[impl], status[impl] = None, f"skipped: {why}"[:200]
@@ -266,12 +187,12 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
             "input_seed": input_seed(point.seed, point.dist, point.n, point.d),
             "status": status[impl],
             "seconds": seconds[impl],
-            "ref_radius": reference.radius,
+            "ref_radius": reference.largest_radius(SWEPT),
             "ref_prec": reference.prec,
             "ref_seconds": reference.seconds,
         }
         mine, other = results[impl], results["naive" if impl == "tiled" else "tiled"]
-        for name in OUTPUTS:
+        for name in SWEPT:
             present = mine is not None and name in mine
             metrics = (
                 error_metrics(mine[name], reference.hi[name], unit.ulp_format, reference.lo[name])
@@ -285,7 +206,7 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
                 else {"max_abs": math.nan, "rmse": math.nan}
             )
             row[f"dev_{name}_max_abs"], row[f"dev_{name}_rmse"] = dev["max_abs"], dev["rmse"]
-        row.update(_bound_columns(unit, point, impl, original, mine, reference))
+        row.update(_bound_columns(unit, case, point.grads, impl, mine, reference))
         rows.append(row)
     return rows
 
@@ -296,9 +217,9 @@ GRADS = ("dq", "dk", "dv")
 
 def _bound_columns(
     unit: _Configured | _Foreign,
-    point: Point,
+    case: Case,
+    grads: bool,
     impl: str,
-    original: dict[str, np.ndarray],
     mine: dict[str, np.ndarray] | None,
     reference: Reference,
 ) -> dict[str, float]:
@@ -315,7 +236,7 @@ def _bound_columns(
     out = dict.fromkeys(BOUND_COLUMNS, math.nan)
     if mine is None:
         return out
-    found = unit.bound(impl, point, original)
+    found = unit.bound(impl, case, grads)
 
     def ratio(name: str) -> float:
         error = np.abs((mine[name] - reference.hi[name]) - reference.lo[name])

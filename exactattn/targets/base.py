@@ -6,7 +6,7 @@ without importing either. :class:`Capabilities` say which cases it takes (every 
 is skipped with the reason, never passed); :class:`Claim` states its arithmetic — the
 formats of the inputs, the scores ``s``, the statistics ``m, ℓ, lse``, the weights ``p``
 before the ``P·V`` product and the accumulators, and its key-block size ``b`` — from which
-the tolerance is derived (:func:`exactattn.testing.reference.bounds`).
+the tolerance is derived (:func:`exactattn.testing.tolerance.bounds`).
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def config_target(name: str) -> Target:
         stats=compute,
         p=p_cast or compute,
         acc=compute,
-        block=None,  # the case's block size: see exactattn's entries in testing.reference
+        block=None,  # the case's block size: see exactattn's entries in testing.tolerance
     )
     caps = Capabilities(
         dtypes=(quantize or storage,),

@@ -557,7 +557,7 @@ def _api_output(backend: str, x: Any, shape: tuple[int, ...]) -> Any:
         return (arr if arr.dtype == np.longdouble else arr.astype(np.float64)).reshape(shape)
     arr = np.asarray(x, dtype=object).reshape(shape)
     if backend == "flint":
-        from ..difftest.reference import arb_mid
+        from ..backends.flint_backend import arb_mid
 
         def mid_of(e: Any) -> Any:
             return arb_mid(e) if e.is_finite() else mpmath.mpf(float(e.mid()))
@@ -627,13 +627,6 @@ class Xformers(Convention):
                 back = to_numpy(name, grad, bnhd[x].shape).transpose(0, 2, 1, 3)
                 out[name] = back.reshape(held[x].shape)
         return out
-
-
-def conventions() -> dict[str, Convention]:
-    """Every calling convention by name."""
-    from .flex import Flex
-
-    return {c.name: c for c in (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex())}
 
 
 USER_CONVENTIONS = ("sdpa", "flash", "exactattn", "hf")

@@ -1,16 +1,16 @@
 """One case through every variant: skip with a reason, or run, judge, and compare side by side.
 
-For each :class:`~exactattn.targets.Variant` of the case's dtype: a case it does not take
-is a ``skip`` finding with the reason; otherwise the inputs (and a bias) are held in its
-format, the
-reference is computed once per distinct rounding (:func:`.reference.compute`), the variant
-runs (an exception, a wrong shape or dtype is a failed case with its message, never a crash
-of the harness), and :func:`.judge.judge` gives the verdict. Gradients a variant cannot give
-on this device are left out and the reason recorded. Optionally it runs a second time on
-the same inputs (bitwise determinism, reported, not judged), and the same case runs under
-two baselines on the same held inputs: naive attention in the same dtype, and
-FlashAttention-2's precision policy (fp32 statistics and accumulators, ``P`` cast to the
-input dtype, key blocks of :data:`FA2_BLOCK`), for the side-by-side error ratios.
+For each :class:`~exactattn.targets.Variant` of the case's dtype: a case it does not take is
+a ``skip`` finding with the reason; otherwise the inputs (and a bias) are held in its
+format, the reference is computed once per distinct rounding
+(:func:`exactattn.cases.reference.certified`), the variant runs (an exception, a wrong shape
+or dtype is a failed case with its message, never a crash of the harness), and
+:func:`.judge.judge` gives the verdict. Gradients a variant cannot give on this device are
+left out and the reason recorded. Optionally it runs a second time on the same inputs
+(bitwise determinism, reported, not judged), and the same case runs under two baselines on
+the same held inputs: naive attention in the same dtype, and FlashAttention-2's precision
+policy (fp32 statistics and accumulators, ``P`` cast to the input dtype, key blocks of
+:data:`FA2_BLOCK`), for the side-by-side error ratios.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from typing import Any
 import numpy as np
 
 from ..cases import Case
+from ..cases.reference import Reference, certified
+from ..metrics import relative_error
 from ..targets import Variant, builtin
 from ..targets.conventions import TargetError
 from .judge import Finding, judge
-from .reference import Reference, bounds, compute, relative_error
+from .tolerance import bounds
 
 FA2_BLOCK = 64  # FlashAttention-2's key-block size for head dims <= 128 (kBlockN)
 GRADS = ("dq", "dk", "dv")
@@ -71,7 +73,7 @@ def check_case(case: Case, variants: list[Variant], options: Options = Options()
         held = variant.held(case)
         key = b"".join(x.tobytes() for x in held.values())
         if key not in references:
-            references[key] = compute(case, held)
+            references[key] = certified(case, held)
         ref = references[key]
         if ref.unbounded and not variant.target.options.get("enclosure"):
             findings.append(Finding(variant.name, "skip", ref.unbounded, dtype=variant.dtype))

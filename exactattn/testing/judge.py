@@ -3,7 +3,7 @@
 An output passes when it has the expected shape (and dtype: the input's), is finite where
 the exact value is (``lse`` is ``−∞`` exactly on rows with no allowed key), and
 ``|out − ref| ≤ bound + rad_ref`` entrywise — the bound of the variant's claimed
-arithmetic (:func:`exactattn.testing.reference.bounds`); float outputs are measured against
+arithmetic (:func:`exactattn.testing.tolerance.bounds`); float outputs are measured against
 the reference's double-double midpoint, finer-than-float64 ones in mpmath. Ball outputs
 (flint) pass when ``|mid − ref| ≤ rad + rad_ref``: the ball must enclose the exact value.
 A non-finite
@@ -26,7 +26,9 @@ from typing import Any
 import mpmath
 import numpy as np
 
-from .reference import OUTPUTS, Allowed, Reference, relative_error, scale_of, ulps
+from ..cases.reference import OUTPUTS, Reference
+from ..metrics import relative_error, scale_of, ulps
+from .tolerance import Allowed
 
 COMPARE_PREC = 220
 

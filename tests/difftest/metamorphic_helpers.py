@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from exactattn.cases import Case
+from exactattn.cases.reference import certified
 from exactattn.targets import Variant
-from exactattn.testing.reference import bounds, compute
+from exactattn.testing.tolerance import bounds
 from tests.optional import requires
 
 NAMES = ("y", "dq", "dk", "dv")
@@ -43,7 +44,7 @@ def allowance(unit: Variant, case: Case) -> dict[str, np.ndarray]:
     if unit.target.options.get("enclosure"):
         return {n: np.zeros(np.shape(_like(case, n))) for n in NAMES}
     requires("flint")
-    ref = compute(case, {n: getattr(case, n) for n in "qkvg"})
+    ref = certified(case, {n: getattr(case, n) for n in "qkvg"})
     return {n: b for n, b in bounds(unit, ref).bound.items() if n in NAMES}
 
 

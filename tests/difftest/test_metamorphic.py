@@ -3,7 +3,7 @@
 Each property transforms a case in a way whose effect on the exact result is known and
 checks the backend's two runs against each other: exactly where floating point is exact
 (powers of two, terms that are exact zeros, the same computation twice), else within the
-sum of the two runs' derived bounds (``exactattn.testing.reference.bounds``).
+sum of the two runs' derived bounds (``exactattn.testing.tolerance.bounds``).
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ from tests.optional import requires
 
 requires("flint")
 
-from exactattn.precision.reference import certified_reference
-from exactattn.precision.tasks import run_task, scale_of
+from exactattn.precision.tasks import reference_task, run_task
 
 
 def test_config_registry():
@@ -92,12 +91,7 @@ def test_fp8_quantisation_is_per_tensor_and_on_the_grid():
 
 def _rows(config: str, n: int = 48, block: int = 16, dist: str = "normal", grads=True):
     point = Point(config, n, 16, block, dist, 1.0, "causal", 3, grads)
-    inputs = make_inputs(point.dist, n, 16, point.seed)
-    from exactattn.precision.tasks import allowed_set
-
-    ref = certified_reference(
-        inputs, scale=scale_of(point), allowed=allowed_set("causal", n), grads=grads
-    )
+    ref = reference_task(point.problem, None)
     return {row["impl"]: row for row in run_task(point, ref)}
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from exactattn.formats import Format, get_format
-from exactattn.precision.metrics import deviation, error_metrics
+from exactattn.metrics import deviation, error_metrics
 
 FP16 = get_format("float16")
 

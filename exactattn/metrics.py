@@ -1,4 +1,11 @@
-"""Error metrics of an approximation ``x̂`` against a reference ``x`` (float64 arrays).
+"""Error metrics of an approximation ``x̂`` against a reference ``x`` (float64 arrays): the one
+module for both kinds.
+
+**Normwise** (``exactattn check``'s report): ``relative_error = max |x̂ − x| / max |x|`` and
+``ulps = max |x̂ − x| / ulp_F(max |x|)``, over finite entries (:func:`scale_of` is
+``max |x|``).
+
+**Elementwise** (the precision sweep's columns, :func:`error_metrics`):
 
 * ``max_abs = max |x̂ − x|``;
 * ``max_rel = max |x̂ − x| / |x|`` over the entries with ``x ≠ 0``;
@@ -12,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats import Format
+from .formats import Format, number_format
 
 METRICS = ("max_abs", "max_rel", "rmse", "mean_ulp", "max_ulp")
 
@@ -48,3 +55,29 @@ def deviation(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     if diff.size == 0:
         return {"max_abs": float("nan"), "rmse": float("nan")}
     return {"max_abs": float(diff.max()), "rmse": float(np.sqrt(np.mean(diff**2)))}
+
+
+def scale_of(x: np.ndarray) -> float:
+    """``max |x|`` over finite entries (0 when there are none): the normwise error scale."""
+    finite = np.abs(x[np.isfinite(x)])
+    return float(finite.max()) if finite.size else 0.0
+
+
+def relative_error(error: np.ndarray, ref: np.ndarray, fmt: str = "float64") -> float:
+    """Normwise ``max |error| / max |ref|`` (finite entries); NaN when the reference is
+    below ``fmt``'s normal range (an exact zero, e.g. dQ with one key: no scale to judge by)."""
+    scale = scale_of(ref)
+    e_min = number_format(fmt).e_min
+    tiny = 2.0**e_min if e_min is not None else 0.0
+    if not error.size or scale <= tiny:
+        return float("nan")
+    return float(np.max(error[np.isfinite(error)], initial=0.0)) / scale
+
+
+def ulps(error: np.ndarray, ref: np.ndarray, fmt: str) -> float:
+    """``max |error|`` in ulps of ``fmt`` at the output's scale ``max |ref|`` (normwise)."""
+    scale = scale_of(ref)
+    if not error.size or scale == 0:
+        return float("nan")
+    spacing = float(number_format(fmt).ulp(np.array([scale]))[0])
+    return float(np.max(error[np.isfinite(error)], initial=0.0)) / spacing

@@ -1,0 +1,189 @@
+"""A :class:`Variant`: a target in one dtype on one device, the unit that runs cases.
+
+It resolves the target's claim for its dtype (:func:`claim_for`), holds a case's inputs in
+its format, says which cases it does not take and why (:meth:`Variant.unsupported`), and
+runs a case through its calling convention (:func:`conventions`, the table of them).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from . import builtin
+from .base import NAIVE_BLOCK, Claim, Target, size_of
+from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
+from .flex import Flex
+from .resolve import UnknownTarget, get
+
+
+@functools.cache
+def conventions() -> dict[str, Convention]:
+    """Every calling convention by name."""
+    return {c.name: c for c in (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex())}
+
+
+def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:
+    """The target's claim resolved for inputs of ``dtype`` on ``device``."""
+    base = target.claim
+    block = target.options.get("block_by_device", {}).get(device, base.block)
+    policy = target.options.get("policy") or (target.options.get("fa2_policy") and "fa2")
+    if policy == "fa2":
+        return replace(builtin.fa2_claim(dtype).resolve(dtype), block=block)
+    if policy == "upcast":
+        wide = dtype if dtype in ("float32", "float64") else "float32"
+        return Claim(dtype, wide, wide, wide, wide, block)
+    if policy == "eager":
+        p = "float32" if dtype == "float64" else dtype
+        return Claim(dtype, dtype, "float32", p, dtype, NAIVE_BLOCK)
+    return replace(base.resolve(dtype), block=block)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A target in one dtype on one device (see the module docstring)."""
+
+    target: Target
+    dtype: str
+    device: str = "cpu"
+
+    @property
+    def name(self) -> str:
+        if len(self.target.caps.dtypes) == 1:
+            return self.target.name
+        return f"{self.target.name}[{self.dtype}]"
+
+    @property
+    def claim(self) -> Claim:
+        return claim_for(self.target, self.dtype, self.device)
+
+    @property
+    def convention(self) -> Any:
+        return conventions()[self.target.convention]
+
+    def hold(self, x: np.ndarray) -> np.ndarray:
+        """The float64 input as this variant stores it (rounded to its input format)."""
+        from ..cases import hold
+
+        fmt = self.claim.input or self.dtype
+        if fmt in ("e4m3", "e5m2"):  # per-tensor FP8 quantisation
+            from ..precision.fp8 import quantize_per_tensor
+
+            return quantize_per_tensor(x, fmt)
+        return hold(x, fmt)
+
+    def held(self, case: Any) -> dict[str, np.ndarray]:
+        """The case's ``q, k, v, g`` and bias as this variant stores them (the arrays its
+        calling convention reads: a bias left out here would silently not be applied)."""
+        held = {x: self.hold(getattr(case, x)) for x in "qkvg"}
+        if case.bias is not None:
+            held["bias"] = self.hold_bias(case.bias)
+        return held
+
+    def hold_bias(self, bias: np.ndarray) -> np.ndarray:
+        """A bias as this variant takes it: in its input format (the compute format for
+        per-tensor FP8 inputs, whose scaling a bias does not share)."""
+        from ..cases import hold
+
+        fmt = self.claim.input or self.dtype
+        return hold(bias, self.claim.scores if fmt in ("e4m3", "e5m2") else fmt)
+
+    def bound_block(self, case: Any) -> int | None:
+        """The key-block size the tolerance assumes for ``case`` (None: the worst case)."""
+        if self.target.options.get("exact_block"):
+            return case.block_size
+        return self.claim.bound_block(case.sizes["n_k"])
+
+    def grads_unsupported(self) -> str | None:
+        caps = self.target.caps
+        if caps.grads is not True:
+            return str(caps.grads)
+        hook = getattr(self.convention, "grads_unsupported", None)
+        return hook(self.device) if hook is not None else None
+
+    def unsupported(self, case: Any) -> str | None:
+        """Why this variant does not take ``case`` (None: it does); see :class:`Capabilities`."""
+        caps = self.target.caps
+        n = case.sizes
+        if case.dtype is not None and case.dtype != self.dtype:
+            return f"dtype {case.dtype}: this variant runs {self.dtype}"
+        if len(case.batch) not in caps.batch_dims:
+            return f"{len(case.batch)} leading dims (takes {caps.batch_dims})"
+        checks = (
+            (case.group > 1, caps.gqa, "GQA"),
+            (n["n_q"] != n["n_k"], caps.cross, "n_q != n_k"),
+            (bool(case.dropout_p), caps.dropout, "dropout"),
+            (case.empty_rows == "zero", caps.empty_rows, "rows with no allowed key"),
+            (case.bias is not None, caps.bias, "bias"),
+            (case.softcap is not None, caps.softcap, "softcap"),
+            (_program(case), caps.program, "a user's program"),
+        )
+        for applies, capability, what in checks:
+            if applies and capability is not True:
+                if capability == "own":
+                    return f"{what}: draws its own keep-bits (see the dropout probe)"
+                return f"{what}: {capability}" if isinstance(capability, str) else what
+        if caps.equal_head_dims and n["d"] != n["v"]:
+            return "needs v == d"
+        size = size_of(case.batch, n["n_q"], n["n_k"], n["d"], n["v"])
+        if caps.max_size is not None and size > caps.max_size:
+            return f"size {size} > {caps.max_size} (slow number system)"
+        if caps.max_n is not None and max(*n.values(), math.prod(case.batch)) > caps.max_n:
+            return f"sizes above {caps.max_n} (slow number system)"
+        if caps.masks is not None:
+            from ..cases.spec import leaves
+
+            kinds = {leaf["kind"] for leaf in leaves(case.mask)} | {case.mask["kind"]}
+            if not kinds <= set(caps.masks) | {"none"}:
+                return f"mask kinds {sorted(kinds - set(caps.masks))} not supported"
+        if self.target.options.get("triton"):
+            why = _triton_unsupported(case, self.device)
+            if why:
+                return why
+        return self.convention.unsupported(self.target, case, self.device, True)
+
+    def run(self, case: Any, held: dict[str, np.ndarray], grads: bool) -> dict[str, Any]:
+        return self.convention.run(
+            self.target, replace(case, dtype=self.dtype), held, self.device, grads
+        )
+
+
+def _program(case: Any) -> bool:
+    """Whether the case runs a user's ``score_mod`` or ``mask_mod``."""
+    from ..cases.spec import leaves
+
+    return case.score_mod is not None or any(
+        leaf["kind"] == "mask_mod" for leaf in leaves(case.mask)
+    )
+
+
+def _triton_unsupported(case: Any, device: str) -> str | None:
+    if device == "cpu" and max(case.sizes.values()) > 16:
+        return "under the Triton interpreter (no CUDA) only sizes <= 16 run"
+    from ..masks import Geometry
+    from .conventions import lifted_case
+
+    lifted = lifted_case(case)
+    mask = lifted.mask_object()
+    n = case.sizes
+    geometry = Geometry(n["n_q"], n["n_k"], lifted.batch, case.group)
+    if mask is not None and mask.lower(geometry) is None:
+        return "the Triton kernels express causal, window and key-padding masks only"
+    return None
+
+
+def variant(name: str, device: str = "cpu", dtype: str | None = None, **spec: Any) -> Variant:
+    """The variant called ``name`` (``target[dtype]``, or a target's name and ``dtype`` when it
+    runs in several)."""
+    base, bracket, named = name.partition("[")
+    target = get(base if bracket else name, **spec)
+    chosen = named.rstrip("]") if bracket else dtype
+    if chosen is None:
+        if len(target.caps.dtypes) != 1:
+            raise UnknownTarget(f"{name!r} runs in several dtypes; name one: {name}[float32]")
+        chosen = target.caps.dtypes[0]
+    return Variant(target, chosen, device)
