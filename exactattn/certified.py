@@ -36,7 +36,7 @@ step with the code it judges. Memory is ``O(r·n_k)`` balls, never ``(n_q, n_k)`
 **Rigour.** Every number is an Arb ball (python-flint) and every operation returns a ball
 containing the exact result, so each output encloses the exact value. The shift ``m_i`` is
 the float64 row maximum of the scores computed in NumPy: any *exact* number serves as the
-shift, because ``P``, ``Y`` and ``lse = m + log ℓ`` do not depend on it (ALGORITHM.md: the
+shift, because ``P``, ``Y`` and ``lse = m + log ℓ`` do not depend on it (docs/algorithm.md: the
 homomorphism of ⋆ into addition); a float near the true maximum keeps ``e^{s−m} ≲ 1``
 and, being exact, adds no radius. Outputs come back as double-double midpoints
 ``hi + lo`` with float64 radii rounded up that also cover ``mid − (hi + lo)``, so

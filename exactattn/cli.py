@@ -22,10 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "exactattn.commands.demo",
         "the tiled algorithm on NumPy, mpmath and sympy vs naive",
     ),
-    # sweep keeps its command module in its package until it moves here
-    # (exactattn.commands.sweep): then only that line changes.
     "prove": ("exactattn.commands.prove", "symbolic proofs that the tiled code is exact"),
-    "sweep": ("exactattn.precision.cli", "precision sweeps against the certified reference"),
+    "sweep": ("exactattn.commands.sweep", "precision sweeps against the certified reference"),
     "difftest": ("exactattn.commands.difftest", "differential tests across backends"),
     "check": (
         "exactattn.commands.check",

@@ -23,6 +23,6 @@ let targets that cannot take it skip it in their ``unsupported`` (with the reaso
 difftest and the sweep then all see it.
 """
 
-from .case import ARRAYS, DISTRIBUTIONS, LAYOUTS, Case, Draw, build_case, hold
+from .case import ARRAYS, CHECK_DISTRIBUTIONS, LAYOUTS, Case, Draw, build_case, hold
 
-__all__ = ["ARRAYS", "DISTRIBUTIONS", "LAYOUTS", "Case", "Draw", "build_case", "hold"]
+__all__ = ["ARRAYS", "CHECK_DISTRIBUTIONS", "LAYOUTS", "Case", "Draw", "build_case", "hold"]

@@ -27,9 +27,16 @@ import numpy as np
 
 from .. import loading, masks
 from . import spec as maskspec
+from .inputs import fill
 
 ARRAYS = ("q", "k", "v", "g", "bias")
-DISTRIBUTIONS = ("normal", "outliers", "large_logits", "tiny", "uniform_int")
+CHECK_DISTRIBUTIONS = (  # the ones a drawn case takes (exactattn.cases.inputs)
+    "normal",
+    "outliers",
+    "large_logits",
+    "tiny",
+    "uniform_int",
+)
 LAYOUTS = ("contiguous", "transposed", "strided")
 
 
@@ -286,17 +293,6 @@ def _torch() -> Any:
     return torch
 
 
-def _fill(rng: np.random.Generator, shape: tuple[int, ...], distribution: str) -> np.ndarray:
-    if distribution == "outliers":  # FlashAttention-3: N(0,1) + N(0,100)·Bernoulli(0.001)
-        spikes = rng.random(shape) < 0.05  # denser than 0.001 so small cases contain one
-        return rng.standard_normal(shape) + 10 * rng.standard_normal(shape) * spikes
-    if distribution == "tiny":
-        return rng.standard_normal(shape) * 1e-6
-    if distribution == "uniform_int":
-        return rng.integers(-3, 4, size=shape).astype(np.float64)
-    return rng.standard_normal(shape)
-
-
 def _fill_mask(
     template: dict[str, Any], rng: np.random.Generator, batch: tuple[int, ...], n_q: int, n_k: int
 ) -> dict[str, Any]:
@@ -359,10 +355,10 @@ def build_case(draw: Draw) -> Case:
     b = draw.batch
     kv_b = b if draw.group == 1 else (*b[:-1], b[-1] // draw.group)
     dist = draw.distribution
-    q = _fill(rng, (*b, draw.n_q, draw.d), dist)
-    k = _fill(rng, (*kv_b, draw.n_k, draw.d), dist)
-    v = _fill(rng, (*kv_b, draw.n_k, draw.v), "normal" if dist == "tiny" else dist)
-    g = _fill(rng, (*b, draw.n_q, draw.v), "uniform_int" if dist == "uniform_int" else "normal")
+    q = fill(rng, (*b, draw.n_q, draw.d), dist)
+    k = fill(rng, (*kv_b, draw.n_k, draw.d), dist)
+    v = fill(rng, (*kv_b, draw.n_k, draw.v), "normal" if dist == "tiny" else dist)
+    g = fill(rng, (*b, draw.n_q, draw.v), "uniform_int" if dist == "uniform_int" else "normal")
     scale = None
     if dist == "large_logits":
         kk = np.repeat(k, draw.group, axis=-3) if draw.group > 1 else k

@@ -1,6 +1,6 @@
-"""Deterministic test inputs ``Q, K, V`` and upstream gradient ``G`` (float64).
+"""The named input distributions of every case (float64 entries, i.i.d.), in one table.
 
-Distributions (entries i.i.d.):
+The precision sweep's (:func:`make_inputs`: ``Q, K, V`` and ``G`` of one problem):
 
 * ``normal``: N(0, 1);
 * ``fa3-outliers``: N(0, 1) + N(0, 100)·Bernoulli(0.001), FlashAttention-3 §4.3's inputs
@@ -11,6 +11,20 @@ Distributions (entries i.i.d.):
 ``G`` is always N(0, 1). The generator's seed is a pure function of the sweep seed, the
 distribution and the sizes, so every grid point sees the same inputs in every run, on
 every worker, whatever the order.
+
+The drawn cases' (``exactattn check`` and difftest, :func:`exactattn.cases.build_case`,
+one array at a time from the case's data seed):
+
+* ``outliers``: N(0, 1) + N(0, 100)·Bernoulli(0.05), FlashAttention-3's outliers made
+  denser so that a small case holds one;
+* ``tiny``: N(0, 10^-12) (entries near 10^-6: underflow of products in low precision);
+* ``uniform_int``: integers uniform in −3..3 (exact in every format: ties and equal
+  scores);
+* ``large_logits``: N(0, 1) entries whose scale ``c`` the case sets so that the largest
+  ``|s_ij|`` is the drawn logit.
+
+A name keeps its meaning (the seeds of replay files and sweeps depend on it): a new
+distribution is a new name.
 """
 
 from __future__ import annotations
@@ -34,11 +48,36 @@ def _large_logits(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarra
     return rng.normal(0.0, 4.0, shape)
 
 
+def _outliers(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    spikes = rng.random(shape) < 0.05
+    return rng.standard_normal(shape) + 10 * rng.standard_normal(shape) * spikes
+
+
+def _tiny(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.standard_normal(shape) * 1e-6
+
+
+def _uniform_int(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.integers(-3, 4, size=shape).astype(np.float64)
+
+
 DISTRIBUTIONS: dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]] = {
     "normal": _normal,
     "fa3-outliers": _fa3_outliers,
     "large-logits": _large_logits,
+    "outliers": _outliers,
+    "tiny": _tiny,
+    "uniform_int": _uniform_int,
+    "large_logits": _normal,
 }
+SWEPT = ("normal", "fa3-outliers", "large-logits")  # what make_inputs draws
+
+
+def fill(rng: np.random.Generator, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """One array of ``shape`` drawn from the distribution ``name``."""
+    if name not in DISTRIBUTIONS:
+        raise ValueError(f"distribution must be one of {sorted(DISTRIBUTIONS)}; got {name!r}")
+    return DISTRIBUTIONS[name](rng, shape)
 
 
 def input_seed(seed: int, dist: str, n: int, d: int) -> int:
@@ -49,8 +88,8 @@ def input_seed(seed: int, dist: str, n: int, d: int) -> int:
 
 def make_inputs(dist: str, n: int, d: int, seed: int) -> dict[str, np.ndarray]:
     """``{"q", "k", "v", "g"}`` of shape (n, d) drawn from ``dist`` with the problem's seed."""
-    if dist not in DISTRIBUTIONS:
-        raise ValueError(f"dist must be one of {sorted(DISTRIBUTIONS)}; got {dist!r}")
+    if dist not in SWEPT:
+        raise ValueError(f"dist must be one of {sorted(SWEPT)}; got {dist!r}")
     rng = np.random.default_rng(input_seed(seed, dist, n, d))
     draw = DISTRIBUTIONS[dist]
     q, k, v = (draw(rng, (n, d)) for _ in range(3))

@@ -20,7 +20,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .case import DISTRIBUTIONS, Draw
+from .case import CHECK_DISTRIBUTIONS, Draw
 from .spec import ALIBI_FORMS, ALIGNMENTS
 
 BATCHES = ((), (1,), (2,), (1, 1), (2, 3), (1, 2), (2, 4), (1, 4), (1, 6))
@@ -102,7 +102,7 @@ def draws(
     batch = draw(st.sampled_from(batches))
     n_q = draw(st.integers(1, max_n))
     n_k = draw(st.integers(1, max_n))
-    distribution = draw(st.sampled_from(DISTRIBUTIONS))
+    distribution = draw(st.sampled_from(CHECK_DISTRIBUTIONS))
     logit = (
         draw(st.sampled_from([10.0, 100.0, 1e3, 1e4])) if distribution == "large_logits" else 0.0
     )

@@ -192,6 +192,11 @@ def _check(args, chosen, dtypes, spec, program) -> int:
         failures.append(report.counterexample(finding, text, path))
     failures += [f"FAIL dropout probe {p.target}: {p.detail}" for p in result.probes if not p.ok]
     _print(result, report.summary(result), failures)
+    if seen:
+        print(
+            f"replay files: {len(seen)} in {Path(folder).resolve()}/ "
+            "(exactattn check --replay FILE re-runs one)"
+        )
     if args.report:
         md, js = report.write(result, args.report, failures)
         print(f"report: {md}, {js}")
@@ -256,7 +261,7 @@ def _list(device: str) -> int:
     from .. import targets
 
     for name, target in targets.registry().items():
-        why = targets.unavailable(target, device)
+        why = targets.unavailable(target, device, quick=True)
         state = "available" if why is None else f"unavailable: {why}"
         print(f"{name:<18} {target.convention:<10} {state}")
         print(f"{'':<18} {target.description}")

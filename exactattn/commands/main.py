@@ -11,6 +11,7 @@ Exits non-zero if either step fails.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,13 +20,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", default=None, help="also write the proof certificate here")
     args = parser.parse_args(argv)
 
-    from ..precision.cli import main as sweep
     from .prove import main as prove
+    from .sweep import main as sweep
 
     print("== exactattn prove ==", flush=True)
     proved = prove([] if args.report is None else ["--report", args.report])
     print("\n== exactattn sweep --preset quick ==", flush=True)
     swept = sweep(["--preset", "quick", "--out", args.out])
+    print(
+        "\n== results ==\nproofs: the lines above"
+        + (f", certificate {args.report}" if args.report else "")
+        + f"\nsweep: {Path(args.out).resolve()}/ (results.csv, report.md, plots)"
+    )
     return 1 if proved or swept else 0
 
 

@@ -16,6 +16,7 @@ import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ..formats import canonical_name
@@ -179,22 +180,33 @@ class Target:
         """The callable (imports its module on first use; cached by the loader)."""
         return self.loader()
 
-    def unavailable(self) -> str | None:
-        """Why this target cannot run here (a missing package, no CUDA device), or None."""
+    def unavailable(self, quick: bool = False) -> str | None:
+        """Why this target cannot run here (a missing package, no CUDA device), or None.
+
+        ``quick`` (``exactattn check --list``) imports nothing: the packages are looked up
+        (not imported), a CUDA device is looked for as the driver's device file, and the
+        target's own load check is left out; a name listed available may still fail to
+        import, which the run then says."""
         for module in self.requires:
             if importlib.util.find_spec(module.split(".")[0]) is None:
                 return f"{module} is not installed"
+            if quick:
+                continue
             try:
                 importlib.import_module(module)
             except Exception as error:
                 return f"importing {module} failed: {type(error).__name__}: {error}"
         if self.needs_cuda:
-            import torch
+            if quick:
+                if not Path("/dev/nvidiactl").exists() and not Path("/dev/nvidia0").exists():
+                    return "needs a CUDA device (no NVIDIA device file in /dev)"
+            else:
+                import torch
 
-            if not torch.cuda.is_available():
-                return "needs a CUDA device (torch.cuda.is_available() is False)"
+                if not torch.cuda.is_available():
+                    return "needs a CUDA device (torch.cuda.is_available() is False)"
         check = self.options.get("check")
-        return check() if check is not None else None
+        return check() if check is not None and not quick else None
 
 
 def size_of(batch: tuple[int, ...], n_q: int, n_k: int, d: int, v: int) -> int:

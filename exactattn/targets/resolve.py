@@ -110,9 +110,10 @@ def load_callable(spec: str) -> Any:
         raise UnknownTarget(str(error)) from error
 
 
-def unavailable(target: Target, device: str = "cpu") -> str | None:
-    """Why ``target`` cannot run here on ``device`` (None when it can)."""
-    why = target.unavailable()
+def unavailable(target: Target, device: str = "cpu", quick: bool = False) -> str | None:
+    """Why ``target`` cannot run here on ``device`` (None when it can); ``quick``: without
+    importing anything (see :meth:`Target.unavailable`)."""
+    why = target.unavailable(quick)
     if why is None and device not in target.caps.devices:
         why = f"runs on {', '.join(target.caps.devices)}, not {device}"
     return why

@@ -36,6 +36,20 @@ def test_listing_imports_no_optional_package():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_check_list_imports_no_optional_package():
+    """``exactattn check --list`` names every target and why one cannot run without
+    importing torch, transformers or triton (it took 6.6 s on an idle machine when it did)."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from exactattn.commands import check\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    assert check.main(['--list']) == 0\n"
+        "assert 'sdpa ' in out.getvalue() and 'flex ' in out.getvalue()\n"
+        "assert not {'torch', 'transformers', 'triton'} & set(sys.modules), sorted(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 def test_claims_parse_and_resolve():
     claim = Claim.parse("input=fp16,scores=fp32,stats=fp32,p=fp16,acc=fp32,block=128")
     assert claim == Claim("float16", "float32", "float32", "float16", "float32", 128)

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from exactattn.precision import cli
+from exactattn.commands import sweep as cli
 from exactattn.precision.grid import KNOBS, expand, key_of
 from exactattn.precision.presets import PRESETS
 from tests.optional import requires

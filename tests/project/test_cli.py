@@ -13,8 +13,6 @@ import exactattn.commands
 from exactattn import cli
 
 ROOT = Path(exactattn.__file__).resolve().parents[1]
-# Command modules not yet moved into exactattn/commands/ (the table points at them).
-NOT_YET_MOVED = {"exactattn/precision/cli.py"}
 
 
 def _listed(capsys) -> set[str]:
@@ -54,10 +52,10 @@ def test_no_command_prints_the_usage_and_fails(capsys):
 
 
 def test_commands_live_in_one_place():
-    """No feature package keeps a command line of its own (apart from those not yet moved)."""
+    """No feature package keeps a command line of its own."""
     paths = [*ROOT.glob("exactattn/**/cli.py"), *ROOT.glob("proofs/**/cli.py")]
     found = {p.relative_to(ROOT).as_posix() for p in paths}
-    assert found == {"exactattn/cli.py"} | NOT_YET_MOVED
+    assert found == {"exactattn/cli.py"}
 
 
 def test_console_script_is_the_dispatcher():

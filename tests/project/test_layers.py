@@ -1,6 +1,6 @@
 """No module of exactattn imports from a layer above its own, and no imports form a cycle.
 
-The layers, lowest first, are the table of ``docs/layers.md`` (DESIGN.md's order): a module
+The layers, lowest first, are the table of ``docs/layers.md``: a module
 imports only from its own layer or below. Imports are read from the source (every
 ``import`` and ``from … import`` statement, also those inside functions), so a lazy import
 breaks the order as much as one at the top.

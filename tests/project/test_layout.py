@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,21 +31,45 @@ def _layout() -> dict[str, str]:
     return entries
 
 
-def _names(folder: Path) -> set[str]:
-    """Modules and packages directly in ``folder`` (``name.py`` and ``name/``)."""
-    modules = {p.name for p in folder.glob("*.py")}
-    packages = {f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").exists()}
-    return modules | packages
+def _tracked() -> list[str]:
+    """The files git tracks in the checkout (what a clone holds: a user's ``venv/`` or
+    ``check-failures/`` beside them is not part of the layout)."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the layout is what git tracks")
+    return out.splitlines()
+
+
+def _names(folder: str) -> set[str]:
+    """Tracked modules and packages directly in ``folder`` (``name.py`` and ``name/``; the
+    top level with ``""``): a package is a folder that holds an ``__init__.py``."""
+    prefix = f"{folder}/" if folder else ""
+    names = set()
+    for path in _tracked():
+        if not path.startswith(prefix):
+            continue
+        head, _, rest = path[len(prefix) :].partition("/")
+        if not rest and head.endswith(".py"):
+            names.add(head)
+        elif rest == "__init__.py":
+            names.add(f"{head}/")
+    return names
+
+
+def _folders() -> set[str]:
+    """Tracked top-level folders (hidden ones aside)."""
+    return {f"{p.split('/')[0]}/" for p in _tracked() if "/" in p and not p.startswith(".")}
 
 
 def test_layout_lists_every_top_level_folder_and_library_module():
     entries = _layout()
-    folders = {f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
-    folders -= {"build/", "dist/", "sweep-results/", "gpu-results/"}  # outputs, ignored by git
-    folders = {f for f in folders if not f.endswith(".egg-info/")}
-    library = {f"exactattn/{name}" for name in _names(ROOT / "exactattn")}
+    folders = _folders()
+    library = {f"exactattn/{name}" for name in _names("exactattn")}
     missing = sorted((folders | library) - set(entries))
     assert not missing, f"README's Layout section does not list {missing}"
     tests = set(re.findall(r"[\w.]+/?", entries["tests/"]))
-    missing = sorted(_names(ROOT / "tests") - {"__init__.py"} - tests)
+    missing = sorted(_names("tests") - {"__init__.py"} - tests)
     assert not missing, f"README's Layout line for tests/ does not name {missing}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from exactattn.commands import check, difftest
-from exactattn.precision import cli as sweep_cli
+from exactattn.commands import sweep as sweep_cli
 from exactattn.precision.grid import expand
 from exactattn.precision.presets import PRESETS
 from exactattn.testing import runner

@@ -1,20 +1,22 @@
 """``exactattn sweep --preset NAME --out DIR [--targets NAME ...] [--resume] [--workers N]``.
 
-Runs the preset's grid (:mod:`.presets`), writes ``DIR/results.csv`` (one row per run),
-PNG plots and ``DIR/report.md``. ``--targets`` runs registry names instead of the preset's
-configurations on its grid: exactattn's (``np-fa2-fp16``, ``emu8-rz``…) and foreign ones
-(``sdpa``, ``sdpa-math``, ``flex``, ``sdpa[bfloat16]``…), so a foreign kernel's drift lands
-in the same CSV, plots and report. ``--list`` prints the presets, ``--scheduler ADDRESS``
-sends the tasks to a Dask cluster, ``--time-reference N D`` times the certified reference.
+Runs the preset's grid (:mod:`exactattn.precision.presets`), writes ``DIR/results.csv``
+(one row per run), PNG plots and ``DIR/report.md``. ``--targets`` runs registry names
+instead of the preset's configurations on its grid: exactattn's (``np-fa2-fp16``,
+``emu8-rz``…) and foreign ones (``sdpa``, ``sdpa-math``, ``flex``, ``sdpa[bfloat16]``…), so
+a foreign kernel's drift lands in the same CSV, plots and report. ``--list`` prints the
+presets, ``--scheduler ADDRESS`` sends the tasks to a Dask cluster, ``--time-reference N D``
+times the certified reference.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .. import executors
-from .presets import PRESETS
+from ..precision.presets import PRESETS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = None
     if args.targets:
         from .. import targets
-        from .configs import sweep_names
+        from ..precision.configs import sweep_names
 
         try:
             chosen = sweep_names(args.targets)
@@ -92,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     import pandas as pd
 
-    from .plots import all_plots
-    from .report import write_report
-    from .runner import run_sweep
+    from ..precision.plots import all_plots
+    from ..precision.report import write_report
+    from ..precision.runner import run_sweep
 
     try:
         result = run_sweep(
@@ -126,4 +128,5 @@ def main(argv: list[str] | None = None) -> int:
     )
     for config, why in result.skipped.items():
         print(f"skipped {config}: {why}")
+    print(f"results in {Path(args.out).resolve()}/ (results.csv, report.md, plots)")
     return 0
