@@ -21,9 +21,9 @@ import os
 import sys
 
 from .. import executors
-from ..difftest.check import KNOWN_BUGS
 from ..difftest.runner import run, save_failures
 from ..difftest.targets import discover
+from ..testing.known import KNOWN_BUGS
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,4 +1,7 @@
-"""Run the differential test: :func:`exactattn.testing.runner.search` over difftest's units.
+"""The differential test as a use of ``exactattn check``: exactattn's own number systems as
+a registry selection (:mod:`.targets`), judged by check's runner
+(:func:`exactattn.testing.session.judge_cases`) with the known bugs reclassified
+(:mod:`exactattn.testing.known`) and the cases a unit does not take left out.
 
 :func:`run` draws the cases from the seed and judges them in this process, in local worker
 processes or on a Dask cluster (the same report either way). Each failure is shrunk to a
@@ -15,15 +18,25 @@ from typing import Any
 
 from ..cases import Case
 from ..cases.strategies import draws
-from ..executors import make_executor
 from ..journal import Journal, code_fingerprint
 from ..targets import Variant
 from ..testing import report as check_report
+from ..testing.check import Options
+from ..testing.check import check_case as check_variants
 from ..testing.judge import Finding
+from ..testing.known import reclassify
 from ..testing.runner import Given, Report
 from ..testing.runner import search as search_units
-from .check import check_case
+from ..testing.session import Settings, judge_cases
 from .targets import discover
+
+
+def check_case(case: Case, units: list[Variant]) -> list[Finding]:
+    """Every unit's verdict on ``case`` that takes it (references cached per rounding), a
+    failure a known bug explains reclassified."""
+    by_name = {u.name: u for u in units}
+    findings = check_variants(case, units, Options(grads=True))
+    return [reclassify(by_name[f.target], case, f) for f in findings if f.status != "skip"]
 
 
 @dataclass(frozen=True)
@@ -75,14 +88,17 @@ def run(
         settings = {"command": "difftest", "examples": examples, "seed": seed, "max_n": max_n}
         log = Journal(journal, {**settings, "units": names, "code": code_fingerprint()}, resume)
     source = Units(None if selection is None else tuple(selection))
-    executor = make_executor(workers, scheduler)
+    settings = Settings(
+        examples=examples,
+        max_n=max_n,
+        seed=seed,
+        workers=workers,
+        scheduler=scheduler,
+        progress=progress,
+    )
     try:
-        report = search_units(
-            source, draws(max_n=max_n), examples, seed,
-            executor=executor, journal=log, progress=progress,
-        )  # fmt: skip
+        report = judge_cases(source, draws(max_n=max_n), settings, log)
     finally:
-        executor.close()
         if log is not None:
             log.close()
     report.seconds = time.perf_counter() - start

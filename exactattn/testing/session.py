@@ -147,20 +147,29 @@ def run(
         source = (
             Variants(settings, names=list(names)) if remote else Variants(settings, given=variants)
         )
-        executor = make_executor(settings.workers, settings.scheduler)
-        try:
-            result.report = search(
-                source, _strategy(variants, settings), settings.examples, settings.seed,
-                executor=executor, journal=journal, progress=settings.progress,
-            )  # fmt: skip
-        finally:
-            executor.close()
+        result.report = judge_cases(source, _strategy(variants, settings), settings, journal)
         if settings.probes and not result.report.interrupted:
             with single_thread():
                 result.probes = _probes(variants, settings)
     result.compile = dict(result.report.compile)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def judge_cases(source: Any, cases: Any, settings: Settings, journal: Journal | None) -> Report:
+    """The one runner of check and difftest: ``settings.examples`` cases drawn from the
+    strategy ``cases`` at ``settings.seed``, judged on the units of ``source`` (see
+    :mod:`.runner`: ``build``, ``judge``, ``counters``) in this process, in
+    ``settings.workers`` processes or on the cluster of ``settings.scheduler``; each failure
+    shrunk; ``journal`` keeps each judged case."""
+    executor = make_executor(settings.workers, settings.scheduler)
+    try:
+        return search(
+            source, cases, settings.examples, settings.seed,
+            executor=executor, journal=journal, progress=settings.progress,
+        )  # fmt: skip
+    finally:
+        executor.close()
 
 
 def _strategy(variants: list[Variant], settings: Settings) -> Any:

@@ -15,8 +15,7 @@ import pytest
 from exactattn import targets
 from exactattn.cases import Case, Draw, build_case
 from exactattn.commands import difftest as cli
-from exactattn.difftest.check import check_case
-from exactattn.difftest.runner import run, save_failures, search
+from exactattn.difftest.runner import check_case, run, save_failures, search
 from tests.optional import requires
 
 
