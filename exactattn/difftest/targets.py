@@ -21,7 +21,7 @@ def units(device: str = "cpu") -> list[Variant]:
     """Every difftest unit, available or not."""
     out = []
     for target in registry.registry().values():
-        if target.options.get("difftest"):
+        if target.options.difftest:
             out += [Variant(target, d, device) for d in target.caps.dtypes]
         elif target.name in DTYPES:
             out += [Variant(target, d, device) for d in DTYPES[target.name]]

@@ -71,7 +71,7 @@ class Config:
         return self.input_format.p
 
     def make_ctx(self) -> ArrayContext:
-        return targets.get(self.name).options["ctx"]()
+        return targets.get(self.name).options.ctx()
 
     def arith(self, inputs: dict[str, np.ndarray], block: int) -> bounds.Arith:
         """The arithmetic of this configuration at key-block size ``block`` (``n_k`` for the
@@ -111,21 +111,21 @@ def get_config(name: str) -> Config:
             f"unknown configuration {name!r}; use one of {sorted(names())}, mpN or emuN-rn|rz"
         ) from None
     options = target.options
-    if target.convention != "api" or options.get("backend") not in SWEEP_BACKENDS:
+    if target.convention != "api" or options.backend not in SWEEP_BACKENDS:
         raise ValueError(
             f"{name!r} is a registry target but not a precision configuration; use one of "
             f"{sorted(names())}, mpN or emuN-rn|rz"
         )
-    backend = options["backend"]
+    backend = options.backend
     return Config(
         name,
         backend,
-        options["storage"],
-        options["compute"],
-        options["p_cast"],
-        options["quantize"],
-        options.get("rounding", "nearest"),
-        options.get("granularity", GRANULARITY.get(backend, "native")),
+        options.storage,
+        options.compute,
+        options.p_cast,
+        options.quantize,
+        options.rounding or "nearest",
+        options.granularity or GRANULARITY.get(backend, "native"),
     )
 
 
@@ -135,8 +135,8 @@ def names() -> list[str]:
         name
         for name, target in targets.registry().items()
         if target.convention == "api"
-        and target.options.get("backend") in SWEEP_BACKENDS
-        and not target.options.get("path")
+        and target.options.backend in SWEEP_BACKENDS
+        and target.options.path == "tiled"
         and not name.startswith("mp")
     ]
 

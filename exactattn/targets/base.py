@@ -15,7 +15,7 @@ import importlib
 import importlib.util
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,15 +153,67 @@ class Capabilities:
         return replace(base, **values)
 
 
+REVERSES = (("ml", "gy"), ("lse", "gy"), ("ml", "rowsum"))  # (frozen stats, δ) a reverse uses
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a calling convention and the judge read of a target besides its callable.
+
+    exactattn's own number systems (the ``api`` convention): ``ctx`` makes the context,
+    ``backend`` names its family (``numpy``, ``torch``, ``mpmath``, ``sympy``, ``flint``,
+    ``emulated``), ``storage`` / ``compute`` / ``p_cast`` / ``quantize`` its formats (a
+    precision configuration), ``rounding`` and ``granularity`` an emulated format's,
+    ``fine``: its outputs are far finer than float64 (compared as mpmath numbers),
+    ``path``: ``tiled`` or ``naive`` (materialising) attention.
+
+    How it is called: ``sdpa_backend`` forces one of torch SDPA's (``math``, ``flash``,
+    ``efficient``, ``cudnn``; None: torch's choice), ``mask`` is an hf target's mask form
+    (``bool`` or ``additive``), ``keywords`` are passed on every call (the ``exactattn``
+    convention's ``impl``), ``triton``: it runs the Triton kernels (sizes limited under the
+    interpreter), ``check``: a load check beyond importing ``requires`` (a reason or None).
+
+    How it is judged: ``policy`` resolves the claim per dtype (``fa2``, ``upcast``,
+    ``eager``; None: the claim as stated), ``block_by_device`` overrides the claimed key-block
+    size on a device, ``exact_block``: it runs the case's own block size (the bound uses it),
+    ``reverses``: the (frozen statistics, δ) structures its reverse may use, ``enclosure``:
+    its outputs are balls that must contain the exact value, ``difftest``: one of the
+    configurations difftest runs.
+    """
+
+    ctx: Callable[[], Any] | None = None
+    backend: str | None = None
+    storage: str | None = None
+    compute: str | None = None
+    p_cast: str | None = None
+    quantize: str | None = None
+    rounding: str | None = None
+    granularity: str | None = None
+    fine: bool = False
+    path: str = "tiled"
+    sdpa_backend: str | None = None
+    mask: str = "bool"
+    keywords: tuple[tuple[str, Any], ...] = ()
+    triton: bool = False
+    check: Callable[[], str | None] | None = None
+    policy: str | None = None
+    block_by_device: tuple[tuple[str, int | None], ...] = ()
+    exact_block: bool = False
+    reverses: tuple[tuple[str, str], ...] = REVERSES
+    enclosure: bool = False
+    difftest: bool = False
+
+
 @dataclass(frozen=True)
 class Target:
     """A named implementation under test (see the module docstring).
 
     ``loader`` returns the callable (imported on first use); ``requires`` lists modules
     that must import for it to be available; ``devices_needed`` says when it needs CUDA.
-    ``options`` are the convention's settings (an SDPA backend, a mask form, a ``ctx``
-    factory for exactattn's own number systems). ``rate``: run on about one case in
-    ``rate`` (slow interpreters). ``family`` groups targets for ``difftest --backends``.
+    ``options`` (:class:`Options`) are the convention's and the judge's settings (an SDPA
+    backend, a mask form, a ``ctx`` factory for exactattn's own number systems). ``rate``:
+    run on about one case in ``rate`` (slow interpreters). ``family`` groups targets for
+    ``difftest --backends``.
     """
 
     name: str
@@ -172,7 +224,7 @@ class Target:
     description: str = ""
     requires: tuple[str, ...] = ()
     needs_cuda: bool = False
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Options = Options()
     family: str = "foreign"
     rate: int = 1
 
@@ -205,7 +257,7 @@ class Target:
 
                 if not torch.cuda.is_available():
                     return "needs a CUDA device (torch.cuda.is_available() is False)"
-        check = self.options.get("check")
+        check = self.options.check
         return check() if check is not None and not quick else None
 
 

@@ -23,9 +23,10 @@ import functools
 import os
 import re
 import sys
+from dataclasses import replace
 from typing import Any
 
-from .base import Capabilities, Claim, Target
+from .base import Capabilities, Claim, Options, Target
 
 # name: (backend, storage, compute, p_cast, quantize)
 CONFIGS: dict[str, tuple[str, str, str, str | None, str | None]] = {
@@ -110,19 +111,17 @@ def emulated_target(name: str) -> Target:
         claim=Claim(input=narrow, scores=wide, stats=wide, p=narrow, acc=wide, block=None),
         description=f"emulated {bits}-bit significand, FP64 exponent range, {rounding} after "
         f"every {'scalar operation' if scalar else 'operation'}, {policy}inputs rounded",
-        options={
-            "ctx": _emulated_factory(bits, rounding, bool(fa2), granularity),
-            "backend": "emulated",
-            "storage": narrow,
-            "compute": wide,
-            "p_cast": narrow if fa2 else None,
-            "quantize": None,
-            "rounding": rounding,
-            "granularity": granularity,
-            "difftest": False,
-            "exact_block": True,
-            "reverse": (("ml", "gy"),),
-        },
+        options=Options(
+            ctx=_emulated_factory(bits, rounding, bool(fa2), granularity),
+            backend="emulated",
+            storage=narrow,
+            compute=wide,
+            p_cast=narrow if fa2 else None,
+            rounding=rounding,
+            granularity=granularity,
+            exact_block=True,
+            reverses=(("ml", "gy"),),
+        ),
         family="emulated",
     )
 
@@ -164,19 +163,18 @@ def config_target(name: str) -> Target:
         claim=claim,
         description=_describe(backend, storage, compute, p_cast, quantize),
         requires=("torch",) if backend == "torch" else (),
-        options={
-            "ctx": _ctx_factory(backend, storage, compute, p_cast),
-            "backend": backend,
-            "storage": storage,
-            "compute": compute,
-            "p_cast": p_cast,
-            "quantize": quantize,
-            "fine": backend == "mpmath" and int(storage[1:]) > 53,
-            "difftest": quantize is None
-            and (backend != "mpmath" or int(storage[1:]) in DIFFTEST_MP),
-            "exact_block": True,
-            "reverse": (("ml", "gy"),),  # the tiled reverse: frozen m, ℓ; δ = G·Y
-        },
+        options=Options(
+            ctx=_ctx_factory(backend, storage, compute, p_cast),
+            backend=backend,
+            storage=storage,
+            compute=compute,
+            p_cast=p_cast,
+            quantize=quantize,
+            fine=backend == "mpmath" and int(storage[1:]) > 53,
+            difftest=quantize is None and (backend != "mpmath" or int(storage[1:]) in DIFFTEST_MP),
+            exact_block=True,
+            reverses=(("ml", "gy"),),  # the tiled reverse: frozen m, ℓ; δ = G·Y
+        ),
         family=family,
     )
 
@@ -199,12 +197,9 @@ def _naive_numpy() -> Target:
         caps=base.caps,
         claim=Claim(input="float32", block=0),
         description="numpy naive (materialising) attention in float32",
-        options={
-            **base.options,
-            "path": "naive",
-            "exact_block": False,
-            "reverse": (("ml", "rowsum"),),
-        },
+        options=replace(
+            base.options, path="naive", exact_block=False, reverses=(("ml", "rowsum"),)
+        ),
         family="numpy",
     )
 
@@ -229,7 +224,7 @@ def _sympy() -> Target:
         ),
         claim=Claim(input="float64", scores="p150", stats="p150", p="p150", acc="p150"),
         description="sympy: exact symbols (rational inputs, Y in closed form, 50 digits)",
-        options={"ctx": make, "backend": "sympy", "fine": True, "difftest": True},
+        options=Options(ctx=make, backend="sympy", fine=True, difftest=True),
         family="sympy",
         rate=5,
     )
@@ -249,7 +244,7 @@ def _flint() -> Target:
         claim=Claim(input="float64", scores="p200", stats="p200", p="p200", acc="p200"),
         description="python-flint arb balls at 53 bits: each output must enclose the exact value",
         requires=("flint",),
-        options={"ctx": make, "backend": "flint", "enclosure": True, "difftest": True},
+        options=Options(ctx=make, backend="flint", enclosure=True, difftest=True),
         family="flint",
     )
 
@@ -270,12 +265,12 @@ def _exactattn_torch() -> Target:
         claim=Claim(),  # resolved per dtype: see fa2_claim
         description="exactattn.torch.attention (generic path; FA-2 policy for fp16/bf16)",
         requires=("torch",),
-        options={
-            "keywords": {"impl": "generic"},
-            "fa2_policy": True,
-            "exact_block": True,
-            "reverse": (("lse", "gy"),),  # exactattn.torch freezes lse (ℓ = 1)
-        },
+        options=Options(
+            keywords=(("impl", "generic"),),
+            policy="fa2",
+            exact_block=True,
+            reverses=(("lse", "gy"),),  # exactattn.torch freezes lse (ℓ = 1)
+        ),
         family="torch",
     )
 
@@ -324,13 +319,13 @@ def _exactattn_triton() -> Target:
         description="exactattn.torch.attention(impl='triton'): the FlashAttention-2 kernels "
         "(CUDA; on the CPU under TRITON_INTERPRET=1, sampled)",
         requires=("torch",),
-        options={
-            "keywords": {"impl": "triton"},
-            "fa2_policy": True,
-            "triton": True,
-            "check": _triton_check,
-            "reverse": (("lse", "gy"),),
-        },
+        options=Options(
+            keywords=(("impl", "triton"),),
+            policy="fa2",
+            triton=True,
+            check=_triton_check,
+            reverses=(("lse", "gy"),),
+        ),
         family="triton",
         rate=25,  # on the CPU (the interpreter is slow); every case on CUDA
     )

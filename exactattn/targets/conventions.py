@@ -179,7 +179,7 @@ class Sdpa(Convention):
             kwargs["enable_gqa"] = True
         if case.dropout_p:
             kwargs["dropout_p"] = case.dropout_p
-        context = _sdpa_backend(target.options.get("backend"))
+        context = _sdpa_backend(target.options.sdpa_backend)
         with context:
             y = fn(*views, **kwargs)
             out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
@@ -239,7 +239,7 @@ class Hf(Convention):
         four, views = four_views(case, held, B, device, grads)
         module = _HfModule(case.group, case.c(), training=bool(case.dropout_p))
         mask = None
-        additive = target.options.get("mask") == "additive"
+        additive = target.options.mask == "additive"
         # transformers reads is_causal only for square problems: with one query it attends
         # every key (a decode step), with n_k > n_q it crops the keys; its mask builders
         # materialise every other case, and so does this convention
@@ -412,7 +412,7 @@ class Exactattn(Convention):
             "scale": case.scale,
             "mask": lifted.mask_object(like=views[0]),
             "block_size": case.block_size,
-            **target.options.get("keywords", {}),
+            **dict(target.options.keywords),
         }
         if case.softcap is not None:
             kwargs["softcap"] = case.softcap
@@ -460,7 +460,7 @@ def lifted_case(case: Case) -> Case:
 
 
 class Api(Convention):
-    """exactattn's own number systems: ``exactattn.attention`` over ``options["ctx"]()``.
+    """exactattn's own number systems: ``exactattn.attention`` over ``options.ctx()``.
 
     Outputs come back as float64 (IEEE contexts), mpf object arrays (mpmath, sympy
     evaluated to 50 digits: ``fine``) or ``(midpoint, radius)`` pairs (flint balls:
@@ -473,9 +473,9 @@ class Api(Convention):
         from .. import api
 
         options = target.options
-        ctx = options["ctx"]()
+        ctx = options.ctx()
         shapes = {x: held[x].shape for x in "qkvg"}
-        backend = options["backend"]
+        backend = options.backend
         like = None
         arrays = dict(held)
         if backend == "torch":
@@ -498,7 +498,7 @@ class Api(Convention):
             keywords["score_mod"] = loading.load_callable(case.score_mod, "--score-mod")
         if case.group > 1:
             keywords["enable_gqa"] = True
-        if options.get("path") == "naive":
+        if options.path == "naive":
             keywords.pop("block_size")
             forward, backward = api.naive_attention, api.naive_attention_backward
         else:
@@ -513,7 +513,7 @@ class Api(Convention):
             bias_grad = {"bias_grad": True} if "bias" in held else {}
             found = backward(q, k, v, y, stats, g, mask=mask, backend=ctx, **keywords, **bias_grad)
             out.update(zip(("dq", "dk", "dv", "dbias"), found))
-        result: Outputs = {"_dtype": options.get("storage", "")}
+        result: Outputs = {"_dtype": options.storage or ""}
         expected = {"y": shapes["g"], "lse": shapes["g"][:-1], "dq": shapes["q"]}
         expected.update(dk=shapes["k"], dv=shapes["v"])
         if "bias" in held:

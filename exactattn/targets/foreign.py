@@ -29,7 +29,7 @@ import functools
 import importlib
 from typing import Any
 
-from .base import FLOAT_DTYPES, Capabilities, Claim, Target
+from .base import FLOAT_DTYPES, REVERSES, Capabilities, Claim, Options, Target
 from .flex import KV_BLOCK
 
 SDPA_CLAIM = Claim(block=512)  # with the FA-2 policy (see the module docstring)
@@ -69,8 +69,12 @@ def _sdpa(name: str, backend: str | None, description: str) -> Target:
         description=description,
         requires=("torch",),
         needs_cuda=cuda_only,
-        options={"backend": backend, "policy": policy, "block_by_device": {"cuda": None}}
-        | ({"reverse": (("ml", "rowsum"),)} if backend == "math" else {}),  # naive autograd
+        options=Options(
+            sdpa_backend=backend,
+            policy=policy,
+            block_by_device=(("cuda", None),),
+            reverses=(("ml", "rowsum"),) if backend == "math" else REVERSES,  # naive autograd
+        ),
     )
 
 
@@ -91,7 +95,7 @@ def _flex() -> Target:
         claim=Claim(block=KV_BLOCK),
         description="FlexAttention through torch.compile, block mask from create_block_mask",
         requires=("torch",),
-        options={"policy": "fa2", "block_by_device": {"cuda": None}},
+        options=Options(policy="fa2", block_by_device=(("cuda", None),)),
     )
 
 
@@ -104,15 +108,15 @@ def _hf(name: str, module: str, function: str, mask: str, description: str) -> T
             softcap=NO_SOFTCAP,
         )
         claim = Claim(stats="float32", block=0)
-        options: dict[str, Any] = {
-            "mask": "additive",
-            "policy": "eager",
-            "reverse": (("ml", "rowsum"),),  # autograd through naive attention
-        }
+        options = Options(
+            mask="additive",
+            policy="eager",
+            reverses=(("ml", "rowsum"),),  # autograd through naive attention
+        )
     else:
         caps = Capabilities(dropout=OWN_DROPOUT, bias=True, softcap=NO_SOFTCAP)
         claim = SDPA_CLAIM
-        options = {"mask": "bool", "policy": "fa2", "block_by_device": {"cuda": None}}
+        options = Options(mask="bool", policy="fa2", block_by_device=(("cuda", None),))
     return Target(
         name=name,
         convention="hf",
@@ -164,7 +168,7 @@ def entries() -> list[Target]:
             description="flash-attn's flash_attn_func (FlashAttention-2)",
             requires=("torch", "flash_attn"),
             needs_cuda=True,
-            options={"policy": "fa2"},
+            options=Options(policy="fa2"),
         ),
         Target(
             name="xformers",
@@ -182,6 +186,6 @@ def entries() -> list[Target]:
             description="xformers.ops.memory_efficient_attention",
             requires=("torch", "xformers"),
             needs_cuda=True,
-            options={"policy": "fa2"},
+            options=Options(policy="fa2"),
         ),
     ]

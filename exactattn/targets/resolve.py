@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import loading
 from . import builtin, foreign
-from .base import Capabilities, Claim, Target
+from .base import Capabilities, Claim, Options, Target
 from .conventions import USER_CONVENTIONS
 
 
@@ -83,7 +83,7 @@ def from_callable(
         claim=claim or Claim(),
         description=f"user function ({convention} convention)",
         requires=("torch",),
-        options={"mask": "bool"} if convention == "hf" else {},
+        options=Options(mask="bool"),
     )
 
 

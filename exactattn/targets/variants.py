@@ -30,8 +30,8 @@ def conventions() -> dict[str, Convention]:
 def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:
     """The target's claim resolved for inputs of ``dtype`` on ``device``."""
     base = target.claim
-    block = target.options.get("block_by_device", {}).get(device, base.block)
-    policy = target.options.get("policy") or (target.options.get("fa2_policy") and "fa2")
+    block = dict(target.options.block_by_device).get(device, base.block)
+    policy = target.options.policy
     if policy == "fa2":
         return replace(builtin.fa2_claim(dtype).resolve(dtype), block=block)
     if policy == "upcast":
@@ -94,7 +94,7 @@ class Variant:
 
     def bound_block(self, case: Any) -> int | None:
         """The key-block size the tolerance assumes for ``case`` (None: the worst case)."""
-        if self.target.options.get("exact_block"):
+        if self.target.options.exact_block:
             return case.block_size
         return self.claim.bound_block(case.sizes["n_k"])
 
@@ -140,7 +140,7 @@ class Variant:
             kinds = {leaf["kind"] for leaf in leaves(case.mask)} | {case.mask["kind"]}
             if not kinds <= set(caps.masks) | {"none"}:
                 return f"mask kinds {sorted(kinds - set(caps.masks))} not supported"
-        if self.target.options.get("triton"):
+        if self.target.options.triton:
             why = _triton_unsupported(case, self.device)
             if why:
                 return why

@@ -75,7 +75,7 @@ def check_case(case: Case, variants: list[Variant], options: Options = Options()
         if key not in references:
             references[key] = certified(case, held)
         ref = references[key]
-        if ref.unbounded and not variant.target.options.get("enclosure"):
+        if ref.unbounded and not variant.target.options.enclosure:
             findings.append(Finding(variant.name, "skip", ref.unbounded, dtype=variant.dtype))
             continue
         finding, outputs = run_and_judge(variant, case, held, ref, grads)
@@ -114,7 +114,7 @@ def run_and_judge(
     if failed is not None:
         failed.overflow_risk = bool(allowed.overflow_risk)
         failed.block_size = variant.bound_block(case)
-        failed.own_block = bool(variant.target.options.get("exact_block"))
+        failed.own_block = variant.target.options.exact_block
         return failed, {}
     return judge(variant, case, outputs, ref, allowed), outputs
 
@@ -164,7 +164,7 @@ def baseline_errors(
         ("fa2", names[1], "tiled", FA2_BLOCK),
     ):
         target = builtin.config_target(name)
-        target = dataclasses.replace(target, options={**target.options, "path": path})
+        target = dataclasses.replace(target, options=dataclasses.replace(target.options, path=path))
         variant = Variant(target, dtype)
         try:
             outputs = variant.run(dataclasses.replace(case, block_size=block), held, grads)

@@ -107,12 +107,12 @@ def judge(
         variant.name, "ok", dtype=variant.dtype, overflow_risk=bool(allowed.overflow_risk)
     )
     finding.block_size = variant.bound_block(case)
-    finding.own_block = bool(variant.target.options.get("exact_block"))
+    finding.own_block = variant.target.options.exact_block
     produced = outputs.get("_dtype")
     foreign = variant.target.convention != "api"
     if foreign and produced and produced != variant.dtype:
         return _fail(finding, f"y has dtype {produced}; expected {variant.dtype} (the input's)")
-    enclosure = variant.target.options.get("enclosure", False)
+    enclosure = variant.target.options.enclosure
     for name in OUTPUTS:
         if name not in outputs:
             continue

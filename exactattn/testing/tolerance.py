@@ -24,8 +24,6 @@ from ..cases import Case
 from ..cases.reference import Reference
 from ..formats import LARGEST
 
-REVERSES = (("ml", "gy"), ("lse", "gy"), ("ml", "rowsum"))  # (frozen stats, δ) a reverse uses
-
 
 def arith_of(variant: Any, case: Case) -> error_bounds.Arith:
     """The :class:`~exactattn.bounds.Arith` a variant claims, at its key-block size.
@@ -38,8 +36,8 @@ def arith_of(variant: Any, case: Case) -> error_bounds.Arith:
     target = variant.target
     block = variant.bound_block(case)
     own = ("numpy", "torch", "mpmath", "emulated")
-    if target.convention == "api" and target.options.get("backend") in own:
-        return error_bounds.Arith.of_context(target.options["ctx"](), block=block)
+    if target.convention == "api" and target.options.backend in own:
+        return error_bounds.Arith.of_context(target.options.ctx(), block=block)
     claim = variant.claim
     fmt = error_bounds.number_format
     compute = max((fmt(claim.scores), fmt(claim.stats)), key=lambda f: f.u)
@@ -84,7 +82,7 @@ def claimed_bound(
     (``input_rounding``: the inputs are exact values the variant rounds to its input format,
     as in the sweep; ``program_bias``: a user's additive score_mod, added to the bias)."""
     arith = arith_of(variant, case)
-    reverses = variant.target.options.get("reverse", REVERSES)
+    reverses = variant.target.options.reverses
     bias = inputs.get("bias")
     if program_bias is not None:  # an additive score_mod after the bias: one bias
         bias = program_bias if bias is None else bias + program_bias
@@ -95,7 +93,7 @@ def claimed_bound(
         softcap=case.softcap,
         rho=case.rho() if case.dropout_p else None,
         enable_gqa=case.group > 1,
-        row_block=case.sizes["n_q"] if variant.target.options.get("backend") == "numpy" else None,
+        row_block=case.sizes["n_q"] if variant.target.options.backend == "numpy" else None,
         input_rounding=input_rounding,
     )
     found = [

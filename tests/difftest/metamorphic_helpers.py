@@ -41,7 +41,7 @@ def run(unit: Variant, case: Case) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def allowance(unit: Variant, case: Case) -> dict[str, np.ndarray]:
     """Per-entry bound on |output − exact| for this unit (2× the first-order bound)."""
-    if unit.target.options.get("enclosure"):
+    if unit.target.options.enclosure:
         return {n: np.zeros(np.shape(_like(case, n))) for n in NAMES}
     requires("flint")
     ref = certified(case, {n: getattr(case, n) for n in "qkvg"})
