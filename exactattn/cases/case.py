@@ -141,6 +141,20 @@ class Case:
         """The case's float64 arrays by name: ``q, k, v, g`` and the ``bias`` if it has one."""
         return {name: getattr(self, name) for name in ARRAYS if getattr(self, name) is not None}
 
+    def allowed_rows(self, start: int, stop: int) -> np.ndarray:
+        """The allowed set of query rows ``start:stop``, ``(*batch, stop − start, n_k)``, from
+        the spec's definition: a long case is read one strip of rows at a time."""
+        n = self.sizes
+        return maskspec.allowed(self.mask, self.batch, n["n_q"], n["n_k"], (start, stop))
+
+    def bias_rows(self, start: int, stop: int) -> np.ndarray | None:
+        """The bias of query rows ``start:stop`` (broadcastable to ``(*batch, stop − start,
+        n_k)``; None without one): the held table's strip, or the spec evaluated there."""
+        if self.bias is not None:
+            return self.bias if self.bias.shape[-2] == 1 else self.bias[..., start:stop, :]
+        n = self.sizes
+        return maskspec.bias(self.score, self.batch, n["n_q"], n["n_k"], (start, stop))
+
     def attended(self) -> np.ndarray:
         """The pairs that take part: allowed and not excluded by a ``−∞`` bias."""
         allowed = self.allowed()

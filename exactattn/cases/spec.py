@@ -71,40 +71,59 @@ def offset(spec: dict[str, Any], n_q: int, n_k: int) -> int:
     return 0 if align == "top-left" else n_k - n_q
 
 
-def allowed(spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray:
-    """The allowed set ``A`` as a dense boolean array of shape ``(*batch, n_q, n_k)``."""
-    return np.broadcast_to(_allowed(spec, batch, n_q, n_k), (*batch, n_q, n_k))
+Rows = tuple[int, int]  # a strip of query rows [start, stop)
 
 
-def _allowed(spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray:
-    i = np.arange(n_q)[:, None]
+def allowed(
+    spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int, rows: Rows | None = None
+) -> np.ndarray:
+    """The allowed set ``A`` as a dense boolean array of shape ``(*batch, n_q, n_k)``; with
+    ``rows = (start, stop)`` only that strip of query rows, ``(*batch, stop − start, n_k)``
+    (a long case is read one strip at a time, never as an ``n_q × n_k`` table)."""
+    start, stop = (0, n_q) if rows is None else rows
+    return np.broadcast_to(
+        _allowed(spec, batch, n_q, n_k, start, stop), (*batch, stop - start, n_k)
+    )
+
+
+def _strip(table: Any, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of a table whose query axis (−2) is full or broadcast (1)."""
+    table = np.asarray(table)
+    return table if table.shape[-2] == 1 else table[..., start:stop, :]
+
+
+def _allowed(
+    spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int, start: int, stop: int
+) -> np.ndarray:
+    i = np.arange(start, stop)[:, None]
     j = np.arange(n_k)[None, :]
+    r = stop - start
     kind = spec["kind"]
     if kind == "none":
-        return np.ones((n_q, n_k), dtype=bool)
+        return np.ones((r, n_k), dtype=bool)
     if kind == "causal":
         return j <= i + offset(spec, n_q, n_k)
     if kind == "window":
         o = offset(spec, n_q, n_k)
         left, right = spec.get("left"), spec.get("right")
-        lower = np.ones((n_q, n_k), dtype=bool) if left is None else j >= i + o - left
+        lower = np.ones((r, n_k), dtype=bool) if left is None else j >= i + o - left
         return lower if right is None else lower & (j <= i + o + right)
     if kind == "padding":
         lengths = np.asarray(spec["lengths"], dtype=np.int64)
         trailing = (1,) * (len(batch) - lengths.ndim)
         return j < lengths.reshape((*lengths.shape, *trailing, 1, 1))
     if kind == "dense":
-        return np.asarray(spec["allowed"], dtype=bool)
+        return _strip(np.asarray(spec["allowed"], dtype=bool), start, stop)
     if kind == "document":
-        q_doc, k_doc = np.asarray(spec["q_doc"]), np.asarray(spec["k_doc"])
+        q_doc, k_doc = np.asarray(spec["q_doc"])[..., start:stop], np.asarray(spec["k_doc"])
         trailing = (1,) * (len(batch) - q_doc.ndim + 1)
-        q_doc = q_doc.reshape((*q_doc.shape[:-1], *trailing, n_q, 1))
+        q_doc = q_doc.reshape((*q_doc.shape[:-1], *trailing, r, 1))
         k_doc = k_doc.reshape((*k_doc.shape[:-1], *trailing, 1, n_k))
         return q_doc == k_doc
     if kind == "mask_mod":
-        return mask_mod_table(spec["fn"], batch, n_q, n_k)
+        return mask_mod_table(spec["fn"], batch, n_q, n_k)[..., start:stop, :]
     if kind in COMBINATORS:
-        parts = [allowed(part, batch, n_q, n_k) for part in spec["parts"]]
+        parts = [allowed(part, batch, n_q, n_k, (start, stop)) for part in spec["parts"]]
         return reduce(np.logical_and if kind == "and" else np.logical_or, parts)
     raise ValueError(f"unknown mask kind {kind!r}; use one of {KINDS}")
 
@@ -170,11 +189,14 @@ def heads(batch: tuple[int, ...]) -> int:
     return batch[-1] if len(batch) == 2 else 1
 
 
-def bias(spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray | None:
+def bias(
+    spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int, rows: Rows | None = None
+) -> np.ndarray | None:
     """The bias ``B`` of a score spec (float64, broadcastable to ``(*batch, n_q, n_k)``);
-    None for ``none``."""
+    None for ``none``; with ``rows = (start, stop)`` only that strip of query rows."""
     kind = spec["kind"]
-    i = np.arange(n_q)[:, None]
+    start, stop = (0, n_q) if rows is None else rows
+    i = np.arange(start, stop)[:, None]
     j = np.arange(n_k)[None, :]
     if kind == "none":
         return None
@@ -191,7 +213,7 @@ def bias(spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int) -> np
         bucket = t5_bucket(j - i, table.shape[-1], spec["max_distance"])
         return _per_head(table[:, bucket], batch)
     if kind == "dense":
-        return np.asarray(spec["values"], dtype=np.float64)
+        return _strip(np.asarray(spec["values"], dtype=np.float64), start, stop)
     raise ValueError(f"unknown score kind {kind!r}; use one of {SCORE_KINDS}")
 
 

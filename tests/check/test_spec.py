@@ -10,6 +10,7 @@ when one side is wrong.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -21,6 +22,7 @@ from exactattn import masks
 from exactattn.cases import Draw, build_case, spec
 from exactattn.cases.strategies import BATCHES
 from exactattn.cases.strategies import masks as mask_templates
+from exactattn.cases.strategies import scores as score_templates
 from exactattn.dropout import Dropout
 
 
@@ -52,6 +54,51 @@ def test_the_cross_check_fails_when_the_definition_is_wrong(monkeypatch):
     assert np.array_equal(good, _library_allowed(case))
     monkeypatch.setattr(spec, "offset", lambda s, n_q, n_k: n_q - n_k)
     assert not np.array_equal(spec.allowed(case.mask, case.batch, 3, 5), _library_allowed(case))
+
+
+def _strips(n_q: int, cuts: list[int]) -> list[tuple[int, int]]:
+    edges = sorted({0, n_q, *(c % (n_q + 1) for c in cuts)})
+    return list(itertools.pairwise(edges))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    template=mask_templates(),
+    score=score_templates(),
+    batch=st.sampled_from(BATCHES),
+    n_q=st.integers(1, 9),
+    n_k=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+    cuts=st.lists(st.integers(0, 9), max_size=3),
+)
+def test_row_strips_are_the_table_read_in_pieces(template, score, batch, n_q, n_k, seed, cuts):
+    """A long case reads its allowed set and bias one strip of query rows at a time: the
+    strips, stacked, are the whole table of the definition, for every mask and score kind."""
+    spec_, cap = score
+    draw = Draw(batch, n_q, n_k, 2, 2, 2, mask=template, data_seed=seed, score=spec_, softcap=cap)
+    case = build_case(draw)
+    strips = _strips(n_q, cuts)
+    allowed = np.concatenate([case.allowed_rows(a, b) for a, b in strips], axis=-2)
+    assert np.array_equal(allowed, case.allowed())
+    if case.bias is not None:
+        full = np.broadcast_to(case.bias, (*batch, n_q, n_k))
+        parts = [np.broadcast_to(case.bias_rows(a, b), (*batch, b - a, n_k)) for a, b in strips]
+        assert np.array_equal(np.concatenate(parts, axis=-2), full)
+        if case.score["kind"] in ("alibi", "t5"):  # evaluated from the spec, strip by strip
+            strip = spec.bias(case.score, batch, n_q, n_k, (n_q - 1, n_q))
+            assert np.array_equal(
+                np.broadcast_to(strip, full[..., -1:, :].shape), full[..., -1:, :]
+            )
+
+
+def test_a_strip_read_from_the_wrong_rows_is_caught():
+    """The check above can fail: strips whose rows are counted from 0 (not from their start)
+    differ from the table under a causal mask."""
+    case = build_case(Draw((), 6, 6, 2, 2, 2, mask={"kind": "causal"}))
+    honest = np.concatenate([case.allowed_rows(0, 3), case.allowed_rows(3, 6)], axis=-2)
+    assert np.array_equal(honest, case.allowed())
+    wrong = np.concatenate([case.allowed_rows(0, 3), case.allowed_rows(0, 3)], axis=-2)
+    assert not np.array_equal(wrong, case.allowed())
 
 
 def test_definitions_by_hand():
