@@ -19,8 +19,7 @@ imported, :func:`available` says why and the sweep skips them with a note.
 from __future__ import annotations
 
 import functools
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -75,21 +74,9 @@ class Config:
 
     def arith(self, inputs: dict[str, np.ndarray], block: int) -> bounds.Arith:
         """The arithmetic of this configuration at key-block size ``block`` (``n_k`` for the
-        naive computation), for :func:`exactattn.bounds.bounds` with ``input_rounding``.
-
-        Per-tensor FP8 inputs ``s·fp8(x/s)`` (then held in fp32) are bounded as a binary
-        format of the FP8 precision whose subnormal error covers ``s·μ_fp8`` for the largest
-        of the three scales ``s`` (the fp32 rounding on top stays within ``ū``).
-        """
-        arith = bounds.Arith.of_context(self.make_ctx(), block=block)
-        if self.quantize is None:
-            return arith
-        from . import fp8
-
-        base = get_format(self.quantize)
-        s = max(fp8.tensor_scale(inputs[x], self.quantize) for x in "qkv")
-        e_min = base.e_min + math.ceil(math.log2(s)) + 1  # 2^(e_min − p) ≥ 2·s·μ_fp8
-        return replace(arith, input=Format(f"{self.quantize}*s", base.p, e_min))
+        naive computation) on ``inputs``, for :func:`exactattn.bounds.bounds` with
+        ``input_rounding``: its registry entry's (:meth:`exactattn.targets.Variant.arith`)."""
+        return targets.variant(self.name).arith(block, inputs)
 
     def prepare(self, x: np.ndarray) -> np.ndarray:
         """The input as this configuration receives it (FP8 per-tensor quantised if set)."""

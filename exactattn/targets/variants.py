@@ -14,11 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from ..bounds import Arith
+from ..formats import Format, get_format, number_format
 from . import builtin
 from .base import NAIVE_BLOCK, Claim, Target, size_of
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
 from .flex import Flex
 from .resolve import UnknownTarget, get
+
+OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated")  # contexts whose Arith is known
 
 
 @functools.cache
@@ -97,6 +101,45 @@ class Variant:
         if self.target.options.exact_block:
             return case.block_size
         return self.claim.bound_block(case.sizes["n_k"])
+
+    def arith(self, block: int | None, inputs: dict[str, np.ndarray] | None = None) -> Arith:
+        """The arithmetic this variant claims at key-block size ``block``: the one map from a
+        claim to the :class:`~exactattn.bounds.Arith` the error bound reads (check, difftest
+        and the sweep all call it).
+
+        exactattn's own IEEE, mpmath and emulated configurations: their context's arithmetic
+        (:meth:`Arith.of_context`); per-tensor FP8 inputs ``s·fp8(x/s)`` (then held in fp32)
+        as a binary format of the FP8 precision whose subnormal error covers ``s·μ_fp8`` for
+        the largest of the three scales ``s`` of ``inputs`` (``q, k, v``; the fp32 rounding
+        on top stays within ``ū``). Every other target: its claim (the coarser of the score
+        and statistics formats computes, ``p`` — and in the reverse ``p`` and ``γ`` — is
+        cast when it is coarser, as FlashAttention-2's kernels do; outputs are in the input
+        format).
+        """
+        options = self.target.options
+        if self.target.convention == "api" and options.backend in OWN_ARITHMETIC:
+            arith = Arith.of_context(options.ctx(), block=block)
+            if options.quantize is None or inputs is None:
+                return arith
+            from ..precision import fp8
+
+            base = get_format(options.quantize)
+            s = max(fp8.tensor_scale(inputs[x], options.quantize) for x in "qkv")
+            e_min = base.e_min + math.ceil(math.log2(s)) + 1  # 2^(e_min − p) ≥ 2·s·μ_fp8
+            return replace(arith, input=Format(f"{options.quantize}*s", base.p, e_min))
+        claim = self.claim
+        fmt = number_format
+        compute = max((fmt(claim.scores), fmt(claim.stats)), key=lambda f: f.u)
+        p = fmt(claim.p) if fmt(claim.p).u > compute.u else None
+        return Arith(
+            input=fmt(claim.input),
+            compute=compute,
+            acc=fmt(claim.acc) if fmt(claim.acc).u >= compute.u else compute,
+            output=fmt(claim.input),
+            p=p,
+            grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs
+            block=block,
+        )
 
     def grads_unsupported(self) -> str | None:
         caps = self.target.caps

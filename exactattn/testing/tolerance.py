@@ -3,11 +3,11 @@
 The exact answer comes from the case model's one reference adapter
 (:func:`exactattn.cases.reference.certified`). :func:`bounds` is the only call into the
 error bound (:func:`exactattn.bounds.bounds`): the arithmetic a variant claims as an
-:class:`exactattn.bounds.Arith` (:func:`arith_of`), the reverse's structure where the target
-states it (frozen ``m, ℓ`` or ``lse``; ``δ = G·Y`` or naive attention's row sum), else the
-larger of both. A user's ``score_mod`` is bounded when it is an additive bias
-(:func:`exactattn.cases.reference.program_bias`), as that bias; no bound is derived for
-any other mod (only enclosures judge it). The bound assumes no overflow, so
+:class:`exactattn.bounds.Arith` (:meth:`exactattn.targets.Variant.arith`), the reverse's
+structure where the target states it (frozen ``m, ℓ`` or ``lse``; ``δ = G·Y`` or naive
+attention's row sum), else the larger of both. A user's ``score_mod`` is bounded when it is
+an additive bias (:func:`exactattn.cases.reference.program_bias`), as that bias; no bound is
+derived for any other mod (only enclosures judge it). The bound assumes no overflow, so
 :func:`overflow_risk` says separately when a partial result may leave the claimed formats'
 range: an overflow error or a non-finite output is then accepted ("refused").
 """
@@ -25,34 +25,6 @@ from ..cases.reference import Reference
 from ..formats import LARGEST
 
 
-def arith_of(variant: Any, case: Case) -> error_bounds.Arith:
-    """The :class:`~exactattn.bounds.Arith` a variant claims, at its key-block size.
-
-    exactattn's own IEEE, mpmath and emulated configurations: their context's arithmetic
-    (:meth:`Arith.of_context`); every other target: its claim (the coarser of the score
-    and statistics formats computes, ``p`` — and in the reverse ``p`` and ``γ`` — is cast
-    when it is coarser, as FlashAttention-2's kernels do; outputs are in the input format).
-    """
-    target = variant.target
-    block = variant.bound_block(case)
-    own = ("numpy", "torch", "mpmath", "emulated")
-    if target.convention == "api" and target.options.backend in own:
-        return error_bounds.Arith.of_context(target.options.ctx(), block=block)
-    claim = variant.claim
-    fmt = error_bounds.number_format
-    compute = max((fmt(claim.scores), fmt(claim.stats)), key=lambda f: f.u)
-    p = fmt(claim.p) if fmt(claim.p).u > compute.u else None
-    return error_bounds.Arith(
-        input=fmt(claim.input),
-        compute=compute,
-        acc=fmt(claim.acc) if fmt(claim.acc).u >= compute.u else compute,
-        output=fmt(claim.input),
-        p=p,
-        grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs
-        block=block,
-    )
-
-
 @dataclass
 class Allowed:
     """The tolerance of one variant on one case: per-output bounds, and whether a partial
@@ -66,7 +38,8 @@ def bounds(variant: Any, ref: Reference) -> Allowed:
     """The bound of ``variant``'s claimed arithmetic on ``ref``'s case (the one call)."""
     case, held = ref.case, ref.held
     bound = claimed_bound(variant, case, held, program_bias=ref.program_bias)
-    return Allowed(bound, overflow_risk(arith_of(variant, case), case, held))
+    arith = variant.arith(variant.bound_block(case), held)
+    return Allowed(bound, overflow_risk(arith, case, held))
 
 
 def claimed_bound(
@@ -81,7 +54,7 @@ def claimed_bound(
     g`` and an optional ``bias``), the largest over the reverse structures it may use
     (``input_rounding``: the inputs are exact values the variant rounds to its input format,
     as in the sweep; ``program_bias``: a user's additive score_mod, added to the bias)."""
-    arith = arith_of(variant, case)
+    arith = variant.arith(variant.bound_block(case), inputs)
     reverses = variant.target.options.reverses
     bias = inputs.get("bias")
     if program_bias is not None:  # an additive score_mod after the bias: one bias
