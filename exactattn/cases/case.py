@@ -30,13 +30,8 @@ from . import spec as maskspec
 from .inputs import fill
 
 ARRAYS = ("q", "k", "v", "g", "bias")
-CHECK_DISTRIBUTIONS = (  # the ones a drawn case takes (exactattn.cases.inputs)
-    "normal",
-    "outliers",
-    "large_logits",
-    "tiny",
-    "uniform_int",
-)
+# the input distributions a drawn case takes (exactattn.cases.inputs)
+CHECK_DISTRIBUTIONS = ("normal", "outliers", "large_logits", "tiny", "uniform_int")
 LAYOUTS = ("contiguous", "transposed", "strided")
 
 

@@ -10,23 +10,12 @@ citations.
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
-import pytest
+from tests.project.tracked import tracked
 
 ROOT = Path(__file__).resolve().parents[2]
 CITATION = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.md)\b")
-
-
-def tracked() -> list[str]:
-    try:
-        out = subprocess.run(
-            ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("not a git checkout: citations are checked against what git tracks")
-    return out.splitlines()
 
 
 def unresolved(path: str, text: str, files: set[str]) -> list[str]:

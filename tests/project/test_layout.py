@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
-import pytest
+from tests.project.tracked import tracked
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,24 +30,12 @@ def _layout() -> dict[str, str]:
     return entries
 
 
-def _tracked() -> list[str]:
-    """The files git tracks in the checkout (what a clone holds: a user's ``venv/`` or
-    ``check-failures/`` beside them is not part of the layout)."""
-    try:
-        out = subprocess.run(
-            ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("not a git checkout: the layout is what git tracks")
-    return out.splitlines()
-
-
 def _names(folder: str) -> set[str]:
     """Tracked modules and packages directly in ``folder`` (``name.py`` and ``name/``; the
     top level with ``""``): a package is a folder that holds an ``__init__.py``."""
     prefix = f"{folder}/" if folder else ""
     names = set()
-    for path in _tracked():
+    for path in tracked():
         if not path.startswith(prefix):
             continue
         head, _, rest = path[len(prefix) :].partition("/")
@@ -61,7 +48,7 @@ def _names(folder: str) -> set[str]:
 
 def _folders() -> set[str]:
     """Tracked top-level folders (hidden ones aside)."""
-    return {f"{p.split('/')[0]}/" for p in _tracked() if "/" in p and not p.startswith(".")}
+    return {f"{p.split('/')[0]}/" for p in tracked() if "/" in p and not p.startswith(".")}
 
 
 def test_layout_lists_every_top_level_folder_and_library_module():
