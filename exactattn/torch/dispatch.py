@@ -1,7 +1,7 @@
 """Which pass runs a call: the Triton kernels on CUDA when they express it, else the generic
 :mod:`exactattn.algorithm`.
 
-The kernels (:mod:`exactattn.triton_kernels`) take a :class:`~exactattn.masks.Band`
+The kernels (:mod:`exactattn.torch.triton_kernels`) take a :class:`~exactattn.masks.Band`
 (causal or a window, either alignment, per-batch key lengths) and
 :class:`~exactattn.scores.KernelScores` (a softcap, then a bias tensor) over
 ``(B, H, n, d)`` float16/bfloat16/float32 inputs with ``d ≤ 256``, without dropout; every
@@ -25,7 +25,7 @@ IMPLS = ("auto", "generic", "triton")
 @functools.cache
 def triton() -> Any:
     """The Triton kernels module (imported on first use: never on the CPU's auto path)."""
-    from .. import triton_kernels
+    from . import triton_kernels
 
     return triton_kernels
 
