@@ -26,6 +26,7 @@ WRAPPERS = {
     "exactattn.torch": "torch",
     "exactattn.torch.triton_kernels": "triton",
     "exactattn.backends.torch_backend": "torch",
+    "exactattn.backends.fp8_backend": "torch",
     "exactattn.backends.flint_backend": "flint",
     "exactattn.precision.plots": "matplotlib",
     "exactattn.precision.report": "pandas",
