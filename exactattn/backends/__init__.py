@@ -121,6 +121,13 @@ BACKENDS: tuple[Backend, ...] = (
         },
     ),
     Backend(
+        "torch-fp8",  # float32 torch tensors, p rounded to FP8 before p·V (FlashAttention-3)
+        None,
+        names={
+            f"torch-fp8-{fmt}": _lazy("fp8_backend", "Fp8Context", fmt) for fmt in ("e4m3", "e5m2")
+        },
+    ),
+    Backend(
         "flint",
         lambda arrays: _lazy("flint_backend", "FlintContext")(),
         _is_arb,

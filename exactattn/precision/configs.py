@@ -82,7 +82,7 @@ class Config:
         """The input as this configuration receives it (FP8 per-tensor quantised if set)."""
         if self.quantize is None:
             return x
-        from . import fp8
+        from ..backends import fp8_backend as fp8
 
         return fp8.quantize_per_tensor(x, self.quantize)
 

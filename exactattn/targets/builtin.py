@@ -63,9 +63,9 @@ def _ctx_factory(backend: str, storage: str, compute: str, p_cast: str | None) -
             from ..backends import MpmathContext
 
             return MpmathContext(prec=int(storage[1:]))
-        from ..precision import fp8
+        from ..backends import fp8_backend
 
-        return fp8.torch_context(storage, compute, p_cast)
+        return fp8_backend.torch_context(storage, compute, p_cast)
 
     return make
 

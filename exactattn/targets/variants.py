@@ -75,7 +75,7 @@ class Variant:
 
         fmt = self.claim.input or self.dtype
         if fmt in ("e4m3", "e5m2"):  # per-tensor FP8 quantisation
-            from ..precision.fp8 import quantize_per_tensor
+            from ..backends.fp8_backend import quantize_per_tensor
 
             return quantize_per_tensor(x, fmt)
         return hold(x, fmt)
@@ -121,7 +121,7 @@ class Variant:
             arith = Arith.of_context(options.ctx(), block=block)
             if options.quantize is None or inputs is None:
                 return arith
-            from ..precision import fp8
+            from ..backends import fp8_backend as fp8
 
             base = get_format(options.quantize)
             s = max(fp8.tensor_scale(inputs[x], options.quantize) for x in "qkv")

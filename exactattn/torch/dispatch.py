@@ -1,7 +1,7 @@
 """Which pass runs a call: the Triton kernels on CUDA when they express it, else the generic
 :mod:`exactattn.algorithm`.
 
-The kernels (:mod:`exactattn.triton_kernels`) take a :class:`~exactattn.masks.Band`
+The kernels (:mod:`exactattn.torch.triton_kernels`) take a :class:`~exactattn.masks.Band`
 (causal or a window, either alignment, per-batch key lengths) and
 :class:`~exactattn.scores.KernelScores` (a softcap, then a bias tensor) over
 ``(B, H, n, d)`` float16/bfloat16/float32 inputs with ``d ≤ 256``, without dropout; every
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..masks import Band, Geometry, Mask
+from ..masks import Band, Mask
 from ..scores import KernelScores, ScoreMod
 
 IMPLS = ("auto", "generic", "triton")
@@ -25,7 +25,7 @@ IMPLS = ("auto", "generic", "triton")
 @functools.cache
 def triton() -> Any:
     """The Triton kernels module (imported on first use: never on the CPU's auto path)."""
-    from .. import triton_kernels
+    from . import triton_kernels
 
     return triton_kernels
 
@@ -51,14 +51,17 @@ def kernel_plan(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: Mask | None,
-    geometry: Geometry,
+    band: Band | None,
     *,
     dropout: bool,
     score_mod: ScoreMod | None,
     impl: str,
     enable_gqa: bool,
 ) -> Kernel | None:
-    """The kernels' arguments when this call runs the Triton kernels, else None."""
+    """The kernels' arguments when this call runs the Triton kernels, else None.
+
+    ``band`` is ``mask`` lowered (by the caller, once per call; None when no band says it).
+    """
     if impl == "generic" or (impl == "auto" and q.device.type != "cuda"):
         return None
     reasons = []
@@ -79,11 +82,8 @@ def kernel_plan(
         reasons.append("broadcast batch or head dims")
     if max(q.shape[-1], v.shape[-1]) > 256:
         reasons.append("head dims above 256")
-    band = None
-    if not reasons:
-        band = Band() if mask is None else mask.lower(geometry)
-        if band is None:
-            reasons.append(f"the mask {type(mask).__name__}")
+    if not reasons and band is None:
+        reasons.append(f"the mask {type(mask).__name__}")
     if not reasons and not triton_available():
         reasons.append("triton is not importable")
     if reasons and impl == "triton":

@@ -322,7 +322,7 @@ def _targets() -> dict[str, Target]:
                 supports=_no_score_mods,
             )
         )
-    if importlib.util.find_spec("exactattn.precision.fp8") is None:
+    if importlib.util.find_spec("exactattn.backends.fp8_backend") is None:
         return {t.name: t for t in out}
     out.append(
         Target(  # FlashAttention-3's FP8 p: fp32 everywhere, p cast to e4m3 before p·V
@@ -336,9 +336,9 @@ def _targets() -> dict[str, Target]:
 
 
 def _fp8_p_ctx() -> Any:
-    from exactattn.precision.fp8 import torch_context
+    from exactattn.backends.fp8_backend import Fp8Context
 
-    return torch_context("float32", "float32", "e4m3")
+    return Fp8Context("e4m3")
 
 
 TARGETS = _targets()

@@ -7,8 +7,8 @@ import pytest
 
 import exactattn
 from exactattn import bounds
+from exactattn.backends import fp8_backend as fp8
 from exactattn.cases.inputs import make_inputs
-from exactattn.precision import fp8
 from exactattn.precision.configs import available, get_config
 from exactattn.precision.grid import Point
 from tests.optional import requires

@@ -2,7 +2,7 @@
 
 ``TRITON_INTERPRET=1`` must be in the environment before ``@triton.jit`` decorates the
 kernels (the decorator reads it), so it is set here, before any test module imports
-``exactattn.triton_kernels``; a module imported earlier without it is reloaded.
+``exactattn.torch.triton_kernels``; a module imported earlier without it is reloaded.
 
 The interpreter stores bfloat16 as raw ``uint16`` and its ``tl.dot`` multiplies those bit
 patterns (triton-lang/triton#11584, "bfloat16 is not supported by the interpreter"). The
@@ -53,9 +53,9 @@ def _patch_interpreter_bf16_dot() -> None:
 
 
 def _load_kernels():
-    module = sys.modules.get("exactattn.triton_kernels")
+    module = sys.modules.get("exactattn.torch.triton_kernels")
     if module is None:
-        return importlib.import_module("exactattn.triton_kernels")
+        return importlib.import_module("exactattn.torch.triton_kernels")
     if module._INTERPRETED == ON_GPU:  # imported before this file set the mode
         module = importlib.reload(module)
     return module
@@ -73,5 +73,5 @@ def device() -> str:
 
 @pytest.fixture(scope="session")
 def tk():
-    """The exactattn.triton_kernels module, in the mode this session runs."""
+    """The exactattn.torch.triton_kernels module, in the mode this session runs."""
     return kernels

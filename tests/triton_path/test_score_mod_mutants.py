@@ -1,6 +1,6 @@
 """The score-modification checks shown to fail on deliberately broken kernels.
 
-Each mutant is ``exactattn.triton_kernels`` with one bug, loaded from a patched copy of its
+Each mutant is ``exactattn.torch.triton_kernels`` with one bug, loaded from a patched copy of its
 source, and one test of ``test_score_mod`` (which passes on the real kernels) run against
 it must raise AssertionError. A patch whose text no longer occurs in the source fails the
 test too, so the mutants follow the code.

@@ -1,4 +1,4 @@
-"""FlashAttention-2 kernels in Triton: the CUDA path of exactattn.
+"""FlashAttention-2 kernels in Triton: the CUDA path of exactattn.torch.
 
 The same algorithm as ``exactattn.algorithm`` (specified in ``docs/algorithm.md``), fused
 into GPU kernels in the style of Triton's tutorial ``06-fused-attention.py``; it exists to
@@ -70,7 +70,7 @@ from numbers import Integral, Real
 
 from exactattn.optional import needs  # absolute: tests load patched copies of this file
 
-with needs("the Triton kernels (exactattn.triton_kernels)"):
+with needs("the Triton kernels (exactattn.torch.triton_kernels)"):
     import torch
     import triton
     import triton.language as tl
