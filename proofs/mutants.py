@@ -455,6 +455,34 @@ def _bias_first_not_sum(original: Callable) -> Callable:
     return broken
 
 
+def _z_unshifted(original: Callable) -> Callable:
+    """``z = Σ e^{s} V`` (ℓ keeps its shift by m)."""
+
+    def broken(ctx, s, v, rho=None):
+        block = original(ctx, s, v, rho)
+        weights = ctx.exp(s)
+        return type(block)(
+            block.m, block.l, ctx.matmul(weights if rho is None else weights * rho, v)
+        )
+
+    return broken
+
+
+def _block_unclamped(original: Callable) -> Callable:
+    """The last key block runs ``b`` keys past its start even beyond ``n_k``."""
+    return lambda start, block_size, n_k, ops=None: (start, start + block_size)
+
+
+def _run_starts_late(original: Callable) -> Callable:
+    """A row run after the first of its span starts one row late (that row is never visited)."""
+
+    def broken(first, start, stop, widths, ops=None):
+        got = original(first, start, stop, widths)
+        return got if first == start else (first + 1, got[1])
+
+    return broken
+
+
 def _a(step: str) -> tuple[str, ...]:
     return (f"{ALGORITHM}:{step}",)
 
@@ -465,9 +493,13 @@ SMT, SCO = "smt", "scores"
 MUTANTS: list[Mutant] = [
     # the forward
     Mutant("tiles: row runs overlap by one row", "tiles (row_block)", _a("tiles"),
-           _rows_overlapping, (f"{SMT}/stated loop (same", TIL)),
+           _rows_overlapping, (f"{SMT}/the stated loop and its previous twin", TIL)),
     Mutant("tiles: row runs skip their first row", "tiles (row_block)", _a("tiles"),
-           _rows_skipping, (f"{SMT}/stated loop (same", TIL)),
+           _rows_skipping, (f"{SMT}/the stated loop and its previous twin", TIL)),
+    Mutant("key_block: the last key block runs past n_k", "key_block (tiles)",
+           _a("key_block"), _block_unclamped, (f"{SMT}/key blocks are the stated", TIL)),
+    Mutant("row_run: runs after the first start one row late", "row_run (tiles, row_block)",
+           _a("row_run"), _run_starts_late, (f"{SMT}/row runs are the stated", TIL)),
     Mutant("tile_scores: scale c dropped", "tile_scores", _a("tile_scores"), _scale_dropped,
            (FWD,)),
     Mutant("tile_scores: mask ignored in the reverse", "tile_scores (reverse)",
@@ -482,6 +514,8 @@ MUTANTS: list[Mutant] = [
            (OVF,)),
     Mutant("block_summary: ℓ sums the dropped-out weights", "block_summary (dropout)",
            _a("block_summary"), _l_of_dropped_weights, (GEN, FWD)),
+    Mutant("block_summary: z = Σ e^s V (not shifted by m)", "block_summary",
+           _a("block_summary"), _z_unshifted, (f"{GEN}/tile of symbolic width", GEN, FWD)),
     Mutant("block_summary: dropout ignored in z", "block_summary (dropout)",
            _a("block_summary"), lambda o: lambda ctx, s, v, rho=None: o(ctx, s, v, None),
            (GEN, FWD)),
@@ -507,6 +541,9 @@ MUTANTS: list[Mutant] = [
            lambda o: lambda ctx, s, m, l: o(ctx, s, m, l * 0 + ctx.scalar(1)), (GEN, REV)),
     Mutant("tile_gamma: δ not subtracted", "tile_gamma", _a("tile_gamma"),
            _keep(lambda ctx, p, dp, delta: p * dp), (GEN, REV)),
+    Mutant("tile_gamma: δ added, not subtracted", "tile_gamma", _a("tile_gamma"),
+           _keep(lambda ctx, p, dp, delta: p * (dp + delta[..., None])),
+           (f"{GEN}/reverse visit, tile of symbolic width", GEN, REV)),
     Mutant("key_gradient: c missing from dK", "key_gradient", _a("key_gradient"),
            lambda o: lambda ctx, gamma, q, scale: o(ctx, gamma, q, ctx.scalar(1)), (GEN, REV)),
     Mutant("query_gradient: c missing from dQ", "query_gradient", _a("query_gradient"),
@@ -617,8 +654,8 @@ def kill(mutant: Mutant, probes: dict[str, list[engine.Obligation]], baseline: d
     for ob in _ordered(mutant, probes):
         with mutant.applied():
             (outcome,) = engine.run([ob], stream=None)
-        if outcome.status == engine.SKIPPED:
-            skipped.append(f"{ob.family} / {ob.name}: {outcome.detail}")
+        if outcome.status in (engine.SKIPPED, engine.UNKNOWN):  # not judged by this probe
+            skipped.append(f"{ob.family} / {ob.name}: {outcome.status} {outcome.detail}")
             continue
         if outcome.status == engine.PROVED or not _proves_unmutated(ob, baseline):
             continue
@@ -627,8 +664,8 @@ def kill(mutant: Mutant, probes: dict[str, list[engine.Obligation]], baseline: d
             cex = outcome.counterexample
             raise engine.Refuted(cex.relabelled(f"{where} — {cex.what}"))
         raise engine.Killed(outcome.status, f"{where} — {outcome.detail}")
-    if skipped:  # not judged: its likeliest judges could not run
-        raise engine.Skipped(f"survived the probes that ran; skipped {skipped[0]}")
+    if skipped:  # not judged: its likeliest judges could not run or gave no verdict
+        raise engine.Skipped(f"survived the probes that ran; not judged by {skipped[0]}")
     return "every probe proved"
 
 

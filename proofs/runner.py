@@ -49,6 +49,8 @@ from . import (
 )
 from . import program as program_family
 from .certificate import certificate
+from .chain import lines as chain_lines
+from .chain import ran as chain_ran
 
 FAMILIES: dict[str, ModuleType] = {
     "monoid": monoid,
@@ -228,6 +230,8 @@ def run(
     tested = mutation.run_all() if mutation_tests else None
     seconds = time.perf_counter() - start
     print(engine.summary(outcomes, seconds))
+    if program is None and chain_ran(families):
+        print("\n".join(chain_lines(outcomes)))
     if tested is not None:
         print(mutation.summary(tested))
     if report:
