@@ -38,6 +38,7 @@ ALGORITHM = "exactattn.algorithm"
 MASKS = "exactattn.masks"
 DROPOUT = "exactattn.dropout"
 SCORES = "exactattn.scores"
+PROOFS = __package__  # the proofs' own modules (a mutant of the tracer or the example)
 
 
 @dataclass(frozen=True)
@@ -483,12 +484,28 @@ def _run_starts_late(original: Callable) -> Callable:
     return broken
 
 
+def _diagonal_full(original: Callable) -> Callable:
+    """A structure that calls the diagonal blocks FULL (they are PARTIAL for causal)."""
+    from .trace import where
+
+    return lambda b, h, q_block, kv_block: where(kv_block <= q_block, 2, 0)
+
+
+def _full_kind() -> Any:
+    from exactattn.masks import TileKind
+
+    return TileKind.FULL
+
+
+_FULL = _full_kind()
+
+
 def _a(step: str) -> tuple[str, ...]:
     return (f"{ALGORITHM}:{step}",)
 
 
 FWD, REV, GEN, OVF, TIL, DRP = "forward", "reverse", "general", "overflow", "tiles", "dropout"
-SMT, SCO = "smt", "scores"
+SMT, SCO, PRG = "smt", "scores", "program"
 
 MUTANTS: list[Mutant] = [
     # the forward
@@ -612,6 +629,16 @@ MUTANTS: list[Mutant] = [
     Mutant("bias pullback: a broadcast bias's dB takes one entry, not the sum", "Bias (dB)",
            (f"{SCORES}:_BiasTile.pullback",), _bias_first_not_sum,
            (f"{SCO}/reverse (dQ, dK, dV, dB): softcap then a bias broadcast",)),
+    # a user's program, for every length
+    Mutant("trace: q_idx ≥ kv_idx traced as q_idx > kv_idx", "the mask_mod tracer",
+           (f"{PROOFS}.trace:Traced.__ge__",), lambda o: lambda self, other: o(self, other + 1),
+           (f"{PRG}/the traced mask_mod is the program",)),
+    Mutant("block structure: the diagonal (partial) blocks marked FULL", "a hand-built BlockMask",
+           (f"{PROOFS}.program:example_causal_blocks",), _diagonal_full,
+           (f"{PRG}/the block structure is sound",)),
+    Mutant("MaskMod.classify: every tile FULL", "MaskMod.classify (all n)",
+           (f"{MASKS}:MaskMod.classify",), _keep(lambda self, rows, cols, geometry: _FULL),
+           (f"{PRG}/its structure is the default",)),
     # dropout
     Mutant("Dropout.factors: 1/(1+p) instead of 1/(1−p)", "Dropout.factors",
            (f"{DROPOUT}:Dropout.factors",), _factor_one_plus_p, (DRP, FWD)),
@@ -633,12 +660,14 @@ class MinContext(overflow.RecordingContext):
 def probe_obligations(max_n: int) -> dict[str, list[engine.Obligation]]:
     """The default families' obligations, by family (the mutants' judges)."""
     from . import dropout, forward, general, monoid, reverse, scores, smt, tiles
+    from .program import example_obligations
 
     families = {
         GEN: general, SMT: smt, TIL: tiles, FWD: forward, REV: reverse, SCO: scores,
         OVF: overflow, DRP: dropout, "monoid": monoid,
     }  # fmt: skip
-    return {name: module.obligations(max_n) for name, module in families.items()}
+    probes = {name: module.obligations(max_n) for name, module in families.items()}
+    return {**probes, PRG: example_obligations()}
 
 
 def kill(mutant: Mutant, probes: dict[str, list[engine.Obligation]], baseline: dict) -> str:

@@ -82,15 +82,22 @@ class ProgramRef:
     mask_mod: str | None = None
     score_mod: str | None = None
     batch: tuple[int, int] = (1, 1)
+    all_n: bool = False
+    assume: tuple[tuple[str, str], ...] = ()
+    block_mod: str | None = None
 
     def load(self) -> program_family.Program:
         """The program; ValueError or ImportError if a reference does not load."""
         mods = {
             "mask_mod": self.mask_mod and program_family.load(self.mask_mod, "--mask-mod"),
             "score_mod": self.score_mod and program_family.load(self.score_mod, "--score-mod"),
+            "block_mod": self.block_mod and program_family.load(self.block_mod, "--block-mod"),
         }
         name = " + ".join(ref for ref in (self.mask_mod, self.score_mod) if ref)
-        return program_family.Program(**mods, batch=self.batch, name=name)
+        return program_family.Program(
+            **mods, batch=self.batch, name=name, all_n=self.all_n, assume=self.assume,
+            block_name=self.block_mod or "",
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
