@@ -474,6 +474,18 @@ def _block_unclamped(original: Callable) -> Callable:
     return lambda start, block_size, n_k, ops=None: (start, start + block_size)
 
 
+def _resumes_one_late(original: Callable) -> Callable:
+    """The iterator's loop resumes one past each run's end (that row or key is skipped)."""
+
+    def broken(start, stop, run):
+        while start < stop:
+            first, end = run(start)
+            yield first, end
+            start = end + 1
+
+    return broken
+
+
 def _run_starts_late(original: Callable) -> Callable:
     """A row run after the first of its span starts one row late (that row is never visited)."""
 
@@ -515,6 +527,8 @@ MUTANTS: list[Mutant] = [
            _rows_skipping, (f"{SMT}/the stated loop and its previous twin", TIL)),
     Mutant("key_block: the last key block runs past n_k", "key_block (tiles)",
            _a("key_block"), _block_unclamped, (f"{SMT}/key blocks are the stated", TIL)),
+    Mutant("runs: the loop resumes one past each run's end", "runs (tiles)", _a("runs"),
+           _resumes_one_late, (f"{SMT}/key blocks are the stated", TIL)),
     Mutant("row_run: runs after the first start one row late", "row_run (tiles, row_block)",
            _a("row_run"), _run_starts_late, (f"{SMT}/row runs are the stated", TIL)),
     Mutant("tile_scores: scale c dropped", "tile_scores", _a("tile_scores"), _scale_dropped,

@@ -49,6 +49,7 @@ from . import (
 )
 from . import program as program_family
 from .certificate import certificate
+from .chain import PROGRAM as PROGRAM_THEOREM
 from .chain import lines as chain_lines
 from .chain import ran as chain_ran
 
@@ -239,6 +240,11 @@ def run(
     print(engine.summary(outcomes, seconds))
     if program is None and chain_ran(families):
         print("\n".join(chain_lines(outcomes)))
+    elif program is not None and program.all_n:
+        theorem = PROGRAM_THEOREM
+        if program.block_mod is None:  # no structure given: its link does not apply
+            theorem = type(theorem)(theorem.name, theorem.statement, theorem.links[:-1])
+        print("\n".join(chain_lines(outcomes, (theorem,))))
     if tested is not None:
         print(mutation.summary(tested))
     if report:

@@ -44,6 +44,7 @@ KILLS = [
     ("tiles: row runs skip their first row", smt.LOOP[2]),
     ("key_block: the last key block runs past n_k", smt.LOOP[3]),
     ("row_run: runs after the first start one row late", smt.LOOP[4]),
+    ("runs: the loop resumes one past each run's end", smt.LOOP[3]),
 ]
 
 
