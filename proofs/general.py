@@ -39,22 +39,26 @@ allowed keys of the first t tiles the loop visits for it. Claim ``H_t``: the sta
 * Step (checked, "induction step"): one loop body — ``tile_scores`` (−∞ off ``A_i``),
   ``block_summary`` (with ρ), ``merge`` — from a free state (or ⊥) and a tile of width
   1..4 with every pattern of masked keys, adds exactly the tile's allowed terms to ``φ``
-  (Lemmas A and B; a width beyond 4 adds terms the same way: ``block_summary`` is
-  elementwise ``exp`` and a row sum).
+  (Lemmas A and B); and for a tile of *symbolic* width ``w`` (:mod:`.width`: one generic
+  key ``j``, allowed or not, with the row sums and the key contractions as ``Σ_{j<w}``):
+  the same identity for every ``w`` and every pattern.
 * End (Lemma C): ``Y_i = φ_z/φ_ℓ``, ``e^{lse_i} = φ_ℓ``.
 If the loop visits every allowed (b, i, j) exactly once, ``U_T = A_i`` and
 ``Y_i = Σ_{A_i} e^s ρ V / Σ_{A_i} e^s``: exact. Reverse: each visit adds
 ``c γ_ij k_j`` to dQ_i, ``c γ_ij q_i`` to dK_j and ``p_ij ρ_ij G_i`` to dV_j with
 ``p_ij = e^{s_ij}/Σ_{A_i} e^s`` (Lemma P and the forward), δ by Lemma F; by Lemmas D and
 E these are exactly the terms of ``∂L/∂(Q, K, V)``, summed once each: exact (with score
-modification, Lemma S gives each visit's ``∂L/∂σ`` and its ``dB_ij`` term).
+modification, Lemma S gives each visit's ``∂L/∂σ`` and its ``dB_ij`` term). The reverse
+visit is also checked for a tile of symbolic width ``w`` ("reverse visit"): it adds
+``Σ_j c ∂L/∂s_j K_j`` to dQ_i and ``c ∂L/∂s_j q_i``, ``P_j ρ_j G_i`` to dK_j, dV_j.
 
-What holds for all n: the lemmas and the three induction steps (symbolic in every variable,
-with lumped symbols standing for any number of other keys), and — the ``smt`` family —
-that the stated tile loop visits every allowed pair exactly once given the masks'
-contracts, which the built-in masks' formulas meet. What holds only at enumerated sizes:
-that ``tiles()`` is the stated loop (``smt``, n ≤ 6), the whole iterator run against the
-definition (``tiles``), and the end-to-end runs of families 2, 3 and 5.
+What holds for all n: the lemmas and the induction steps (symbolic in every variable,
+with lumped symbols standing for any number of other keys, and tiles of symbolic width),
+and — the ``smt`` family — that ``tiles()``'s formulas are the stated loop, which visits
+every allowed pair exactly once given the masks' contracts, which the built-in masks'
+formulas meet (:mod:`.chain` prints the linked argument). What holds only at enumerated
+sizes: the whole iterator run against the definition (``tiles``), and the end-to-end runs
+of families 2, 3 and 5.
 """
 
 from __future__ import annotations

@@ -18,6 +18,19 @@ the zero test's fragment (``exp``, ``tanh``, ``+ − × ÷``) end UNDECIDED, nev
 
 ``exactattn prove --mask-mod module:fn [--score-mod module:fn] --max-n N [--batch B]
 [--heads H]`` runs this family alone; ``module:fn`` may also be ``path/to/file.py:fn``.
+
+Theorem (``--all-n``, the mask_mod traced by :mod:`.trace`). For every sequence length n,
+block size b and row split: the tiles of the traced mask_mod visit exactly its allowed
+pairs (its structure is Mask's default — every tile PARTIAL, every row in the span — whose
+contracts hold for any predicate, and the iterator's own formulas are the stated loop), so
+the general family's lemmas for a tile of any width give the tiled forward and reverse
+equal to the definition; and a block structure given as a program (``--block-mod``: a
+hand-built BlockMask's kinds as a function of the block, 0 EMPTY, 1 PARTIAL, 2 FULL) is
+sound: FULL only where every pair of the block is allowed, EMPTY only where none is, for
+every n and every (square) block size — or refuted at the smallest n. The trace is checked
+against the program itself on the whole grid at n ≤ N (the program called on one (b, h, i,
+j) at a time, as FlexAttention's vmap does, with its own arrays), so a mistrace cannot
+pass for a proof.
 """
 
 from __future__ import annotations
@@ -138,18 +151,6 @@ def obligations_for(program: Program, max_n: int) -> list[Obligation]:
 
 
 # --- for every length (--all-n) --------------------------------------------------------------
-# Theorem (--all-n). For every sequence length n, block size b and row split: the tiles of
-# the traced mask_mod visit exactly its allowed pairs (its structure is Mask's default —
-# every tile PARTIAL, every row in the span — whose contracts hold for any predicate, and
-# the iterator's own formulas are the stated loop), so the general family's lemmas for a
-# tile of any width give the tiled forward and reverse equal to the definition; and a
-# block structure given as a program (``--block-mod``: a hand-built BlockMask's kinds as a
-# function of the block, 0 EMPTY, 1 PARTIAL, 2 FULL) is sound: FULL only where every pair
-# of the block is allowed, EMPTY only where none is, for every n and every (square) block
-# size — or refuted at the smallest n.
-# The trace is checked against the program itself on the whole grid at n ≤ N (the program
-# called on one (b, h, i, j) at a time, as FlexAttention's vmap does, with its own arrays),
-# so a mistrace cannot pass for a proof.
 BLOCK_KINDS = {"EMPTY": 0, "PARTIAL": 1, "FULL": 2}
 
 

@@ -3,8 +3,9 @@
 The loop of ``algorithm.tiles``, stated (``ρ`` the row_block, None: whole spans):
 
     for t = 0, 1, …, ⌈n_k/b⌉ − 1:   J_t = [tb, min((t+1)b, n_k)),  S_t = row_span(J_t) = [s, e)
-        for k = 0, 1, …, ⌈(e − s)/w⌉ − 1,  w = max(1, ρ or e − s):
-            R = [s + kw, min(s + (k+1)w, e)),  κ = classify(R, J_t)
+        for f = f_0 = s, f_1 = s + w₀, f_{k+1} = f_k + w, while f < e  (w = max(1, ρ or e − s);
+                                     w₀ = min(w, b) with edge_first and a row_block, else w):
+            R = [f, min(f + w', e)) (w' = w₀ for the first run, w after),  κ = classify(R, J_t)
             κ = EMPTY: nothing;  FULL: every pair of R × J_t;
             PARTIAL: the pairs allowed(R × J_t) marks (the tile is dropped if it marks none)
 
@@ -38,10 +39,18 @@ negation is unsatisfiable (z3), run on the library's own formulas over symbols:
   padding's, ``And``'s through ``Band.intersect`` (symbolic window sides, every path of its
   ``min``) — allows exactly what the mask's definition allows.
 
-Checked exhaustively (not for all n): the code's loop *is* the stated loop — the same tiles,
-in the same order, with the same allowed tiles — for n_q, n_k ≤ 6, every b = 1..n_k+1 and
-row_block ∈ {-, 1, 2, 3}, over masks with arbitrary spans, kinds and tiles. Without z3 the
-solver obligations are SKIPPED (``pip install 'exactattn[proofs]'``), never PROVED.
+* **the code's loop is the stated loop**: ``tiles()`` keeps its integer logic in
+  ``algorithm.key_block``, ``run_widths``, ``row_run`` and the loop ``algorithm.runs``; run
+  on symbols (every comparison decided by the solver, once per feasible outcome), from any
+  state of the stated loop they yield its run and then stop exactly where it stops or yield
+  its next run (induction over the loop; the key blocks from ``0``, the runs from ``s``).
+
+Checked exhaustively besides: ``tiles()`` end to end — the same tiles, in the same order,
+with the same allowed tiles — against the stated loop and against its previous twin
+(:func:`previous_tiles`, the iterator before its logic became the formulas above) for
+n_q, n_k ≤ 6, every b = 1..n_k+1, row_block ∈ {-, 1, 2, 3} and edge_first, over masks with
+arbitrary spans, kinds and tiles. Without z3 the solver obligations are SKIPPED
+(``pip install 'exactattn[proofs]'``), never PROVED; an ``unknown`` is UNKNOWN.
 """
 
 from __future__ import annotations
