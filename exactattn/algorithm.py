@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .backends.base import Array, ArrayContext
-from .masks import Geometry, Mask, TileIndex, TileKind, tile_index
+from .masks import INT, Geometry, IntOps, Mask, TileIndex, TileKind, tile_index
 from .scores import ScoreMod, TileMod
 
 
@@ -68,6 +68,47 @@ class Tile:
 
 
 # --- the pieces of one step ---------------------------------------------------------------
+# The iterator's integer logic is three small formulas over an integer-operations namespace
+# (``masks.IntOps``; a proof passes SMT terms) and one loop, :func:`runs`; the ``smt`` proof
+# family runs these very formulas on symbols and proves, for all n, that :func:`tiles` is
+# the stated loop of ``proofs/smt.py``.
+def key_block(start: Any, block_size: Any, n_k: Any, ops: IntOps = INT) -> tuple[Any, Any]:
+    """``J_t = [tb, min((t+1)b, n_k))`` from its first key ``start = tb``."""
+    return start, ops.min(start + block_size, n_k)
+
+
+def run_widths(
+    start: Any, stop: Any, block_size: Any, row_block: Any, edge: bool, ops: IntOps = INT
+) -> tuple[Any, Any]:
+    """``(w₀, w)``: rows per run of a key block's span ``[start, stop)``.
+
+    ``w = max(1, ρ)`` for a ``row_block`` ρ, else ``max(1, stop − start)`` (one run);
+    ``w₀ = min(w, b)`` for the first run when ``edge`` (see :func:`tiles`), else ``w``.
+    """
+    w = ops.max(1, ops.max(stop - start, 0) if row_block is None else row_block)
+    return (ops.min(w, block_size) if edge else w), w
+
+
+def row_run(first: Any, start: Any, stop: Any, widths: tuple[Any, Any], ops: IntOps = INT):
+    """The run of rows from ``first``: ``[first, min(first + w', stop))``, ``w' = w₀`` for
+    the first run (``first = start``) and ``w`` after it."""
+    w0, w = widths
+    return first, ops.min(first + ops.where(first == start, w0, w), stop)
+
+
+def runs(start: Any, stop: Any, run: Callable[[Any], tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
+    """``run(f) = (f, g)`` for ``f = start`` and then each run's end ``g``, while ``f < stop``
+    (the iterator's one loop, written once for key blocks and row runs)."""
+    while start < stop:
+        first, end = run(start)
+        yield first, end
+        start = end
+
+
+def _ranges(start: int, stop: int, run: Callable[[int], tuple[int, int]]) -> Iterator[range]:
+    return (range(first, end) for first, end in runs(start, stop, run))
+
+
 def tiles(
     ctx: ArrayContext,
     mask: Mask | None,
@@ -94,16 +135,12 @@ def tiles(
             bh.append(geometry.batch_head(ctx))
         return tile_index(ctx, geometry, rows, cols, bh[0])
 
-    for start in range(0, geometry.n_k, block_size):
-        cols = range(start, min(start + block_size, geometry.n_k))
+    n_k, edge = geometry.n_k, edge_first and mask is not None and row_block is not None
+    for cols in _ranges(0, n_k, functools.partial(key_block, block_size=block_size, n_k=n_k)):
         span = range(geometry.n_q) if mask is None else mask.row_span(cols, geometry)
-        step = max(1, len(span) if row_block is None else row_block)
-        edge = edge_first and mask is not None and row_block is not None
-        first = span.start
-        while first < span.stop:
-            size = min(step, block_size) if edge and first == span.start else step
-            rows = range(first, min(first + size, span.stop))
-            first = rows.stop
+        widths = run_widths(span.start, span.stop, block_size, row_block, edge)
+        run = functools.partial(row_run, start=span.start, stop=span.stop, widths=widths)
+        for rows in _ranges(span.start, span.stop, run):
             kind = TileKind.FULL if mask is None else mask.classify(rows, cols, geometry)
             if kind is TileKind.EMPTY:
                 continue

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import sympy
 
-from . import coverage, smt, symbolic
+from . import chain, coverage, smt, symbolic
 from .engine import PROVED, SKIPPED, Outcome, summary
 from .mutation import Tested
 
@@ -39,7 +39,8 @@ evaluate, in 30-digit mpmath arithmetic, to different numbers (or, for the tile 
 and dropout families, the configuration that breaks the claim; for the smt family, the
 solver's model: integer values for which the claim is false). FAILED means the code
 raised (the exception is recorded); UNDECIDED means not proved and no counterexample
-found. All three are failures, and so are TIMEOUT (no verdict within the run's
+found; UNKNOWN means the SMT solver answered `unknown` or ran out of time. All four are
+failures, and so are TIMEOUT (no verdict within the run's
 `--timeout`) and LOST (the process checking it died; the reason is recorded): a mutant
 with either was not judged, so it does not count as killed. SKIPPED means an optional
 package the check needs (z3) is not installed: not a failure, and nothing is claimed for
@@ -80,7 +81,7 @@ def _all_n(outcomes: list[Outcome]) -> Callable[[str], str]:
         smt_verdict = verdict("smt", smt.FOR_ALL_N.get(kind, ()))
         which = "composite" if kind in ("and", "or") else "single"
         if smt_verdict == "✓":
-            parts.append(f"iterator ✓ (smt; tiles() = the stated loop at n ≤ {smt.LOOP_N})")
+            parts.append("iterator ✓ (smt: tiles()'s formulas are the stated loop)")
         elif smt_verdict == "✗":
             parts.append("iterator ✗ (smt)")
         elif which in enumerated:
@@ -148,14 +149,20 @@ def certificate(
         "",
         VERDICTS,
         "",
+        *(
+            chain.markdown(outcomes)
+            if any(o.obligation.family in ("general", "smt") for o in outcomes)
+            else []
+        ),
+        "",
         "## Coverage",
         "",
         "Largest n at which a PROVED obligation exercised each parameter with each mask "
         "and score modification (F forward, R reverse; n_k = n). The last column says what "
         "holds for every n: the arithmetic by the lemmas and the induction of the general "
         "family (Lemma S for soft-cap and bias), the tile iterator by the smt family (the "
-        "stated loop and the masks' contracts, for all n; that tiles() is the stated loop, "
-        "exhaustively at small n) — or, where smt did not run, only at the sizes the tiles "
+        "stated loop and the masks' contracts, and tiles()'s own formulas are the stated "
+        "loop, for all n) — or, where smt did not run, only at the sizes the tiles "
         "family enumerated. KeyPadding.row_span writes its condition (max length ≤ a) inline "
         "rather than through padding_tile_kind: that it drops exactly the rows the proved "
         "formula drops is checked by the tiles family, not proved.",

@@ -15,6 +15,10 @@ object arrays) with two changes, both sound for the exactness families:
 * **exp and log are built without sympy's automatic rewriting** (``exp(t, evaluate=False)``)
   except at numbers (``e^{−∞} = 0``, ``e^0 = 1``, ``log 1 = 0``) and ``e^{log u} = u``: the
   same mathematical values, minus the assumption queries that cost most of a run;
+* **the finiteness test visits each shared subexpression once** (the public API validates
+  every input and output; the code's expressions share subtrees, which a tree traversal
+  visits once per occurrence): an expression is finite iff no ``nan``, ``±∞`` or ``zoo``
+  occurs in it, as in the sympy backend;
 * **binary floats are exact rationals.** A Python or NumPy float (``dropout_p = 0.25``)
   becomes the rational it denotes (``1/4``), never an inexact sympy ``Float``, so the
   library's real :class:`exactattn.dropout.Dropout` runs with its factor ``1/(1 − p)``
@@ -43,12 +47,32 @@ def _log(x: sympy.Expr) -> sympy.Expr:
     return sympy.log(x) if x.is_Number else sympy.log(x, evaluate=False)
 
 
+_NON_FINITE = frozenset((sympy.nan, sympy.oo, -sympy.oo, sympy.zoo))
+
+
+def _finite(x: sympy.Expr) -> bool:
+    """No ``nan``, ``±∞``, ``zoo`` anywhere in ``x`` (each distinct node visited once)."""
+    stack, seen = [x], {id(x)}
+    while stack:
+        node = stack.pop()
+        if node.is_Number:
+            if node in _NON_FINITE:
+                return False
+            continue
+        for arg in node.args:
+            if id(arg) not in seen:
+                seen.add(id(arg))
+                stack.append(arg)
+    return True
+
+
 class ProofContext(exactattn.SympyContext):
     """The sympy backend with an uninterpreted max and exact floats (module docstring)."""
 
     name = "sympy+free-max"
     _exp = staticmethod(_exp)
     _log = staticmethod(_log)
+    _finite = staticmethod(_finite)
 
     def __init__(self) -> None:
         self._by_set: dict[frozenset, sympy.Dummy] = {}

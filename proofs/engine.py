@@ -9,6 +9,8 @@ failing comparison stops it. Verdicts:
 * ``REFUTED``  a comparison failed and a concrete counterexample was found (:mod:`.numeric`);
 * ``UNDECIDED`` a comparison was not proved but no counterexample was found, or the
   expression left the decidable fragment — counted as a failure;
+* ``UNKNOWN``  the SMT solver answered ``unknown`` or ran out of its time limit — neither
+  proved nor refuted, counted as a failure (never PROVED);
 * ``FAILED``   the code under test (or the check) raised an exception: recorded with the
   exception, never a crash of the run — counted as a failure;
 * ``SKIPPED``  the check needs an optional package that is not installed (the reason names
@@ -47,10 +49,11 @@ from . import numeric, symbolic
 from .coverage import Coverage
 
 PROVED, REFUTED, UNDECIDED, FAILED = "PROVED", "REFUTED", "UNDECIDED", "FAILED"
+UNKNOWN = "UNKNOWN"  # the solver gave up (``unknown``, its timeout)
 SKIPPED = "SKIPPED"
 NO_TARGET = "NO TARGET"  # a mutant whose target is missing from the library
 TIMEOUT, LOST = "TIMEOUT", "LOST"
-NOT_JUDGED = (NO_TARGET, TIMEOUT, LOST)  # no verdict on the claim: never ok
+NOT_JUDGED = (NO_TARGET, TIMEOUT, LOST, UNKNOWN)  # no verdict on the claim: never ok
 
 
 class Refuted(Exception):
@@ -61,6 +64,10 @@ class Refuted(Exception):
 
 class Undecided(Exception):
     pass
+
+
+class Unknown(Exception):
+    """The solver answered ``unknown`` (or hit its time limit): no verdict either way."""
 
 
 class Skipped(Exception):
@@ -185,6 +192,8 @@ def check(ob: Obligation, timeout: float | None = None) -> Verdict:
         found = Verdict(TIMEOUT, 0.0, f"no verdict within {timeout:g} s (--timeout)")
     except Refuted as err:
         found = Verdict(REFUTED, 0.0, counterexample=err.counterexample)
+    except Unknown as err:
+        found = Verdict(UNKNOWN, 0.0, detail=str(err))
     except Killed as err:
         found = Verdict(err.status, 0.0, detail=str(err))
     except NoTarget as err:

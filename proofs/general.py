@@ -39,22 +39,26 @@ allowed keys of the first t tiles the loop visits for it. Claim ``H_t``: the sta
 * Step (checked, "induction step"): one loop body — ``tile_scores`` (−∞ off ``A_i``),
   ``block_summary`` (with ρ), ``merge`` — from a free state (or ⊥) and a tile of width
   1..4 with every pattern of masked keys, adds exactly the tile's allowed terms to ``φ``
-  (Lemmas A and B; a width beyond 4 adds terms the same way: ``block_summary`` is
-  elementwise ``exp`` and a row sum).
+  (Lemmas A and B); and for a tile of *symbolic* width ``w`` (:mod:`.width`: one generic
+  key ``j``, allowed or not, with the row sums and the key contractions as ``Σ_{j<w}``):
+  the same identity for every ``w`` and every pattern.
 * End (Lemma C): ``Y_i = φ_z/φ_ℓ``, ``e^{lse_i} = φ_ℓ``.
 If the loop visits every allowed (b, i, j) exactly once, ``U_T = A_i`` and
 ``Y_i = Σ_{A_i} e^s ρ V / Σ_{A_i} e^s``: exact. Reverse: each visit adds
 ``c γ_ij k_j`` to dQ_i, ``c γ_ij q_i`` to dK_j and ``p_ij ρ_ij G_i`` to dV_j with
 ``p_ij = e^{s_ij}/Σ_{A_i} e^s`` (Lemma P and the forward), δ by Lemma F; by Lemmas D and
 E these are exactly the terms of ``∂L/∂(Q, K, V)``, summed once each: exact (with score
-modification, Lemma S gives each visit's ``∂L/∂σ`` and its ``dB_ij`` term).
+modification, Lemma S gives each visit's ``∂L/∂σ`` and its ``dB_ij`` term). The reverse
+visit is also checked for a tile of symbolic width ``w`` ("reverse visit"): it adds
+``Σ_j c ∂L/∂s_j K_j`` to dQ_i and ``c ∂L/∂s_j q_i``, ``P_j ρ_j G_i`` to dK_j, dV_j.
 
-What holds for all n: the lemmas and the three induction steps (symbolic in every variable,
-with lumped symbols standing for any number of other keys), and — the ``smt`` family —
-that the stated tile loop visits every allowed pair exactly once given the masks'
-contracts, which the built-in masks' formulas meet. What holds only at enumerated sizes:
-that ``tiles()`` is the stated loop (``smt``, n ≤ 6), the whole iterator run against the
-definition (``tiles``), and the end-to-end runs of families 2, 3 and 5.
+What holds for all n: the lemmas and the induction steps (symbolic in every variable,
+with lumped symbols standing for any number of other keys, and tiles of symbolic width),
+and — the ``smt`` family — that ``tiles()``'s formulas are the stated loop, which visits
+every allowed pair exactly once given the masks' contracts, which the built-in masks'
+formulas meet (:mod:`.chain` prints the linked argument). What holds only at enumerated
+sizes: the whole iterator run against the definition (``tiles``), and the end-to-end runs
+of families 2, 3 and 5.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ import sympy
 from exactattn import algorithm, masks, scores
 from exactattn.algorithm import Summary
 
+from . import width
 from .context import ProofContext
 from .engine import Obligation, Undecided, check_equal
 
@@ -265,11 +270,11 @@ def base() -> None:
 
 def step() -> str:
     runs = 0
-    for width in range(1, 5):
-        s = [_sym(f"s{j}") for j in range(width)]
-        v = _arr(*[[_sym(f"v{j}_{a}") for a in range(2)] for j in range(width)])
-        rho = [_sym(f"rho{j}", nonnegative=True) for j in range(width)]
-        for pattern in itertools.product((True, False), repeat=width):
+    for keys in range(1, 5):
+        s = [_sym(f"s{j}") for j in range(keys)]
+        v = _arr(*[[_sym(f"v{j}_{a}") for a in range(2)] for j in range(keys)])
+        rho = [_sym(f"rho{j}", nonnegative=True) for j in range(keys)]
+        for pattern in itertools.product((True, False), repeat=keys):
             for old in (free_summary(0, 2), bottom(2)):
                 for dropout in (False, True):
                     _one_step(s, v, rho, np.array([pattern]), old, dropout)
@@ -315,4 +320,92 @@ def obligations(max_n: int = 4) -> list[Obligation]:
             "width 1..4, every pattern, ρ",
             step,
         ),
+        Obligation(FAMILY, STEP_ANY_WIDTH, "any width w, any allowed keys, ρ", step_any_width),
+        Obligation(FAMILY, VISIT_ANY_WIDTH, "any width w, any allowed keys, ρ", visit_any_width),
     ]
+
+
+STEP_ANY_WIDTH = "induction step, tile of symbolic width w: adds its terms to φ"
+VISIT_ANY_WIDTH = "reverse visit, tile of symbolic width w: the terms of ∂L"
+
+
+# --- a tile of any width w (symbolic) --------------------------------------------------------
+def _generic_tile(d: int, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Query row ``q`` (1, d), key j's ``K`` (1, d) and ``V`` (1, v), and ``α(j) = 1``."""
+    q = _arr([_sym(f"q{r}") for r in range(d)])
+    k = np.array([[width.entry("K", r) for r in range(d)]], dtype=object)
+    values = np.array([[width.entry("V", a) for a in range(v)]], dtype=object)
+    return q, k, values, np.array([[width.allowed()]], dtype=object)
+
+
+def _definition_weight(c: sympy.Expr, q: np.ndarray, k: np.ndarray) -> sympy.Expr:
+    """``e^{s_ij}`` for an allowed key, 0 for a masked one (the definition)."""
+    score = c * sum(a * b for a, b in zip(q[0], k[0]))
+    return sympy.Piecewise((sympy.exp(score), width.allowed()), (0, True))
+
+
+def step_any_width() -> str:
+    """One loop body on a tile of symbolic width w adds exactly its allowed terms to φ."""
+    c, runs = _sym("c", positive=True), 0
+    q, k, values, allowed = _generic_tile(2, 2)
+    rho = np.array([[width.entry("rho")]], dtype=object)
+    weight = _definition_weight(c, q, k)
+    for row_max, cases in ((_sym("M_t"), (0, 1)), (-sympy.oo, (0,))):
+        for old in (free_summary(0, 2), bottom(2)):
+            for dropout in (False, True):
+                ctx = width.WidthContext(row_max)
+                s = algorithm.tile_scores(ctx, q, k, c, allowed)
+                block = algorithm.block_summary(ctx, s, values, rho if dropout else None)
+                (ell_new, z_new), (ell_old, z_old) = phi(algorithm.merge(ctx, old, block)), phi(old)
+                factor = rho[0, 0] if dropout else 1
+                what = f"{'some' if cases == (0, 1) else 'no'} key allowed, ρ={dropout}"
+                width.check_equal(
+                    f"{what}: φ_ℓ(old ⋆ tile) vs φ_ℓ(old) + Σ_j e^s", ell_new,
+                    ell_old + width.sum_over_keys(weight), cases,
+                )  # fmt: skip
+                zs = [width.sum_over_keys(weight * factor * values[0, a]) for a in range(2)]
+                width.check_equal(
+                    f"{what}: φ_z(old ⋆ tile) vs φ_z(old) + Σ_j e^s ρ V", z_new,
+                    z_old + _arr(zs), cases,
+                )  # fmt: skip
+                runs += 1
+    return f"{runs} steps, any w"
+
+
+def visit_any_width() -> str:
+    """One reverse visit of a tile of symbolic width w adds the definition's terms.
+
+    With the frozen statistics ``e^{lse} = ℓ e^m`` and ``P_j = α_j e^{s_j}/e^{lse}``,
+    ``∂L/∂s_j = P_j(ρ_j G·V_j − δ)`` (Lemma D), the visit must add ``Σ_j c ∂L/∂s_j K_j``
+    to dQ_i, ``c ∂L/∂s_j q_i`` to dK_j and ``P_j ρ_j G_i`` to dV_j (Lemma E).
+    """
+    c, runs = _sym("c", positive=True), 0
+    m, ell = _sym("m"), _sym("l", positive=True)
+    q, k, values, allowed = _generic_tile(2, 2)
+    g, delta = _arr([_sym("g0"), _sym("g1")]), _sym("delta")
+    rho = np.array([[width.entry("rho")]], dtype=object)
+    weight = _definition_weight(c, q, k)
+    for dropout in (False, True):
+        ctx = width.WidthContext(_sym("M_t"))
+        s = algorithm.tile_scores(ctx, q, k, c, allowed)
+        p = algorithm.tile_probabilities(ctx, s, _arr(m), _arr(ell))
+        dp = ctx.matmul(g, ctx.transpose(values))
+        weights = p
+        if dropout:
+            dp, weights = dp * rho, p * rho
+        gamma = algorithm.tile_gamma(ctx, p, dp, _arr(delta))
+        dq = algorithm.query_gradient(ctx, gamma, k, c)[0]
+        dk = algorithm.key_gradient(ctx, gamma, q, c)[0]
+        dv = algorithm.value_gradient(ctx, weights, g)[0]
+        factor = rho[0, 0] if dropout else 1
+        big_p = weight / (ell * sympy.exp(m))
+        ds = big_p * (factor * sum(g[0, a] * values[0, a] for a in range(2)) - delta)
+        what = f"ρ={dropout}"
+        want_dq = [width.sum_over_keys(c * ds * k[0, r]) for r in range(2)]
+        width.check_equal(f"{what}: dQ_i term vs Σ_j c ∂L/∂s_j K_j", dq, want_dq)
+        width.check_equal(f"{what}: dK_j term vs c ∂L/∂s_j q_i", dk, [c * ds * x for x in q[0]])
+        width.check_equal(
+            f"{what}: dV_j term vs P_j ρ_j G_i", dv, [big_p * factor * x for x in g[0]]
+        )
+        runs += 1
+    return f"{runs} visits, any w"

@@ -38,6 +38,7 @@ ALGORITHM = "exactattn.algorithm"
 MASKS = "exactattn.masks"
 DROPOUT = "exactattn.dropout"
 SCORES = "exactattn.scores"
+PROOFS = __package__  # the proofs' own modules (a mutant of the tracer or the example)
 
 
 @dataclass(frozen=True)
@@ -455,19 +456,81 @@ def _bias_first_not_sum(original: Callable) -> Callable:
     return broken
 
 
+def _z_unshifted(original: Callable) -> Callable:
+    """``z = Σ e^{s} V`` (ℓ keeps its shift by m)."""
+
+    def broken(ctx, s, v, rho=None):
+        block = original(ctx, s, v, rho)
+        weights = ctx.exp(s)
+        return type(block)(
+            block.m, block.l, ctx.matmul(weights if rho is None else weights * rho, v)
+        )
+
+    return broken
+
+
+def _block_unclamped(original: Callable) -> Callable:
+    """The last key block runs ``b`` keys past its start even beyond ``n_k``."""
+    return lambda start, block_size, n_k, ops=None: (start, start + block_size)
+
+
+def _resumes_one_late(original: Callable) -> Callable:
+    """The iterator's loop resumes one past each run's end (that row or key is skipped)."""
+
+    def broken(start, stop, run):
+        while start < stop:
+            first, end = run(start)
+            yield first, end
+            start = end + 1
+
+    return broken
+
+
+def _run_starts_late(original: Callable) -> Callable:
+    """A row run after the first of its span starts one row late (that row is never visited)."""
+
+    def broken(first, start, stop, widths, ops=None):
+        got = original(first, start, stop, widths)
+        return got if first == start else (first + 1, got[1])
+
+    return broken
+
+
+def _diagonal_full(original: Callable) -> Callable:
+    """A structure that calls the diagonal blocks FULL (they are PARTIAL for causal)."""
+    from .trace import where
+
+    return lambda b, h, q_block, kv_block: where(kv_block <= q_block, 2, 0)
+
+
+def _full_kind() -> Any:
+    from exactattn.masks import TileKind
+
+    return TileKind.FULL
+
+
+_FULL = _full_kind()
+
+
 def _a(step: str) -> tuple[str, ...]:
     return (f"{ALGORITHM}:{step}",)
 
 
 FWD, REV, GEN, OVF, TIL, DRP = "forward", "reverse", "general", "overflow", "tiles", "dropout"
-SMT, SCO = "smt", "scores"
+SMT, SCO, PRG = "smt", "scores", "program"
 
 MUTANTS: list[Mutant] = [
     # the forward
     Mutant("tiles: row runs overlap by one row", "tiles (row_block)", _a("tiles"),
-           _rows_overlapping, (f"{SMT}/stated loop (same", TIL)),
+           _rows_overlapping, (f"{SMT}/the stated loop and its previous twin", TIL)),
     Mutant("tiles: row runs skip their first row", "tiles (row_block)", _a("tiles"),
-           _rows_skipping, (f"{SMT}/stated loop (same", TIL)),
+           _rows_skipping, (f"{SMT}/the stated loop and its previous twin", TIL)),
+    Mutant("key_block: the last key block runs past n_k", "key_block (tiles)",
+           _a("key_block"), _block_unclamped, (f"{SMT}/key blocks are the stated", TIL)),
+    Mutant("runs: the loop resumes one past each run's end", "runs (tiles)", _a("runs"),
+           _resumes_one_late, (f"{SMT}/key blocks are the stated", TIL)),
+    Mutant("row_run: runs after the first start one row late", "row_run (tiles, row_block)",
+           _a("row_run"), _run_starts_late, (f"{SMT}/row runs are the stated", TIL)),
     Mutant("tile_scores: scale c dropped", "tile_scores", _a("tile_scores"), _scale_dropped,
            (FWD,)),
     Mutant("tile_scores: mask ignored in the reverse", "tile_scores (reverse)",
@@ -482,6 +545,8 @@ MUTANTS: list[Mutant] = [
            (OVF,)),
     Mutant("block_summary: ℓ sums the dropped-out weights", "block_summary (dropout)",
            _a("block_summary"), _l_of_dropped_weights, (GEN, FWD)),
+    Mutant("block_summary: z = Σ e^s V (not shifted by m)", "block_summary",
+           _a("block_summary"), _z_unshifted, (f"{GEN}/tile of symbolic width", GEN, FWD)),
     Mutant("block_summary: dropout ignored in z", "block_summary (dropout)",
            _a("block_summary"), lambda o: lambda ctx, s, v, rho=None: o(ctx, s, v, None),
            (GEN, FWD)),
@@ -507,6 +572,9 @@ MUTANTS: list[Mutant] = [
            lambda o: lambda ctx, s, m, l: o(ctx, s, m, l * 0 + ctx.scalar(1)), (GEN, REV)),
     Mutant("tile_gamma: δ not subtracted", "tile_gamma", _a("tile_gamma"),
            _keep(lambda ctx, p, dp, delta: p * dp), (GEN, REV)),
+    Mutant("tile_gamma: δ added, not subtracted", "tile_gamma", _a("tile_gamma"),
+           _keep(lambda ctx, p, dp, delta: p * (dp + delta[..., None])),
+           (f"{GEN}/reverse visit, tile of symbolic width", GEN, REV)),
     Mutant("key_gradient: c missing from dK", "key_gradient", _a("key_gradient"),
            lambda o: lambda ctx, gamma, q, scale: o(ctx, gamma, q, ctx.scalar(1)), (GEN, REV)),
     Mutant("query_gradient: c missing from dQ", "query_gradient", _a("query_gradient"),
@@ -575,6 +643,16 @@ MUTANTS: list[Mutant] = [
     Mutant("bias pullback: a broadcast bias's dB takes one entry, not the sum", "Bias (dB)",
            (f"{SCORES}:_BiasTile.pullback",), _bias_first_not_sum,
            (f"{SCO}/reverse (dQ, dK, dV, dB): softcap then a bias broadcast",)),
+    # a user's program, for every length
+    Mutant("trace: q_idx ≥ kv_idx traced as q_idx > kv_idx", "the mask_mod tracer",
+           (f"{PROOFS}.trace:Traced.__ge__",), lambda o: lambda self, other: o(self, other + 1),
+           (f"{PRG}/the traced mask_mod is the program",)),
+    Mutant("block structure: the diagonal (partial) blocks marked FULL", "a hand-built BlockMask",
+           (f"{PROOFS}.program:example_causal_blocks",), _diagonal_full,
+           (f"{PRG}/the block structure is sound",)),
+    Mutant("MaskMod.classify: every tile FULL", "MaskMod.classify (all n)",
+           (f"{MASKS}:MaskMod.classify",), _keep(lambda self, rows, cols, geometry: _FULL),
+           (f"{PRG}/its structure is the default",)),
     # dropout
     Mutant("Dropout.factors: 1/(1+p) instead of 1/(1−p)", "Dropout.factors",
            (f"{DROPOUT}:Dropout.factors",), _factor_one_plus_p, (DRP, FWD)),
@@ -596,12 +674,14 @@ class MinContext(overflow.RecordingContext):
 def probe_obligations(max_n: int) -> dict[str, list[engine.Obligation]]:
     """The default families' obligations, by family (the mutants' judges)."""
     from . import dropout, forward, general, monoid, reverse, scores, smt, tiles
+    from .program import example_obligations
 
     families = {
         GEN: general, SMT: smt, TIL: tiles, FWD: forward, REV: reverse, SCO: scores,
         OVF: overflow, DRP: dropout, "monoid": monoid,
     }  # fmt: skip
-    return {name: module.obligations(max_n) for name, module in families.items()}
+    probes = {name: module.obligations(max_n) for name, module in families.items()}
+    return {**probes, PRG: example_obligations()}
 
 
 def kill(mutant: Mutant, probes: dict[str, list[engine.Obligation]], baseline: dict) -> str:
@@ -617,8 +697,8 @@ def kill(mutant: Mutant, probes: dict[str, list[engine.Obligation]], baseline: d
     for ob in _ordered(mutant, probes):
         with mutant.applied():
             (outcome,) = engine.run([ob], stream=None)
-        if outcome.status == engine.SKIPPED:
-            skipped.append(f"{ob.family} / {ob.name}: {outcome.detail}")
+        if outcome.status in (engine.SKIPPED, engine.UNKNOWN):  # not judged by this probe
+            skipped.append(f"{ob.family} / {ob.name}: {outcome.status} {outcome.detail}")
             continue
         if outcome.status == engine.PROVED or not _proves_unmutated(ob, baseline):
             continue
@@ -627,8 +707,8 @@ def kill(mutant: Mutant, probes: dict[str, list[engine.Obligation]], baseline: d
             cex = outcome.counterexample
             raise engine.Refuted(cex.relabelled(f"{where} — {cex.what}"))
         raise engine.Killed(outcome.status, f"{where} — {outcome.detail}")
-    if skipped:  # not judged: its likeliest judges could not run
-        raise engine.Skipped(f"survived the probes that ran; skipped {skipped[0]}")
+    if skipped:  # not judged: its likeliest judges could not run or gave no verdict
+        raise engine.Skipped(f"survived the probes that ran; not judged by {skipped[0]}")
     return "every probe proved"
 
 

@@ -49,6 +49,9 @@ from . import (
 )
 from . import program as program_family
 from .certificate import certificate
+from .chain import PROGRAM as PROGRAM_THEOREM
+from .chain import lines as chain_lines
+from .chain import ran as chain_ran
 
 FAMILIES: dict[str, ModuleType] = {
     "monoid": monoid,
@@ -80,15 +83,22 @@ class ProgramRef:
     mask_mod: str | None = None
     score_mod: str | None = None
     batch: tuple[int, int] = (1, 1)
+    all_n: bool = False
+    assume: tuple[tuple[str, str], ...] = ()
+    block_mod: str | None = None
 
     def load(self) -> program_family.Program:
         """The program; ValueError or ImportError if a reference does not load."""
         mods = {
             "mask_mod": self.mask_mod and program_family.load(self.mask_mod, "--mask-mod"),
             "score_mod": self.score_mod and program_family.load(self.score_mod, "--score-mod"),
+            "block_mod": self.block_mod and program_family.load(self.block_mod, "--block-mod"),
         }
         name = " + ".join(ref for ref in (self.mask_mod, self.score_mod) if ref)
-        return program_family.Program(**mods, batch=self.batch, name=name)
+        return program_family.Program(
+            **mods, batch=self.batch, name=name, all_n=self.all_n, assume=self.assume,
+            block_name=self.block_mod or "",
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -228,6 +238,13 @@ def run(
     tested = mutation.run_all() if mutation_tests else None
     seconds = time.perf_counter() - start
     print(engine.summary(outcomes, seconds))
+    if program is None and chain_ran(families):
+        print("\n".join(chain_lines(outcomes)))
+    elif program is not None and program.all_n:
+        theorem = PROGRAM_THEOREM
+        if program.block_mod is None:  # no structure given: its link does not apply
+            theorem = type(theorem)(theorem.name, theorem.statement, theorem.links[:-1])
+        print("\n".join(chain_lines(outcomes, (theorem,))))
     if tested is not None:
         print(mutation.summary(tested))
     if report:

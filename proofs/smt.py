@@ -3,8 +3,9 @@
 The loop of ``algorithm.tiles``, stated (``ρ`` the row_block, None: whole spans):
 
     for t = 0, 1, …, ⌈n_k/b⌉ − 1:   J_t = [tb, min((t+1)b, n_k)),  S_t = row_span(J_t) = [s, e)
-        for k = 0, 1, …, ⌈(e − s)/w⌉ − 1,  w = max(1, ρ or e − s):
-            R = [s + kw, min(s + (k+1)w, e)),  κ = classify(R, J_t)
+        for f = f_0 = s, f_1 = s + w₀, f_{k+1} = f_k + w, while f < e  (w = max(1, ρ or e − s);
+                                     w₀ = min(w, b) with edge_first and a row_block, else w):
+            R = [f, min(f + w', e)) (w' = w₀ for the first run, w after),  κ = classify(R, J_t)
             κ = EMPTY: nothing;  FULL: every pair of R × J_t;
             PARTIAL: the pairs allowed(R × J_t) marks (the tile is dropped if it marks none)
 
@@ -38,17 +39,26 @@ negation is unsatisfiable (z3), run on the library's own formulas over symbols:
   padding's, ``And``'s through ``Band.intersect`` (symbolic window sides, every path of its
   ``min``) — allows exactly what the mask's definition allows.
 
-Checked exhaustively (not for all n): the code's loop *is* the stated loop — the same tiles,
-in the same order, with the same allowed tiles — for n_q, n_k ≤ 6, every b = 1..n_k+1 and
-row_block ∈ {-, 1, 2, 3}, over masks with arbitrary spans, kinds and tiles. Without z3 the
-solver obligations are SKIPPED (``pip install 'exactattn[proofs]'``), never PROVED.
+* **the code's loop is the stated loop**: ``tiles()`` keeps its integer logic in
+  ``algorithm.key_block``, ``run_widths``, ``row_run`` and the loop ``algorithm.runs``; run
+  on symbols (every comparison decided by the solver, once per feasible outcome), from any
+  state of the stated loop they yield its run and then stop exactly where it stops or yield
+  its next run (induction over the loop; the key blocks from ``0``, the runs from ``s``).
+
+Checked exhaustively besides: ``tiles()`` end to end — the same tiles, in the same order,
+with the same allowed tiles — against the stated loop and against its previous twin
+(:func:`previous_tiles`, the iterator before its logic became the formulas above) for
+n_q, n_k ≤ 6, every b = 1..n_k+1, row_block ∈ {-, 1, 2, 3} and edge_first, over masks with
+arbitrary spans, kinds and tiles. Without z3 the solver obligations are SKIPPED
+(``pip install 'exactattn[proofs]'``), never PROVED; an ``unknown`` is UNKNOWN.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -60,7 +70,7 @@ from exactattn.masks import Geometry, TileKind
 from . import spec
 from .engine import Obligation, Refuted
 from .numeric import Counterexample
-from .solver import Z3, Paths, boolean, implies, ints, load, prove, term
+from .solver import Z3, Paths, SymInt, boolean, implies, ints, load, prove, term
 
 FAMILY = "smt"
 SIDES = ((False, False), (True, False), (False, True), (True, True))  # left, right symbolic?
@@ -416,7 +426,96 @@ def _describe(mask: masks.Mask) -> str:
     return f"window({sides}, {'TL' if mask.alignment == 'top-left' else 'BR'})"
 
 
-# --- the code's loop is the stated loop (exhaustive) --------------------------------------------
+# --- the code's loop is the stated loop (all n) ------------------------------------------------
+def _first_two(paths: Paths, loop: Callable[[], Iterator]) -> Any:
+    """The code's loop (``loop()``, built inside each path) from its state: its first run and
+    the one after it (None where it stops), on every feasible path of its comparisons."""
+
+    def two() -> tuple[Any, Any]:
+        runs = loop()
+        return next(runs, None), next(runs, None)
+
+    return paths.explore(two)
+
+
+def _same_run(code: Any, stated: tuple[Any, Any]) -> Any:
+    z3 = load()
+    return z3.And(term(code[0]) == stated[0], term(code[1]) == stated[1])
+
+
+def _prove_loop_step(what: str, paths: Paths, loop: Callable[[], Iterator], stated) -> None:
+    """From the stated loop's state ``k`` (``start`` = its run k's first element, which is
+    below ``stop``): the code yields run k, and then stops iff the stated loop has no run
+    k + 1, or yields run k + 1 (so, by induction from the first state, every run)."""
+    z3 = load()
+    now, after, more = stated
+    for condition, (first, second) in _first_two(paths, loop):
+        if first is None:
+            prove(f"{what}: the loop runs at state k", z3.BoolVal(False), condition)
+        show = {"run start": term(first[0]), "run stop": term(first[1])}
+        prove(f"{what}: run k is the stated run k", _same_run(first, now), condition, show)
+        if second is None:
+            prove(f"{what}: the code stops only where the stated loop does", ~more, condition)
+        else:
+            show = {"next start": term(second[0]), "next stop": term(second[1])}
+            prove(f"{what}: run k + 1 is the stated run k + 1", more, condition, show)
+            prove(f"{what}: run k + 1 is the stated run k + 1", _same_run(second, after),
+                  condition, show)  # fmt: skip
+
+
+def key_blocks_are_stated() -> str:
+    """``J_t = [tb, min((t+1)b, n_k))`` for ``t = 0, 1, …`` while ``tb < n_k``."""
+    z3 = load()
+    t_, b_, n_k_ = ints("t b n_k")
+
+    def block(t: Any) -> tuple[Any, Any]:
+        return t * b_, z3.If((t + 1) * b_ <= n_k_, (t + 1) * b_, n_k_)
+
+    paths = Paths([b_ >= 1, n_k_ >= 1, t_ >= 0, t_ * b_ < n_k_])
+    b, n_k = paths.symbol("b"), paths.symbol("n_k")
+    start = SymInt(t_ * b_, paths)
+    run = functools.partial(algorithm.key_block, block_size=b, n_k=n_k)
+    stated = (block(t_), block(t_ + 1), (t_ + 1) * b_ < n_k_)
+    _prove_loop_step("key blocks", paths, lambda: algorithm.runs(start, n_k, run), stated)
+    return "the step from any block t (tiles() starts the loop at 0 = 0·b)"
+
+
+def row_runs_are_stated() -> str:
+    """A span ``[s, e)``: ``w = max(1, ρ)`` (a ``row_block``) or ``max(1, e − s)``, ``w₀ =
+    min(w, b)`` with ``edge`` else ``w``; the runs are ``[f, min(f + w', e))`` for ``f = f_0
+    = s, f_1 = s + w₀, f_{k+1} = f_k + w`` while ``f < e``, ``w' = w₀`` for the first, ``w``
+    after it. The state is ``(first?, f)``, with the invariant ``f = s`` for the first run
+    and ``f ≥ s + w₀`` after it (checked to be kept)."""
+    z3 = load()
+    checked = 0
+    f_, s_, e_, b_, rho_ = ints("f s e b rho")
+    is_first = z3.Bool("first")
+    for row_block, edge in ((None, False), (rho_, False), (rho_, True)):
+        w = z3.If(rho_ >= 1, rho_, 1) if row_block is not None else z3.If(e_ - s_ >= 1, e_ - s_, 1)
+        w0 = z3.If(w <= b_, w, b_) if edge else w
+        width = z3.If(is_first, w0, w)
+        end = f_ + width
+        now = (f_, z3.If(end <= e_, end, e_))
+        after = (end, z3.If(end + w <= e_, end + w, e_))  # the run after it is not a first
+        invariant = z3.If(is_first, f_ == s_, f_ >= s_ + w0)
+        paths = Paths([b_ >= 1, invariant, f_ < e_])
+        s, e, b = paths.symbol("s"), paths.symbol("e"), paths.symbol("b")
+        rho = None if row_block is None else paths.symbol("rho")
+        start = paths.symbol("f")
+
+        def loop(s=s, e=e, b=b, rho=rho, edge=edge, start=start) -> Iterator:
+            widths = algorithm.run_widths(s, e, b, rho, edge)  # inside the path: it branches
+            run = functools.partial(algorithm.row_run, start=s, stop=e, widths=widths)
+            return algorithm.runs(start, e, run)
+
+        what = f"row runs (row_block {'-' if row_block is None else 'ρ'}, edge {edge})"
+        _prove_loop_step(what, paths, loop, (now, after, end < e_))
+        prove(f"{what}: the invariant is kept", end >= s_ + w0, [b_ >= 1, invariant, f_ < e_])
+        checked += 1
+    return f"{checked} kinds of split, the step from any run (the loop starts at f = s)"
+
+
+# --- the code's loop is the stated loop and the previous iterator (exhaustive) ------------
 class _Arbitrary(masks.Mask):
     """Spans, kinds and allowed tiles drawn at random (no contract): the loop alone is judged."""
 
@@ -443,18 +542,21 @@ class _Arbitrary(masks.Mask):
 
 
 def stated_tiles(
-    mask: masks.Mask | None, geometry: Geometry, b: int, row_block: int | None
+    mask: masks.Mask | None, geometry: Geometry, b: int, row_block: int | None, edge: bool
 ) -> Iterator[tuple[range, range, Any]]:
     """The stated loop (module docstring): ``(rows, cols, allowed tile or None)`` in order."""
     ctx = NumpyContext()
     n_q, n_k = geometry.n_q, geometry.n_k
+    edge = edge and mask is not None and row_block is not None
     for t in range(-(-n_k // b)):
         cols = range(t * b, min((t + 1) * b, n_k))
         span = range(n_q) if mask is None else mask.row_span(cols, geometry)
         size = max(span.stop - span.start, 0)
         w = max(1, size if row_block is None else row_block)
-        for k in range(-(-size // w)):
-            rows = range(span.start + k * w, min(span.start + (k + 1) * w, span.stop))
+        w0 = min(w, b) if edge else w
+        firsts = [span.start, *range(span.start + w0, span.stop, w)]
+        for f in firsts if size else []:
+            rows = range(f, min(f + (w0 if f == span.start else w), span.stop))
             kind = TileKind.FULL if mask is None else mask.classify(rows, cols, geometry)
             if kind is TileKind.EMPTY:
                 continue
@@ -466,33 +568,69 @@ def stated_tiles(
             yield rows, cols, allowed
 
 
+def previous_tiles(ctx, mask, geometry, block_size, row_block=None, edge_first=False):
+    """``algorithm.tiles`` as it was before its integer logic became the formulas z3 checks
+    (kept as its twin: the two must give the same tiles)."""
+    for start in range(0, geometry.n_k, block_size):
+        cols = range(start, min(start + block_size, geometry.n_k))
+        span = range(geometry.n_q) if mask is None else mask.row_span(cols, geometry)
+        step = max(1, len(span) if row_block is None else row_block)
+        edge = edge_first and mask is not None and row_block is not None
+        first = span.start
+        while first < span.stop:
+            size = min(step, block_size) if edge and first == span.start else step
+            rows = range(first, min(first + size, span.stop))
+            first = rows.stop
+            kind = TileKind.FULL if mask is None else mask.classify(rows, cols, geometry)
+            if kind is TileKind.EMPTY:
+                continue
+            allowed = None
+            if kind is TileKind.PARTIAL:
+                allowed = mask.allowed(masks.tile_index(ctx, geometry, rows, cols), geometry)
+                if not ctx.any(allowed):
+                    continue
+            yield rows, cols, allowed
+
+
 LOOP_N = 6
 ROW_BLOCKS = (None, 1, 2, 3)
 
 
 def code_is_the_stated_loop() -> str:
+    """``tiles()`` against the stated loop and against :func:`previous_tiles`: the same
+    tiles in the same order with the same allowed tiles, EMPTY / FULL / PARTIAL and
+    nothing-allowed tiles drawn at random (the tile dispatch reads only a tile's kind and
+    allowed tile, so these cases are all it has)."""
     ctx, runs = NumpyContext(), 0
     for n_q, n_k in itertools.product(range(1, LOOP_N + 1), repeat=2):
         geometry = Geometry(n_q, n_k)
         for mask in (None, *(_Arbitrary(seed, n_q) for seed in range(3))):
-            for b, row_block in itertools.product(range(1, n_k + 2), ROW_BLOCKS):
+            for b, row_block, edge in itertools.product(
+                range(1, n_k + 2), ROW_BLOCKS, (False, True)
+            ):
                 code = [
                     (t.index.rows, t.index.cols, t.allowed)
-                    for t in algorithm.tiles(ctx, mask, geometry, b, row_block)
+                    for t in algorithm.tiles(ctx, mask, geometry, b, row_block, edge_first=edge)
                 ]
-                stated = list(stated_tiles(mask, geometry, b, row_block))
-                _compare(code, stated, mask, n_q, n_k, b, row_block)
+                point = (mask, n_q, n_k, b, row_block, edge)
+                _compare(code, list(stated_tiles(mask, geometry, b, row_block, edge)), *point)
+                twin = list(previous_tiles(ctx, mask, geometry, b, row_block, edge))
+                _compare(code, twin, *point, against="the previous iterator")
                 runs += 1
     return f"{runs} loops"
 
 
-def _compare(code: list, stated: list, mask: Any, n_q: int, n_k: int, b: int, row_block) -> None:
+def _compare(
+    code: list, stated: list, mask: Any, n_q: int, n_k: int, b: int, row_block, edge: bool,
+    against: str = "the stated loop",
+) -> None:  # fmt: skip
     for k, (x, y) in enumerate(itertools.zip_longest(code, stated)):
         if x is None or y is None or not _same_tile(x, y):
             point = {"mask": "none" if mask is None else f"arbitrary seed {mask.seed}"}
             point.update(n_q=str(n_q), n_k=str(n_k), b=str(b), row_block=str(row_block))
+            point.update(edge_first=str(edge))
             raise Refuted(Counterexample(
-                f"tiles() vs the stated loop, tile {k}", point, _show(x), _show(y), "≠",
+                f"tiles() vs {against}, tile {k}", point, _show(x), _show(y), "≠",
             ))  # fmt: skip
 
 
@@ -527,7 +665,9 @@ COMPOSITION = (
 LOOP = (
     "the loop's runs and key blocks partition their range",
     "the stated loop counts a pair iff allowed, rows in [0, n_q)",
-    "tiles() is the stated loop (same tiles, order, allowed tiles)",
+    "tiles() = the stated loop and its previous twin (tiles, order)",
+    "tiles()'s key blocks are the stated J_t (its formulas)",
+    "tiles()'s row runs are the stated runs (its formulas)",
 )
 LOWERING = "Mask.lower / Band.intersect allow what the mask allows"
 # The obligations the iterator's correctness for all n rests on, per mask kind (a mask
@@ -552,12 +692,14 @@ def obligations(max_n: int = 4) -> list[Obligation]:
         COMPOSITION[0]: "1–3 parts, depth 2",
         COMPOSITION[1]: "1–3 parts, order types", LOOP[0]: "all s, e, w",
         LOOP[1]: "all n (contracts)", LOWERING: "all n, sides, lengths",
-        LOOP[2]: f"n_q, n_k ≤ {LOOP_N}, b=1..n_k+1, row_block ∈ {{-,1,2,3}}",
+        LOOP[2]: f"n_q, n_k ≤ {LOOP_N}, b=1..n_k+1, row_block ∈ {{-,1,2,3}}, edge",
+        LOOP[3]: "all n_k, b, t", LOOP[4]: "all spans, b, row_block, edge",
     }  # fmt: skip
     checks = {
         WINDOW[0]: window_definition, WINDOW[1]: window_span, WINDOW[2]: window_kind,
         PADDING[0]: padding_kind, PADDING[1]: padding_span, COMPOSITION[0]: composition_kinds,
         COMPOSITION[1]: composition_spans, LOOP[0]: loop_partition, LOOP[1]: loop_counts,
         LOWERING: lowering, LOOP[2]: code_is_the_stated_loop,
+        LOOP[3]: key_blocks_are_stated, LOOP[4]: row_runs_are_stated,
     }  # fmt: skip
     return [Obligation(FAMILY, name, sizes[name], check) for name, check in checks.items()]

@@ -7,7 +7,8 @@
 * :func:`prove` — ``hypotheses ⇒ claim`` for *all* integer (and boolean) values of the
   variables: the solver finds the negation unsatisfiable (PROVED), or returns a model, which
   becomes a :class:`~proofs.numeric.Counterexample` with the variables' values and the named
-  terms evaluated (REFUTED), or gives up (UNDECIDED);
+  terms evaluated (REFUTED), or gives up — ``unknown`` or its time limit — (UNKNOWN, never
+  PROVED);
 * :class:`Paths` and :class:`SymInt` — running Python code that *branches* on integers
   (``min(a, b)``, ``if a < b``) on symbols: each comparison asks the solver which outcomes
   are feasible under the path taken so far, and the code is run once per feasible path
@@ -26,7 +27,7 @@ from typing import Any
 
 from exactattn.optional import install_hint
 
-from .engine import Refuted, Skipped, Undecided
+from .engine import Refuted, Skipped, Unknown
 from .numeric import Counterexample
 
 TIMEOUT_MS = 60_000
@@ -96,21 +97,24 @@ def prove(
     claim: Any,
     hypotheses: Iterable[Any] = (),
     show: dict[str, Any] | None = None,
+    timeout_ms: int | None = None,
 ) -> None:
     """Prove ``hypotheses ⇒ claim`` for all values of the free variables, or raise.
 
-    ``show`` names terms whose values a counterexample lists next to the variables'.
+    ``show`` names terms whose values a counterexample lists next to the variables'. The
+    solver gets ``timeout_ms`` (default :data:`TIMEOUT_MS`); ``unknown`` raises
+    :class:`~proofs.engine.Unknown`.
     """
     z3 = load()
     solver = z3.Solver()
-    solver.set("timeout", TIMEOUT_MS)
+    solver.set("timeout", TIMEOUT_MS if timeout_ms is None else timeout_ms)
     solver.add(*(boolean(h) for h in hypotheses))
     solver.add(z3.Not(boolean(claim)))
     verdict = solver.check()
     if verdict == z3.unsat:
         return
     if verdict != z3.sat:
-        raise Undecided(f"{what}: the solver answered {verdict} ({solver.reason_unknown()})")
+        raise Unknown(f"{what}: the solver answered {verdict} ({solver.reason_unknown()})")
     model = solver.model()
     point = {
         str(d): str(model[d]) for d in sorted(model.decls(), key=str) if d.arity() == 0

@@ -200,6 +200,8 @@ class _Scan:
         elif e is sympy.E:
             self.exponents[sympy.S.One] = None
         elif e.is_Number:
+            if e in _NONFINITE:
+                raise Unsupported(f"non-finite value {e} (NaN or ∞ left over)")
             if not e.is_Rational:
                 raise Unsupported(f"the inexact constant {e} (the zero test is exact)")
         elif isinstance(e, sympy.exp):
@@ -231,6 +233,8 @@ class _Scan:
         if e.is_Symbol:
             self.symbols[e] = None
         elif e.is_Number:
+            if e in _NONFINITE:
+                raise Unsupported(f"non-finite value {e} in an exponent")
             if not e.is_Rational:
                 raise Unsupported(f"the inexact constant {e} in an exponent")
         elif e.is_Add or e.is_Mul:
@@ -384,9 +388,7 @@ def first_difference(lhs: Any, rhs: Any) -> tuple[int, ...] | None:
     scan = _Scan()
     for _, a, b in pairs:
         for side in (a, b):
-            if side.has(*_NONFINITE):
-                raise Unsupported(f"non-finite value in {side}")
-            scan.value(side)
+            scan.value(side)  # each distinct subexpression once; NaN and ∞ raise there
     field = _Field(scan)
     for index, a, b in pairs:
         (na, da), (nb, db) = field(a), field(b)

@@ -67,6 +67,24 @@ def _parser(
     program.add_argument(
         "--score-mod", metavar="MODULE:FN", help="score_mod(score, b, h, q_idx, kv_idx)"
     )
+    program.add_argument(
+        "--all-n",
+        action="store_true",
+        help="also prove the mask_mod for every length (traced into z3)",
+    )
+    program.add_argument(
+        "--assume",
+        action="append",
+        default=[],
+        metavar="ARRAY:nondecreasing",
+        help="what holds of an array the mask_mod reads (for --all-n; repeatable)",
+    )
+    program.add_argument(
+        "--block-mod",
+        metavar="MODULE:FN",
+        help="a block structure fn(b, h, q_block, kv_block) -> 0 EMPTY / 1 PARTIAL / 2 FULL "
+        "to prove sound for every length (with --all-n)",
+    )
     program.add_argument("--batch", type=int, default=1, metavar="B", help="batch size (1)")
     program.add_argument("--heads", type=int, default=1, metavar="H", help="heads (1)")
     running = parser.add_argument_group("where and how the obligations run")
@@ -94,7 +112,24 @@ def _program(args: argparse.Namespace) -> object:
         raise ValueError("--mask-mod/--score-mod run the program alone; name no FAMILY")
     if args.batch < 1 or args.heads < 1:
         raise ValueError(f"--batch and --heads must be >= 1; got {args.batch}, {args.heads}")
-    ref = runner.ProgramRef(args.mask_mod, args.score_mod, (args.batch, args.heads))
+    assume = []
+    for item in args.assume:
+        name, _, constraint = item.partition(":")
+        if not name or constraint != "nondecreasing":
+            raise ValueError(f"--assume takes ARRAY:nondecreasing; got {item!r}")
+        assume.append((name, constraint))
+    if (args.assume or args.block_mod) and not args.all_n:
+        raise ValueError("--assume and --block-mod are for --all-n; add --all-n")
+    if args.all_n and args.mask_mod is None:
+        raise ValueError("--all-n proves a mask_mod for every length; give --mask-mod")
+    ref = runner.ProgramRef(
+        args.mask_mod,
+        args.score_mod,
+        (args.batch, args.heads),
+        args.all_n,
+        tuple(assume),
+        args.block_mod,
+    )
     ref.load()  # a bad reference is a usage error here, not a LOST obligation per worker
     return ref
 

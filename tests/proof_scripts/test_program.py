@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from unittest import mock
 
-from exactattn.proofs import engine, mutants, program
-
 from exactattn import algorithm
 from exactattn.commands import prove
+from exactattn.proofs import engine, mutants, program
 
 from . import programs
 
@@ -43,3 +42,81 @@ def test_bad_program_arguments_are_usage_errors(capsys):
     assert prove.main(["forward", f"--mask-mod={FILE}:causal"]) == 2
     assert "name no FAMILY" in capsys.readouterr().err
     assert prove.main([f"--mask-mod={FILE}:causal", "--heads=0"]) == 2
+
+
+# --- every length (--all-n) ------------------------------------------------------------------
+FLEX = HERE / "flex_programs.py"
+
+
+def _all_n(fn: str, **options) -> list[engine.Outcome]:
+    from tests.optional import requires
+
+    requires("z3")
+    requires("torch")
+    mods = {k: program.load(f"{FLEX}:{v}", k) for k, v in options.pop("mods", {}).items()}
+    pb = program.Program(program.load(f"{FLEX}:{fn}", "mask_mod"), None, all_n=True, **mods,
+                         **options)  # fmt: skip
+    obligations = [o for o in program.all_n_obligations(pb, 3) if o.family == program.FAMILY]
+    return engine.run(obligations, stream=None)
+
+
+def test_flexattentions_examples_are_proved_for_every_length():
+    for fn in ("causal", "sliding_window", "prefix_lm", "dilated"):
+        outcomes = _all_n(fn)
+        assert [o.status for o in outcomes] == [engine.PROVED] * 2, (fn, outcomes)
+    document = _all_n("document", assume=(("DOCUMENT", "nondecreasing"),))
+    assert [o.status for o in document] == [engine.PROVED] * 2
+
+
+def test_a_sound_block_structure_is_proved_and_a_wrong_one_refuted_at_the_smallest_length():
+    right = _all_n("causal", mods={"block_mod": "causal_blocks"})
+    assert "block structure" in right[-1].obligation.name
+    assert right[-1].status == engine.PROVED
+    outcome = _all_n("causal", mods={"block_mod": "causal_blocks_diagonal_full"})[-1]
+    assert outcome.status == engine.REFUTED
+    cex = outcome.counterexample
+    assert cex.point["n"] == "2" and cex.lhs == "FULL" and cex.rhs == "masked"
+    assert int(cex.point["i"]) < int(cex.point["j"])  # a pair above the diagonal, in a FULL block
+
+
+def test_a_mod_that_cannot_be_traced_names_the_operation_and_the_enumerated_proof_runs(capsys):
+    from tests.optional import requires
+
+    requires("z3")
+    requires("torch")
+    argv = [f"--mask-mod={FLEX}:near_in_floats", "--all-n", "--max-n=2"]
+    assert prove.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "UNDECIDED" in out and "not traced for all n: the tensor method .float()" in out
+    assert out.count("program   forward:") == 2 and "forward" in out
+    assert all("PROVED" in line for line in out.splitlines() if "program   forward" in line)
+
+
+def test_the_tracer_reads_where_and_refuses_a_python_if():
+    from tests.optional import requires
+
+    requires("z3")
+    requires("torch")
+    import torch
+
+    from exactattn.proofs import trace
+
+    found = trace.trace(lambda b, h, i, j: torch.where(i >= j, True, False) & (j >= 0))
+    assert "If" in str(found.allowed)
+
+    def branching(b, h, i, j):
+        return i >= j if i > 0 else j == 0
+
+    try:
+        trace.trace(branching)
+    except trace.Untraceable as error:
+        assert "Python if" in str(error)
+    else:
+        raise AssertionError("a Python if on an index was traced")
+
+
+def test_all_n_options_are_checked(capsys):
+    assert prove.main([f"--mask-mod={FLEX}:document", "--assume=DOCUMENT:sorted", "--all-n"]) == 2
+    assert "ARRAY:nondecreasing" in capsys.readouterr().err
+    assert prove.main([f"--mask-mod={FLEX}:causal", f"--block-mod={FLEX}:causal_blocks"]) == 2
+    assert "add --all-n" in capsys.readouterr().err

@@ -42,6 +42,9 @@ KILLS = [
     ("Band.intersect: the wider window side kept", smt.LOWERING),
     ("tiles: row runs overlap by one row", smt.LOOP[2]),
     ("tiles: row runs skip their first row", smt.LOOP[2]),
+    ("key_block: the last key block runs past n_k", smt.LOOP[3]),
+    ("row_run: runs after the first start one row late", smt.LOOP[4]),
+    ("runs: the loop resumes one past each run's end", smt.LOOP[3]),
 ]
 
 
@@ -71,6 +74,34 @@ def test_the_loop_statements_can_fail():
     with pytest.raises(engine.Refuted, match="false"):
         solver.prove("a run [f, f + w) is inside [s, e)", f + w <= e, [w >= 1, s <= f, f < e])
     solver.prove("a run [f, min(f + w, e)) is inside [s, e)", solver.Z3.min(f + w, e) <= e)
+
+
+def test_the_iterators_own_formulas_run_on_symbols_and_a_changed_one_is_refuted():
+    """The all-n obligations call ``algorithm.key_block`` / ``row_run`` / ``run_widths`` /
+    ``runs`` themselves: a change there (not in a copy) is what they refute."""
+    requires("z3")
+    assert _run(smt.LOOP[3]).status == engine.PROVED
+    with mutants.BY_NAME["key_block: the last key block runs past n_k"].applied():
+        outcome = _run(smt.LOOP[3])
+    assert outcome.status == engine.REFUTED and "n_k=" in outcome.counterexample.short()
+    with mutants.BY_NAME["row_run: runs after the first start one row late"].applied():
+        assert _run(smt.LOOP[4]).status == engine.REFUTED
+
+
+def test_a_solver_unknown_or_timeout_is_unknown_never_proved():
+    requires("z3")
+    x, y, z = solver.ints("x y z")
+    hard = [x >= 1, y >= 1, z >= 1, x * x * x + y * y * y == z * z * z]  # Fermat, n = 3
+
+    def check() -> None:
+        solver.prove("no cubes add up to a cube", x < 0, hard, timeout_ms=1)
+
+    outcome = engine.outcome(ob := engine.Obligation("smt", "hard", "-", check), engine.check(ob))
+    assert outcome.status == engine.UNKNOWN and not outcome.ok
+    assert "UNKNOWN" in outcome.line() and "PROVED" not in outcome.line()
+    assert "1 FAILED" in engine.summary([outcome], 1.0)
+    twin = engine.Obligation("mutants", "m", "-", check, expect_refuted=True)
+    assert not engine.outcome(twin, engine.check(twin)).ok  # a mutant left unknown: not killed
 
 
 def test_paths_explores_every_outcome_of_the_codes_comparisons():
