@@ -77,6 +77,11 @@ class Mutant:
     make: Callable[[Any], Any]
     probes: tuple[str, ...] = ()  # likeliest killers first: "family" or "family/name words"
 
+    @property
+    def of_the_proofs(self) -> bool:
+        """Whether it breaks the proofs' own code (the tracer, an example), not the library."""
+        return all(spec.startswith(f"{PROOFS}.") for spec in self.targets)
+
     def resolve(self) -> tuple[Any, str, Any]:
         for spec in self.targets:
             found = _target(spec).resolve()

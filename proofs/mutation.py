@@ -5,7 +5,9 @@ with that mutant of :data:`proofs.mutants.MUTANTS` applied for the whole session
 same ``mock.patch`` the proofs use). :func:`run_all` does so for every mutant, one
 subprocess each, on the default test run minus ``tests/proof_scripts`` (those test the
 proof machinery itself and would count the proofs twice), stopping at the first failing
-test (``-x``): a mutant is *killed by the tests* when pytest exits 1.
+test (``-x``): a mutant is *killed by the tests* when pytest exits 1. A mutant of the
+proofs' own code (the mask_mod tracer, the all-n example) runs against the program
+family's tests instead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ ENV = "EXACTATTN_MUTANT"
 ROOT = Path(__file__).resolve().parents[1]
 TEST_ARGS = ("-x", "-q", "-rfE", "-p", "no:cacheprovider", "--ignore=tests/proof_scripts")
 TIMEOUT_S = 900
+# A mutant of the proofs' own tracer or example is judged by the program family's tests
+# (the library's tests never run that code).
+PROOFS_TESTS = ("tests/proof_scripts/test_program.py",)
 
 
 @dataclass(frozen=True)
@@ -83,11 +88,11 @@ def run_one(name: str, root: Path = ROOT, tests: tuple[str, ...] = ("tests",)) -
 
 def run_all(names: list[str] | None = None, stream: Any = sys.stdout) -> list[Tested]:
     """Every mutant (or those named) against the tests, one line each as they finish."""
-    from .mutants import MUTANTS
+    from .mutants import BY_NAME, MUTANTS
 
     out = []
     for name in names or [m.name for m in MUTANTS]:
-        tested = run_one(name)
+        tested = run_one(name, tests=PROOFS_TESTS if BY_NAME[name].of_the_proofs else ("tests",))
         out.append(tested)
         if stream is not None:
             verdict = {True: "killed", False: "SURVIVED", None: "not run"}[tested.killed]

@@ -120,3 +120,15 @@ def test_all_n_options_are_checked(capsys):
     assert "ARRAY:nondecreasing" in capsys.readouterr().err
     assert prove.main([f"--mask-mod={FLEX}:causal", f"--block-mod={FLEX}:causal_blocks"]) == 2
     assert "add --all-n" in capsys.readouterr().err
+
+
+def test_the_all_n_example_the_mutants_are_judged_by_is_proved():
+    from tests.optional import requires
+
+    requires("z3")
+    outcomes = engine.run(program.example_obligations(), stream=None)
+    assert [o.status for o in outcomes] == [engine.PROVED] * 3
+    assert {m.name for m in mutants.MUTANTS if m.of_the_proofs} == {
+        "trace: q_idx ≥ kv_idx traced as q_idx > kv_idx",
+        "block structure: the diagonal (partial) blocks marked FULL",
+    }
