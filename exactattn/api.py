@@ -152,12 +152,13 @@ def _naive_forward(call: _Call, sink: Array | None = None) -> tuple[Array, Array
     return (y, m, l) if sink is None else sinks.add_sinks(call.ctx, y, m, l, sink)
 
 
-def _tiled_backward(call: _Call, m: Array, l: Array, grads: dict) -> tuple[Array, Array, Array]:
+def _tiled_backward(
+    call: _Call, m: Array, l: Array, grads: dict, grad_lse: Array | None = None
+) -> tuple[Array, Array, Array]:
     a = call.arrays
     return algorithm.backward(
         call.ctx, a["q"], a["k"], a["v"], a["y"], m, l, a["grad_y"],
-        block_size=call.block_size, mod_grads=grads, grad_lse=a.get("grad_lse"),
-        **call.keywords(),
+        block_size=call.block_size, mod_grads=grads, grad_lse=grad_lse, **call.keywords(),
     )  # fmt: skip
 
 
@@ -296,9 +297,7 @@ def attention_backward(
     lse of a partial result feeds a merge).
     """
     inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
-    if grad_lse is not None:
-        inputs["grad_lse"] = grad_lse
-    return _call_backward(inputs, stats, keywords, _tiled_backward, bias_grad)
+    return _call_backward(inputs, stats, keywords, _tiled_backward, bias_grad, grad_lse)
 
 
 def naive_attention(q: Any, k: Any, v: Any, *, return_stats: bool = False, **keywords: Any):
@@ -354,7 +353,12 @@ def _call_forward(
 
 
 def _call_backward(
-    inputs: dict[str, Any], stats: Stats, keywords: dict[str, Any], run: Any, bias_grad: bool
+    inputs: dict[str, Any],
+    stats: Stats,
+    keywords: dict[str, Any],
+    run: Any,
+    bias_grad: bool,
+    grad_lse: Any = None,
 ) -> tuple[Array, ...]:
     ctx, keywords = _context(inputs, keywords)
     sink, keywords = _interfaces(keywords)
@@ -362,14 +366,17 @@ def _call_backward(
         call = _prepare(ctx, inputs, **keywords)
         m, l = _check_backward_inputs(call, stats)
         mod_grads = _bias_gradient(call) if bias_grad else {}
-        dq, dk, dv = run(call, m, l, mod_grads)
+        if grad_lse is not None:  # a statistic's gradient: the compute type, like stats.m
+            grad_lse = ctx.as_compute(grad_lse)
+            validation.check_same_shape("grad_lse", grad_lse, tuple(m.shape))
+            dq, dk, dv = run(call, m, l, mod_grads, grad_lse)
+        else:
+            dq, dk, dv = run(call, m, l, mod_grads)
         grads = {"dq": dq, "dk": dk, "dv": dv, **mod_grads}
         if sink is not None:
             sink = sinks.check_sinks(ctx, sink, call.geometry, call.check_finite)
             a = call.arrays
-            grads["dsinks"] = sinks.sink_gradient(
-                ctx, sink, a["y"], a["grad_y"], m, l, a.get("grad_lse")
-            )
+            grads["dsinks"] = sinks.sink_gradient(ctx, sink, a["y"], a["grad_y"], m, l, grad_lse)
         return _finish_backward(call, grads)
 
 
