@@ -10,13 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import algorithm, reference, sinks, validation
+from . import algorithm, calls, reference, sinks, validation
 from .backends import resolve_backend
 from .backends.base import Array, ArrayContext
+from .calls import Call
 from .dropout import make_dropout
-from .masks import Geometry, Mask, as_mask, key_range
-from .scores import ScoreMod, chain, score_fn
+from .masks import as_mask, key_range
 from .scores import bias as as_bias
+from .scores import chain, score_fn
 from .scores import softcap as as_softcap
 
 DEFAULT_BLOCK_SIZE = 256  # within ~10% of the fastest b on the NumPy benchmark, half the tile
@@ -36,33 +37,6 @@ class Stats:
     lse: Array
 
 
-@dataclass(frozen=True)
-class _Call:
-    """A validated call: the context, its converted inputs and the resolved keywords."""
-
-    ctx: ArrayContext
-    arrays: dict[str, Array]
-    geometry: Geometry
-    scale: Any
-    block_size: int
-    mask: Mask | None
-    dropout: Any
-    score_mod: ScoreMod | None
-    enable_gqa: bool
-    empty_rows: str
-    check_finite: bool
-
-    def keywords(self) -> dict[str, Any]:
-        """The keywords the tiled and naive passes share."""
-        return dict(
-            scale=self.scale,
-            mask=self.mask,
-            dropout=self.dropout,
-            score_mod=self.score_mod,
-            enable_gqa=self.enable_gqa,
-        )
-
-
 def _prepare(
     ctx: ArrayContext,
     inputs: dict[str, Any],
@@ -78,9 +52,8 @@ def _prepare(
     enable_gqa: Any,
     empty_rows: str,
     check_finite: bool,
-) -> _Call:
-    """Convert and check the inputs; call inside ``ctx.scope()`` (conversion rounds)."""
-    validation.check_policy(empty_rows)
+) -> Call:
+    """Convert the inputs and prepare the call; inside ``ctx.scope()`` (conversion rounds)."""
     for name, x in inputs.items():
         if x is None:
             raise TypeError(f"{name} must be an array; got None")
@@ -90,42 +63,19 @@ def _prepare(
             arrays[name] = ctx.asarray(x)
         except TypeError as error:
             raise TypeError(f"{name}: {error}") from None
-    q, k, v = arrays["q"], arrays["k"], arrays["v"]
-    if not isinstance(enable_gqa, bool):
-        raise TypeError(f"enable_gqa must be a bool; got {enable_gqa!r}")
-    geometry = validation.check_qkv(q, k, v, enable_gqa)
-    mask = as_mask(mask)
-    if mask is not None:
-        mask = mask.adopt(ctx)
-        mask.validate(geometry)
     score_mod = chain(
         None if softcap is None else as_softcap(validation.check_softcap(ctx, softcap)),
-        None if bias is None else as_bias(bias).adopt(ctx),
-        None if score_mod is None else score_fn(score_mod).adopt(ctx),
+        None if bias is None else as_bias(bias),
+        None if score_mod is None else score_fn(score_mod),
     )
-    if score_mod is not None:
-        score_mod.validate(geometry)
-    if check_finite:
-        for name, x in arrays.items():
-            validation.check_finite(ctx, name, x)
-        if score_mod is not None:
-            score_mod.check_finite(ctx)
-    return _Call(
-        ctx=ctx,
-        arrays=arrays,
-        geometry=geometry,
-        scale=validation.check_scale(ctx, scale, q.shape[-1]),
-        block_size=validation.check_block_size(block_size, DEFAULT_BLOCK_SIZE),
-        mask=mask,
-        dropout=make_dropout(dropout_p, seed),
-        score_mod=score_mod,
-        enable_gqa=enable_gqa,
-        empty_rows=empty_rows,
-        check_finite=check_finite,
-    )
+    return calls.prepare(
+        ctx, arrays, scale=scale, block_size=block_size, mask=mask, score_mod=score_mod,
+        dropout=make_dropout(dropout_p, seed), enable_gqa=enable_gqa, empty_rows=empty_rows,
+        check_finite=check_finite, default_block_size=DEFAULT_BLOCK_SIZE,
+    )  # fmt: skip
 
 
-def _forward(call: _Call, run: Any) -> tuple[Array, Stats]:
+def _forward(call: Call, run: Any) -> tuple[Array, Stats]:
     ctx = call.ctx
     y, m, l = run(call)
     validation.check_empty_rows(ctx, m, call.empty_rows, call.mask, call.geometry, call.score_mod)
@@ -134,7 +84,7 @@ def _forward(call: _Call, run: Any) -> tuple[Array, Stats]:
     return ctx.output(y), Stats(m, l, algorithm.log_sum_exp(ctx, m, l))
 
 
-def _tiled_forward(call: _Call, sink: Array | None = None) -> tuple[Array, Array, Array]:
+def _tiled_forward(call: Call, sink: Array | None = None) -> tuple[Array, Array, Array]:
     a = call.arrays
     initial = None
     if sink is not None:  # each row starts at the sink's summary (σ_h, 1, 0) instead of ⊥
@@ -146,14 +96,14 @@ def _tiled_forward(call: _Call, sink: Array | None = None) -> tuple[Array, Array
     return y, state.m, state.l
 
 
-def _naive_forward(call: _Call, sink: Array | None = None) -> tuple[Array, Array, Array]:
+def _naive_forward(call: Call, sink: Array | None = None) -> tuple[Array, Array, Array]:
     a = call.arrays
     y, m, l = reference.naive_forward(call.ctx, a["q"], a["k"], a["v"], **call.keywords())
     return (y, m, l) if sink is None else sinks.add_sinks(call.ctx, y, m, l, sink)
 
 
 def _tiled_backward(
-    call: _Call, m: Array, l: Array, grads: dict, grad_lse: Array | None = None
+    call: Call, m: Array, l: Array, grads: dict, grad_lse: Array | None = None
 ) -> tuple[Array, Array, Array]:
     a = call.arrays
     return algorithm.backward(
@@ -162,14 +112,14 @@ def _tiled_backward(
     )  # fmt: skip
 
 
-def _naive_backward(call: _Call, m: Array, l: Array, grads: dict) -> tuple[Array, Array, Array]:
+def _naive_backward(call: Call, m: Array, l: Array, grads: dict) -> tuple[Array, Array, Array]:
     a = call.arrays
     return reference.naive_backward(
         call.ctx, a["q"], a["k"], a["v"], a["grad_y"], mod_grads=grads, **call.keywords()
     )
 
 
-def _check_backward_inputs(call: _Call, stats: Stats) -> tuple[Array, Array]:
+def _check_backward_inputs(call: Call, stats: Stats) -> tuple[Array, Array]:
     ctx, a, geo = call.ctx, call.arrays, call.geometry
     y_shape = (*geo.batch, geo.n_q, a["v"].shape[-1])  # the logical batch (heads unsplit)
     validation.check_same_shape("y", a["y"], y_shape)
@@ -185,7 +135,7 @@ def _check_backward_inputs(call: _Call, stats: Stats) -> tuple[Array, Array]:
     return m, l
 
 
-def _finish_backward(call: _Call, grads: dict[str, Array]) -> tuple[Array, ...]:
+def _finish_backward(call: Call, grads: dict[str, Array]) -> tuple[Array, ...]:
     if call.check_finite:
         for name, grad in grads.items():
             validation.check_output(call.ctx, name, grad)
@@ -397,7 +347,7 @@ def _interfaces(keywords: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return sink, keywords
 
 
-def _bias_gradient(call: _Call) -> dict[str, Array]:
+def _bias_gradient(call: Call) -> dict[str, Array]:
     """A zero ``dbias`` accumulator for ``bias_grad=True`` (which needs a bias array)."""
     shapes = {} if call.score_mod is None else call.score_mod.gradients()
     if "bias" not in shapes:

@@ -19,11 +19,12 @@ def check_ndim(name: str, x: Array) -> None:
         raise ValueError(f"{name} must have shape (..., n, features) with ndim >= 2; got {x.shape}")
 
 
-def check_qkv(q: Array, k: Array, v: Array, enable_gqa: bool = False) -> Geometry:
+def check_qkv(q: Array, k: Array, v: Array, enable_gqa: bool = False) -> None:
     """Shapes (..., n_q, d), (..., n_k, d), (..., n_k, v) with broadcastable leading dims.
 
     With ``enable_gqa`` axis −3 is the head axis: ``H`` query heads, ``H_kv`` key/value
-    heads, ``H_kv`` dividing ``H``.
+    heads, ``H_kv`` dividing ``H``. (The sizes themselves are built once per call, by
+    :func:`exactattn.calls.prepare`.)
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_ndim(name, x)
@@ -45,12 +46,9 @@ def check_qkv(q: Array, k: Array, v: Array, enable_gqa: bool = False) -> Geometr
                 f"H query heads; got {shapes}"
             )
     try:
-        batch = np.broadcast_shapes(*(tuple(x.shape[:-lead]) for x in (q, k, v)))
+        np.broadcast_shapes(*(tuple(x.shape[:-lead]) for x in (q, k, v)))
     except ValueError:
         raise ValueError(f"the leading (batch/head) dims do not broadcast: {shapes}") from None
-    if enable_gqa:
-        return Geometry(q.shape[-2], k.shape[-2], (*batch, q.shape[-3]), h // h_kv)
-    return Geometry(n_q=q.shape[-2], n_k=k.shape[-2], batch=tuple(batch))
 
 
 def check_block_size(block_size: Any, default: int) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .. import validation
+from .. import calls, validation
 from ..dropout import make_dropout
 from ..masks import ALIGNMENTS, Band, Dense, Mask, as_mask, causal, dense
 from ..scores import Bias, BiasFn, Softcap, chain
@@ -74,64 +74,47 @@ def attention(
     _check_tensors(q, k, v)
     if impl not in dispatch.IMPLS:
         raise ValueError(f"impl must be one of {dispatch.IMPLS}; got {impl!r}")
-    for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool; got {flag!r}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool; got {is_causal!r}")
     if alignment not in ALIGNMENTS:
         raise ValueError(f"alignment must be one of {ALIGNMENTS}; got {alignment!r}")
-    validation.check_policy(empty_rows)
     ctx = passes.context(q.dtype, q.device)
-    geometry = validation.check_qkv(q, k, v, enable_gqa)
     allowed = _dense_tensor(mask, q.device)
     mask = Dense(allowed) if allowed is not None else as_mask(mask)
-    mask = None if mask is None else mask.adopt(ctx)
-    if mask is not None:
-        mask.validate(geometry)
+    if is_causal:
+        mask = causal(alignment) if mask is None else mask & causal(alignment)
     bias = None if bias is None else as_bias(bias)
     bias_tensor = None
     if isinstance(bias, Bias):
         bias_tensor = torch.as_tensor(bias.values, device=q.device)
         bias = Bias(bias_tensor)
-        bias.validate(geometry)
     cap = None if softcap is None else float(validation.check_softcap(ctx, softcap))
-    score_mod = chain(None if cap is None else Softcap(cap), bias)
-    if check_finite:
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            validation.check_finite(ctx, name, x)
-        if score_mod is not None:
-            score_mod.adopt(ctx).check_finite(ctx)
-    dropout = make_dropout(dropout_p, seed)
-    c = validation.check_scale(ctx, scale, q.shape[-1])
-    block_size = validation.check_block_size(block_size, None)
-    if is_causal:
-        mask = causal(alignment) if mask is None else mask & causal(alignment)
-
-    band = _op_band(mask, allowed, is_causal, alignment, geometry)
-    if band is not None and not isinstance(bias, BiasFn):
+    call = calls.prepare(
+        ctx, {"q": q, "k": k, "v": v}, scale=scale, block_size=block_size, mask=mask,
+        score_mod=chain(None if cap is None else Softcap(cap), bias),
+        dropout=make_dropout(dropout_p, seed), enable_gqa=enable_gqa,
+        empty_rows=empty_rows, check_finite=check_finite,
+    )  # fmt: skip
+    band = passes.lower(call.mask, call.geometry)  # the call's one lowering
+    op_band = _op_band(band, allowed, is_causal, alignment)
+    dropout = call.dropout
+    if op_band is not None and not isinstance(bias, BiasFn):
         y, lse = op.attention(
             q, k, v,
-            allowed=allowed, bias=bias_tensor, kv_lengths=_lengths(band, q.device),
+            allowed=allowed, bias=bias_tensor, kv_lengths=_lengths(op_band, q.device),
             seed=None if dropout is None else _seed_tensor(dropout.seed),
-            scale=None if scale is None else float(c), band=band,
+            scale=None if scale is None else float(call.scale), band=op_band,
             dropout_p=0.0 if dropout is None else dropout.p, softcap=cap,
-            enable_gqa=enable_gqa, block_size=block_size, impl=impl,
+            enable_gqa=enable_gqa, block_size=call.block_size, impl=impl,
         )  # fmt: skip
     else:
-        kernel = dispatch.kernel_plan(
-            q, k, v, mask, geometry,
-            dropout=dropout is not None, score_mod=score_mod,
-            impl=impl, enable_gqa=enable_gqa,
-        )  # fmt: skip
-        plan = passes.Plan(
-            ctx, geometry, c, passes.key_block_size(geometry, block_size, q.device, mask),
-            mask, None if score_mod is None else score_mod.adopt(ctx), dropout, False, kernel,
-        )  # fmt: skip
+        plan = passes.plan_for(call, band, impl=impl)
         if op.needs_grad(q, k, v, bias_tensor):
             y, lse = function.TiledAttention.apply(q, k, v, bias_tensor, plan)
         else:
             y, lse = passes.forward(plan, q, k, v)
     if check_finite or empty_rows == "error":
-        validation.check_empty_rows(ctx, lse, empty_rows, mask, geometry, score_mod)
+        validation.check_empty_rows(ctx, lse, empty_rows, call.mask, call.geometry, call.score_mod)
     if check_finite:  # finite inputs, so a non-finite y overflowed
         validation.check_output(ctx, "y", y)
     return y
@@ -145,14 +128,13 @@ def _dense_tensor(mask: Any, device: torch.device) -> torch.Tensor | None:
     return torch.as_tensor(dense(mask).mask, device=device)
 
 
-def _op_band(mask, allowed, is_causal: bool, alignment: str, geometry) -> Band | None:
-    """The operator's window and key lengths for ``mask``, or None when it cannot say it.
-
-    With a dense ``allowed`` the rest of the mask is at most ``is_causal``.
-    """
+def _op_band(band: Band | None, allowed, is_causal: bool, alignment: str) -> Band | None:
+    """The operator's window and key lengths: the mask's ``band``, or with a dense
+    ``allowed`` (which no band says, so ``band`` is None) the rest of the mask, which is at
+    most ``is_causal``; None when the operator cannot take the mask."""
     if allowed is not None:
         return Band(alignment, None, 0) if is_causal else Band()
-    return Band() if mask is None else mask.lower(geometry)
+    return band
 
 
 def _lengths(band: Band, device: torch.device) -> torch.Tensor | None:

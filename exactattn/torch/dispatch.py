@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..masks import Band, Geometry, Mask
+from ..masks import Band, Mask
 from ..scores import KernelScores, ScoreMod
 
 IMPLS = ("auto", "generic", "triton")
@@ -51,14 +51,17 @@ def kernel_plan(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: Mask | None,
-    geometry: Geometry,
+    band: Band | None,
     *,
     dropout: bool,
     score_mod: ScoreMod | None,
     impl: str,
     enable_gqa: bool,
 ) -> Kernel | None:
-    """The kernels' arguments when this call runs the Triton kernels, else None."""
+    """The kernels' arguments when this call runs the Triton kernels, else None.
+
+    ``band`` is ``mask`` lowered (by the caller, once per call; None when no band says it).
+    """
     if impl == "generic" or (impl == "auto" and q.device.type != "cuda"):
         return None
     reasons = []
@@ -79,11 +82,8 @@ def kernel_plan(
         reasons.append("broadcast batch or head dims")
     if max(q.shape[-1], v.shape[-1]) > 256:
         reasons.append("head dims above 256")
-    band = None
-    if not reasons:
-        band = Band() if mask is None else mask.lower(geometry)
-        if band is None:
-            reasons.append(f"the mask {type(mask).__name__}")
+    if not reasons and band is None:
+        reasons.append(f"the mask {type(mask).__name__}")
     if not reasons and not triton_available():
         reasons.append("triton is not importable")
     if reasons and impl == "triton":

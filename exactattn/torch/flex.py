@@ -25,6 +25,7 @@ globals it names, or — a bound method — its object's attributes it names
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import types
@@ -34,10 +35,9 @@ from typing import Any
 
 import torch
 
-from .. import algorithm, validation
-from ..masks import as_mask
+from .. import algorithm, calls
 from ..scores import ScoreFn, param_name, score_fn
-from . import dispatch, passes
+from . import passes
 
 # How deep captured_tensors follows functions that a score_mod calls or closes over.
 CAPTURE_DEPTH = 4
@@ -66,22 +66,17 @@ def flex_attention(
     if kernel_options is not None and not isinstance(kernel_options, Mapping):
         raise TypeError(f"kernel_options must be a dict or None; got {kernel_options!r}")
     want_lse = _check_outputs(return_lse, return_aux)
-    ctx = passes.context(query.dtype, query.device)
-    geometry = validation.check_qkv(query, key, value, enable_gqa)
-    mask = as_mask(block_mask)
-    if mask is not None:
-        mask = mask.adopt(ctx)
-        mask.validate(geometry)
     mod = None
     if score_mod is not None:
         mod = score_fn(score_mod, captured_tensors(score_mod) if callable(score_mod) else ())
-    c = validation.check_scale(ctx, scale, query.shape[-1])
-    kernel = dispatch.kernel_plan(
-        query, key, value, mask, geometry,
-        dropout=False, score_mod=mod, impl="auto", enable_gqa=enable_gqa,
+    call = calls.prepare(
+        passes.context(query.dtype, query.device), {"q": query, "k": key, "v": value},
+        scale=scale, block_size=None, mask=block_mask, score_mod=mod, dropout=None,
+        enable_gqa=enable_gqa,
     )  # fmt: skip
-    block_size = _block_size(mask, geometry, query.device)
-    plan = passes.Plan(ctx, geometry, c, block_size, mask, mod, None, False, kernel)
+    block_size = _block_size(call.mask, call.geometry, query.device)
+    band = passes.lower(call.mask, call.geometry)  # the call's one lowering
+    plan = passes.plan_for(dataclasses.replace(call, block_size=block_size), band, impl="auto")
     params = mod.params if isinstance(mod, ScoreFn) else ()
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value, *params)):
         out, lse = FlexFunction.apply(query, key, value, plan, *params)

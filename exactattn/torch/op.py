@@ -37,12 +37,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import algorithm
+from .. import calls
 from ..backends.torch_backend import HALF_DTYPES
 from ..dropout import Dropout
-from ..masks import And, Band, Dense, KeyPadding, Mask, SlidingWindow
+from ..masks import And, Band, Dense, Geometry, KeyPadding, Mask, SlidingWindow
 from ..scores import Bias, Softcap, chain
-from . import dispatch, passes
+from . import passes
 
 OPTIONS = (
     "scale", "left", "right", "alignment", "dropout_p", "softcap", "enable_gqa", "block_size",
@@ -161,37 +161,49 @@ def lowered_mask(
     return parts[0] if len(parts) == 1 else And(tuple(parts))
 
 
+def lowered_band(
+    allowed: Tensor | None,
+    kv_lengths: Tensor | None,
+    left: int | None,
+    right: int | None,
+    alignment: str,
+    geometry: Geometry,
+) -> Band | None:
+    """The :class:`~exactattn.masks.Band` the operator's mask arguments spell, read off them
+    (they are a lowered mask: nothing is lowered again), or None where no band says it — a
+    dense ``allowed``, or key lengths that are not one per batch element of ``(B, H)``
+    inputs (per head, or lifted by ``vmap``): what :func:`lowered_mask`'s mask lowers to."""
+    if allowed is not None:
+        return None
+    band = Band(alignment, left, right) if left is not None or right is not None else Band()
+    if kv_lengths is None:
+        return band
+    shape = tuple(kv_lengths.shape)
+    if len(geometry.batch) != 2 or len(shape) > 2 or shape[1:] not in ((), (1,)):
+        return None
+    return band.intersect(Band(kv_lengths=kv_lengths.reshape(shape[:1] or (1,))))
+
+
 def plan_of(
     q, k, v, allowed, bias, kv_lengths, seed,
     scale, left, right, alignment, dropout_p, softcap, enable_gqa, block_size, impl,
 ) -> passes.Plan:  # fmt: skip
-    """The :class:`~exactattn.torch.passes.Plan` of one operator call."""
-    ctx = passes.context(q.dtype, q.device)
-    geometry = algorithm.geometry_of(q, k, v, enable_gqa)
-    mask = lowered_mask(allowed, kv_lengths, left, right, alignment)
-    score_mod = chain(
-        None if softcap is None else Softcap(softcap),
-        None if bias is None else Bias(bias).adopt(ctx),
-    )
+    """The :class:`~exactattn.torch.passes.Plan` of one operator call: its arguments
+    prepared unchecked (the callers checked them) and its mask's band read off them."""
     dropout = None
     if 0.0 < dropout_p < 1.0:
         dropout = Dropout(dropout_p, int(seed) % 2**64)
-    kernel = dispatch.kernel_plan(
-        q, k, v, mask, geometry,
-        dropout=dropout is not None, score_mod=score_mod,
-        impl=impl, enable_gqa=enable_gqa,
+    call = calls.prepare(
+        passes.context(q.dtype, q.device), {"q": q, "k": k, "v": v},
+        scale=scale, block_size=block_size,
+        mask=lowered_mask(allowed, kv_lengths, left, right, alignment),
+        score_mod=chain(
+            None if softcap is None else Softcap(softcap), None if bias is None else Bias(bias)
+        ),
+        dropout=dropout, enable_gqa=enable_gqa, checked=False,
     )  # fmt: skip
-    return passes.Plan(
-        ctx=ctx,
-        geometry=geometry,
-        scale=ctx.default_scale(q.shape[-1]) if scale is None else ctx.scalar(scale),
-        block_size=passes.key_block_size(geometry, block_size, q.device, mask),
-        mask=mask,
-        score_mod=score_mod,
-        dropout=dropout,
-        drop_all=dropout_p >= 1.0,
-        kernel=kernel,
-    )
+    band = lowered_band(allowed, kv_lengths, left, right, alignment, call.geometry)
+    return passes.plan_for(call, band, impl=impl, drop_all=dropout_p >= 1.0)
 
 
 # --- autograd: one formula, registered on the operator and as a Function -------------------

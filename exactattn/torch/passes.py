@@ -1,7 +1,10 @@
 """The two passes on torch tensors, shared by the custom op and the non-op Function.
 
 A :class:`Plan` holds everything a call decides besides the tensors (context, sizes,
-``c``, ``b``, the mask ``A_i``, the score modifications, dropout, the kernel choice);
+``c``, ``b``, the mask ``A_i`` and its lowering, the score modifications, dropout, the
+kernel choice), made by :func:`plan_for` from the prepared :class:`~exactattn.calls.Call`
+and the mask lowered once (:func:`lower`: the kernels, ``b`` and the split into pieces all
+read that one :class:`~exactattn.masks.Band`);
 :func:`forward` gives ``(Y, lse)`` with ``lse = m + log ℓ`` and :func:`backward` gives
 ``(dQ, dK, dV)`` and, on request, ``dB = Σ γ`` for a bias array — the library's own
 :func:`exactattn.algorithm.forward` / :func:`~exactattn.algorithm.backward` over a
@@ -26,8 +29,9 @@ import torch
 
 from .. import algorithm
 from ..backends.torch_backend import TorchContext
+from ..calls import Call
 from ..dropout import Dropout
-from ..masks import Geometry, Mask
+from ..masks import Band, Geometry, Mask
 from ..scores import ScoreMod
 from . import dispatch
 from .dispatch import Kernel
@@ -64,6 +68,7 @@ class Plan:
     scale: Any
     block_size: int
     mask: Mask | None
+    band: Band | None  # the mask lowered (no mask: Band()); None: no band says it
     score_mod: ScoreMod | None
     dropout: Dropout | None
     drop_all: bool  # dropout_p = 1: every weight dropped, Y = 0 and every gradient 0
@@ -98,10 +103,49 @@ def context(dtype: torch.dtype, device: torch.device) -> TorchContext:
     return ctx
 
 
+def lower(mask: Mask | None, geometry: Geometry) -> Band | None:
+    """``mask`` as the kernels' :class:`~exactattn.masks.Band` (no mask: the empty band), or
+    None when no band says it: a call's one lowering, kept in its :attr:`Plan.band`."""
+    return Band() if mask is None else mask.lower(geometry)
+
+
+def plan_for(call: Call, band: Band | None, *, impl: str, drop_all: bool = False) -> Plan:
+    """The :class:`Plan` of a prepared call whose mask lowers to ``band`` (:func:`lower`).
+
+    ``b`` is the call's, else chosen from the sizes and ``band`` (:func:`band_block_size`);
+    ``drop_all``: dropout with ``p = 1``.
+    """
+    q, k, v = call.arrays["q"], call.arrays["k"], call.arrays["v"]
+    kernel = dispatch.kernel_plan(
+        q, k, v, call.mask, band,
+        dropout=call.dropout is not None, score_mod=call.score_mod,
+        impl=impl, enable_gqa=call.enable_gqa,
+    )  # fmt: skip
+    return Plan(
+        ctx=call.ctx,
+        geometry=call.geometry,
+        scale=call.scale,
+        block_size=band_block_size(call.geometry, call.block_size, q.device, band),
+        mask=call.mask,
+        band=band,
+        score_mod=call.score_mod,
+        dropout=call.dropout,
+        drop_all=drop_all,
+        kernel=kernel,
+    )
+
+
 def key_block_size(
     geometry: Geometry, block_size: int | None, device: torch.device, mask: Mask | None = None
 ) -> int:
-    """``b``: the caller's, else :data:`DEFAULT_BLOCK_SIZE` (under a window mask
+    """:func:`band_block_size` for ``mask`` (lowered here; a call's plan uses its own band)."""
+    return band_block_size(geometry, block_size, device, lower(mask, geometry))
+
+
+def band_block_size(
+    geometry: Geometry, block_size: int | None, device: torch.device, band: Band | None
+) -> int:
+    """``b``: the caller's, else :data:`DEFAULT_BLOCK_SIZE` (under a window ``band``
     ``n_k / 16`` within [:data:`BAND_BLOCK_SIZE`, the default]), raised up to ``n_k``
     while a ``(*batch, n_q, b)`` tile stays within the device's :data:`TILE_ELEMENTS`.
 
@@ -112,7 +156,6 @@ def key_block_size(
     if block_size is not None:
         return block_size
     default = DEFAULT_BLOCK_SIZE
-    band = None if mask is None else mask.lower(geometry)
     if band is not None and band.has_window:
         default = min(DEFAULT_BLOCK_SIZE, max(BAND_BLOCK_SIZE, geometry.n_k // 16))
     budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS["cuda"])
@@ -166,10 +209,8 @@ def splittable(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     """
     if plan.kernel is not None or plan.dropout is not None or k.dim() < 3:
         return False
-    if plan.mask is not None:
-        band = plan.mask.lower(plan.geometry)
-        if band is None or band.kv_lengths is not None:
-            return False
+    if plan.band is None or plan.band.kv_lengths is not None:
+        return False
     if plan.score_mod is not None:
         lowered = plan.score_mod.lower()
         if lowered is None or lowered.bias is not None:

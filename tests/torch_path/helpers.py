@@ -36,3 +36,29 @@ def assert_close(got, want, atol, rtol=0.0, what=""):
     err = (got - want).abs().max().item() if got.numel() else 0.0
     bound = atol + rtol * want.abs().max().item() if want.numel() else atol
     assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g}"
+
+
+def count_lowerings(monkeypatch) -> list[int]:
+    """A one-item list counting the outermost ``Mask.lower`` calls from now on (a spy on
+    every mask class's ``lower``; an AND lowering its parts is one lowering, not three)."""
+    from exactattn import masks
+
+    classes, todo = [], [masks.Mask]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo.extend(cls.__subclasses__())
+    count, depth = [0], [0]
+    for cls in (c for c in classes if "lower" in vars(c)):
+        original = vars(cls)["lower"]
+
+        def spy(self, geometry, _original=original):
+            count[0] += depth[0] == 0
+            depth[0] += 1
+            try:
+                return _original(self, geometry)
+            finally:
+                depth[0] -= 1
+
+        monkeypatch.setattr(cls, "lower", spy)
+    return count

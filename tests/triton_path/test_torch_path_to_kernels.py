@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import exactattn.torch as eat
+from exactattn import masks
+from tests.torch_path.helpers import count_lowerings
 
 from .score_spec import U_ACC, UNIT_ROUNDOFF, allowed_pairs, expected
 from .test_score_mod import make_bias, make_inputs
@@ -50,3 +52,14 @@ def test_bias_and_softcap_reach_the_kernels_and_agree_with_the_definition(bias, 
             err = (x.double() - want.double())[finite].abs().max().item()
             bound = scale * max(1.0, want[finite].abs().max().item())
             assert err <= bound, f"{impl} {name}: error {err:.3g} > {bound:.3g}"
+
+
+def test_the_kernel_dispatch_reads_the_one_lowered_band(monkeypatch):
+    """Choosing the kernels takes the call's one lowering of its mask, forward and reverse."""
+    q, k, v, g = make_inputs((B, H, NQ, D), (B, H_KV, NK, D), D, torch.float32, "cpu")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    lowerings = count_lowerings(monkeypatch)
+    mask = masks.sliding_window(5, 0, "bottom-right")
+    y = eat.attention(*leaves, mask=mask, enable_gqa=True, impl="triton")
+    y.backward(g)
+    assert lowerings == [1]
