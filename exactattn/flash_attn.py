@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from . import paged, varlen
-from .torch.partials import attention_with_lse
+from .torch.partials import attention_with_lse, merge_partials
 
 SEED_RANGE = 1 << 62
 
@@ -69,8 +69,8 @@ def _unsupported(**arguments: Any) -> None:
     for name, value in arguments.items():
         if value is not None:
             raise NotImplementedError(
-                f"{name} is not supported by exactattn.flash_attn (rotary embeddings and left "
-                f"padding are out of scope); apply it before the call and pass {name}=None"
+                f"{name} is not supported by exactattn.flash_attn (rotary embeddings, left "
+                f"padding and preallocated outputs are out of scope); pass {name}=None"
             )
 
 
@@ -216,3 +216,24 @@ def flash_attn_with_kvcache(
     )  # fmt: skip
     out = out.reshape(batch, n_q, *out.shape[1:])
     return _result(out, lse.reshape(-1, batch, n_q).swapaxes(0, 1), return_softmax_lse, False)
+
+
+def flash_attn_combine(
+    out_partial, lse_partial, out=None, out_dtype=None, cu_seqlens=None, seqused=None,
+    virtual_batch_idx=None, return_lse=True,
+):  # fmt: skip
+    """FA4's combine of split-KV partials (``flash_attn.cute.flash_attn_combine``), exact:
+    ``out_partial (num_splits, B, n, H, d)`` (or ``(num_splits, total_q, H, d)``) and
+    ``lse_partial (num_splits, B, n, H)`` (natural log) → ``(out (B, n, H, d), lse
+    (B, n, H))``, the fold of ⋆ (:func:`exactattn.merge.merge_partials`); differentiable."""
+    _unsupported(out=out, cu_seqlens=cu_seqlens, seqused=seqused,
+                 virtual_batch_idx=virtual_batch_idx)  # fmt: skip
+    if out_partial.dim() not in (4, 5) or tuple(lse_partial.shape) != tuple(out_partial.shape[:-1]):
+        raise ValueError(
+            f"out_partial {tuple(out_partial.shape)} and lse_partial {tuple(lse_partial.shape)}: "
+            "give (num_splits, batch, seqlen, heads, dim) and (num_splits, batch, seqlen, heads)"
+        )
+    partials = [(out_partial[t], lse_partial[t]) for t in range(out_partial.shape[0])]
+    y, lse = merge_partials(partials)
+    y = y.to(out_dtype or out_partial.dtype)
+    return (y, lse) if return_lse else (y, None)

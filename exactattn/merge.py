@@ -124,10 +124,10 @@ def merge_partials(
     check_lse_base(lse_base)
     pairs = _check_partials(partials)
     _check_shapes(pairs)
-    named = []
-    for t, part in enumerate(pairs):
-        arrays = (part.m, part.l, part.z) if isinstance(part, Summary) else part
-        named += [(f"partials[{t}][{r}]", x) for r, x in enumerate(arrays)]
+    # the values pick the number system; lse, m and ℓ are statistics, read in its compute type
+    named = [
+        (f"partials[{t}]", p.z if isinstance(p, Summary) else p[0]) for t, p in enumerate(pairs)
+    ]
     ctx = resolve_backend(backend, *named)
     with ctx.scope():
         summaries = []
@@ -136,7 +136,7 @@ def merge_partials(
                 m, l, z = (ctx.as_compute(x) for x in (part.m, part.l, part.z))
                 summaries.append(Summary(m, l, z))
             else:
-                y, lse = ctx.as_compute(part[0]), ctx.as_compute(part[1])
+                y, lse = ctx.compute(ctx.asarray(part[0])), ctx.as_compute(part[1])
                 summaries.append(partial_summary(ctx, y, _natural(ctx, lse, lse_base)))
         y, lse = result(ctx, fold(ctx, summaries))
         return ctx.output(y), _in_base(ctx, lse, lse_base)

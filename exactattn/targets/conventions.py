@@ -632,8 +632,10 @@ class Xformers(Convention):
 def conventions() -> dict[str, Convention]:
     """Every calling convention by name."""
     from .flex import Flex
+    from .interfaces import CONVENTIONS as INTERFACES
 
-    return {c.name: c for c in (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex())}
+    own = (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex())
+    return {c.name: c for c in (*own, *INTERFACES)}
 
 
 USER_CONVENTIONS = ("sdpa", "flash", "exactattn", "hf")
