@@ -19,6 +19,8 @@ the interface, so the case's certified reference judges the result unchanged:
   v), lse_partial (S, B, n, H))``, xformers' ``merge_attentions(attn_split (S, B, n, H, v),
   lse_split (S, B, H, n))``, FlashInfer's ``merge_state(v_a, s_a, v_b, s_b)`` (``(n, H, v)``,
   ``(n, H)``, lse in base 2, folded over the parts). Forward only.
+* ``exactattn-sinks``: a sink-capable attention returning ``(y, lse)``
+  (:class:`Sinks`: the sink given and taken out again). Forward only.
 
 :class:`InterfaceDraw` is the one place the interface parameters of a case live (the number
 of splits, the page size, the page order): derived from the case's contents, so a replayed
@@ -50,6 +52,7 @@ from .conventions import (
 
 PAGE_SIZES = (1, 2, 3, 5, 16)
 LOG2_E = 1 / math.log(2)
+MAX_SINK_SCORE = 4.0  # larger scores put the sink's rounding beyond a sink-free case's budget
 
 
 @dataclass(frozen=True)
@@ -144,9 +147,14 @@ class FlashVarlen(_Flash):
         cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
         want_lse = target.caps.lse is True
         result = fn(
-            *views, cu_q, cu_k.to(device), n["n_q"], int(lengths.max(initial=0)),
-            return_attn_probs=want_lse, **_flash_kwargs(case, device),
-        )  # fmt: skip
+            *views,
+            cu_q,
+            cu_k.to(device),
+            n["n_q"],
+            int(lengths.max(initial=0)),
+            return_attn_probs=want_lse,
+            **_flash_kwargs(case, device),
+        )
         y = result[0] if isinstance(result, (tuple, list)) else result
         dense_y = to_numpy("y", y, (B * n["n_q"], H, n["v"])).reshape(B, n["n_q"], H, n["v"])
         out = {"y": dense_y.transpose(0, 2, 1, 3).reshape(held["g"].shape), "_dtype": dtype_name(y)}
@@ -196,11 +204,14 @@ class FlashKvcache(_Flash):
         q = tensor(bnhd["q"], case.dtype, device, case.layout, False)
         want_lse = target.caps.lse is True
         result = fn(
-            q, caches["k"], caches["v"],
+            q,
+            caches["k"],
+            caches["v"],
             cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=device),
             block_table=torch.tensor(table, dtype=torch.int32, device=device),
-            return_softmax_lse=want_lse, **_flash_kwargs(case, device),
-        )  # fmt: skip
+            return_softmax_lse=want_lse,
+            **_flash_kwargs(case, device),
+        )
         y = result[0] if isinstance(result, (tuple, list)) else result
         dense_y = to_numpy("y", y, (B, n["n_q"], H, n["v"])).transpose(0, 2, 1, 3)
         out = {"y": dense_y.reshape(held["g"].shape), "_dtype": dtype_name(y)}
@@ -220,10 +231,18 @@ def partials(case: Case, held: dict[str, np.ndarray], splits: int) -> list[tuple
     out = []
     for start, stop in itertools.pairwise(edges):
         y, stats = api.attention(
-            held["q"], held["k"], held["v"], scale=case.c(), mask=case.allowed(),
-            bias=held.get("bias"), softcap=case.softcap, enable_gqa=case.group > 1,
-            key_range=(int(start), int(stop)), check_finite=False, return_stats=True,
-        )  # fmt: skip
+            held["q"],
+            held["k"],
+            held["v"],
+            scale=case.c(),
+            mask=case.allowed(),
+            bias=held.get("bias"),
+            softcap=case.softcap,
+            enable_gqa=case.group > 1,
+            key_range=(int(start), int(stop)),
+            check_finite=False,
+            return_stats=True,
+        )
         out.append((y, stats.lse))
     return out
 
@@ -247,8 +266,11 @@ class _Merge(Convention):
         ys = np.stack([y.reshape(B, H, n["n_q"], n["v"]) for y, _ in parts])
         lses = np.stack([lse.reshape(B, H, n["n_q"]) for _, lse in parts])
         dtype = getattr(torch, case.dtype)
-        y, lse = self.merge(target.load(), torch.from_numpy(ys).to(dtype).to(device),
-                            torch.from_numpy(lses).float().to(device))  # fmt: skip
+        y, lse = self.merge(
+            target.load(),
+            torch.from_numpy(ys).to(dtype).to(device),
+            torch.from_numpy(lses).float().to(device),
+        )
         out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
         out["y"] = out["y"].reshape(held["g"].shape)
         if target.caps.lse is True:
@@ -296,6 +318,89 @@ class FlashinferMerge(_Merge):
         return torch.stack(y_out), torch.stack(lse_out)
 
 
-CONVENTIONS = (FlashVarlen(), FlashKvcache(), Fa4Combine(), XformersMerge(), FlashinferMerge())
+class Sinks(Convention):
+    """A sink-capable attention ``fn(q, k, v, *, sinks, scale, mask, bias, softcap,
+    enable_gqa, empty_rows) -> (y, lse)`` on ``(B, H, n, ·)`` tensors, as
+    :func:`exactattn.torch.attention_with_lse` (FA4's ``learnable_sink``, gpt-oss).
+
+    The case has no sink, so the convention gives the target one and takes it out again: with
+    ``σ_h`` two below the head's smallest lse (from a float64 run, so ``p_σ = e^{σ−lse} ≤
+    e^{−2}`` in every row), the target's ``(y, lse)`` give the case's as
+    ``y·(1 + e^{σ−lse₆₄})`` (``lse₆₄`` from that float64 run: the target's rounded lse would
+    move the factor by ``u·|lse|``) and ``lse + log(1 − e^{σ−lse})`` with the target's lse.
+    A sink in the numerator, a sink missing from the lse or the wrong head's sink leave an
+    error of order ``p_σ``.
+    """
+
+    name = "exactattn-sinks"
+
+    def unsupported(self, target, case, device, grads):
+        if case.dropout_p or case.score_mod is not None:
+            return "the sink convention runs without dropout and user score_mods"
+        scores = case.c() * np.einsum("...id,...jd->...ij", case.q, np.repeat(
+            case.k, case.group, axis=-3) if case.group > 1 else case.k)  # fmt: skip
+        if np.abs(scores).max(initial=0) > MAX_SINK_SCORE:
+            return (
+                f"scores beyond ±{MAX_SINK_SCORE}: the sink's own rounding (u·|σ − m|) is "
+                "outside the case's error budget, which has no sink term"
+            )
+        return None
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        from .. import api
+
+        fn = target.load()
+        B, H = lift(case.batch)
+        n = case.sizes
+        four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
+        allowed = case.allowed().reshape((*lift(case.batch), n["n_q"], n["n_k"]))
+        bias4 = case.lifted_bias(held["bias"]) if "bias" in held else None
+        keywords = dict(
+            scale=case.c(),
+            mask=allowed,
+            bias=bias4,
+            softcap=case.softcap,
+            enable_gqa=case.group > 1,
+            empty_rows="zero",
+        )
+        _, stats = api.attention(*four.values(), return_stats=True, check_finite=False, **keywords)
+        finite = np.where(np.isneginf(stats.lse), np.inf, stats.lse)
+        sigma = np.nan_to_num(finite.min(axis=(0, 2)) - 2, posinf=0.0)  # (H,)
+        sinks = torch.from_numpy(sigma).to(getattr(torch, case.dtype))
+        sigma = sinks.double().numpy()  # the sink as the target holds it
+        views = [tensor(four[x], case.dtype, device, case.layout, False) for x in "qkv"]
+        as_tensor = {"mask": torch.from_numpy(allowed.copy()).to(device)}
+        if bias4 is not None:
+            as_tensor["bias"] = torch.from_numpy(bias4.copy()).to(getattr(torch, case.dtype))
+        y, lse = fn(
+            *views,
+            sinks=torch.from_numpy(sigma).to(getattr(torch, case.dtype)),
+            **{**keywords, **as_tensor},
+        )
+        y_np = to_numpy("y", y, (B, H, n["n_q"], n["v"]))
+        lse_np = to_numpy("lse", lse, (B, H, n["n_q"]))
+        empty = np.isneginf(stats.lse)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            # y: through the float64 lse (the target's, rounded, would move p_σ by u·|lse|)
+            rescale = 1 + np.exp(sigma[None, :, None] - stats.lse.reshape(lse_np.shape))
+            y_case = np.where(empty[..., None], 0.0, y_np * rescale[..., None])
+            p_sink = np.exp(sigma[None, :, None] - lse_np)  # the target's own lse, judged
+            lse_case = np.where(empty, -np.inf, lse_np + np.log1p(-p_sink))
+        out = {"y": y_case.reshape(held["g"].shape), "_dtype": dtype_name(y)}
+        if target.caps.lse is True:
+            out["lse"] = lse_case.reshape(held["g"].shape[:-1])
+        return out
+
+
+CONVENTIONS = (
+    FlashVarlen(),
+    FlashKvcache(),
+    Fa4Combine(),
+    XformersMerge(),
+    FlashinferMerge(),
+    Sinks(),
+)
 NAMES = tuple(c.name for c in CONVENTIONS)
 FORWARD_ONLY = NAMES[1:]  # what they return has no gradient with respect to q, k, v

@@ -62,3 +62,10 @@ def combine_without_max(out_partial, lse_partial, **kw):
 def flashinfer_natural_lse(v_a, s_a, v_b, s_b):
     """FlashInfer's ``merge_state`` reading its base-2 lse as natural."""
     return et.merge_partials([(v_a, s_a), (v_b, s_b)])
+
+
+def sink_in_numerator(q, k, v, *, sinks, **kw):
+    """Attention with sinks whose sink also enters the numerator (its value 1, not 0)."""
+    y, lse = et.attention_with_lse(q, k, v, sinks=sinks, **kw)
+    p_sink = torch.exp(sinks[None, :, None].to(lse.dtype) - lse)
+    return y + p_sink[..., None].to(y.dtype), lse

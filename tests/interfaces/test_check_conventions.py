@@ -8,6 +8,7 @@ from tests.optional import requires
 
 requires("torch")
 
+import exactattn.torch as et
 from exactattn import flash_attn as fa
 from exactattn.testing import assert_attention_close
 
@@ -23,12 +24,14 @@ CORRECT = {
     "fa4-combine": (fa.flash_attn_combine, MERGE),
     "xformers-merge": (broken.xformers_merge_attentions, MERGE),
     "flashinfer-merge": (broken.flashinfer_merge_state, MERGE),
+    "exactattn-sinks": (et.attention_with_lse, MERGE),
 }
 BROKEN = {  # name -> (convention, supports, what the counterexample names)
     "varlen_wrong_offset": ("flash-varlen", FLASH, "y"),
     "kvcache_wrong_page": ("flash-kvcache", FLASH, "y"),
     "combine_without_max": ("fa4-combine", MERGE, ""),
     "flashinfer_natural_lse": ("flashinfer-merge", MERGE, ""),
+    "sink_in_numerator": ("exactattn-sinks", MERGE, "y"),
 }
 
 
