@@ -56,6 +56,7 @@ def test_exactattn_passes(convention):
     assert sum(c["ok"] for c in result.report.counts.values()) >= 10
 
 
+@pytest.mark.slow  # 200 drawn cases and the shrinking of the counterexample: ~10-60 s each
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_broken_copy_is_caught(name):
