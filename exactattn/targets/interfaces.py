@@ -124,6 +124,11 @@ class _Flash(Convention):
         B, _ = lift(case.batch)
         reason = _key_lengths(case, B)[1]
         if reason is None and case.bias is not None:
+            if case.mask["kind"] == "padding":
+                return (
+                    "flash-attn aligns ALiBi to each sequence's own key length; the padded "
+                    "case aligns it to n_k"
+                )
             return flash_alibi(case)
         return reason
 
