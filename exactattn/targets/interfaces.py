@@ -305,7 +305,7 @@ class XformersMerge(_Merge):
 
 class FlashinferMerge(_Merge):
     """FlashInfer's ``merge_state``: ``(n, H, v)`` and base-2 ``(n, H)``, one batch element and
-    two states per call (folded over the parts)."""
+    two states per call (folded over the parts, in float32)."""
 
     name = "flashinfer-merge"
 
@@ -313,6 +313,7 @@ class FlashinferMerge(_Merge):
         import torch
 
         S, B = ys.shape[:2]
+        dtype, ys = ys.dtype, ys.float()  # exact; else every step would round to the dtype
         y_out, lse_out = [], []
         for b in range(B):
             v, s = ys[0, b].transpose(0, 1), lses[0, b].transpose(0, 1) * LOG2_E
@@ -320,7 +321,7 @@ class FlashinferMerge(_Merge):
                 v, s = fn(v, s, ys[t, b].transpose(0, 1), lses[t, b].transpose(0, 1) * LOG2_E)
             y_out.append(v.transpose(0, 1))
             lse_out.append(s.transpose(0, 1) / LOG2_E)
-        return torch.stack(y_out), torch.stack(lse_out)
+        return torch.stack(y_out).to(dtype), torch.stack(lse_out)
 
 
 class Sinks(Convention):
