@@ -17,6 +17,9 @@ from .api import (
     self_attention_backward,
 )
 from .backends import MpmathContext, NumpyContext, SympyContext, backend_of
+from .merge import merge_partials
+from .paged import paged_attention
+from .varlen import varlen_attention, varlen_attention_backward
 
 __all__ = [
     "MpmathContext",
@@ -28,8 +31,12 @@ __all__ = [
     "backend_of",
     "flash_attention",
     "masks",
+    "merge_partials",
     "naive_attention",
     "naive_attention_backward",
+    "paged_attention",
     "self_attention",
     "self_attention_backward",
+    "varlen_attention",
+    "varlen_attention_backward",
 ]

@@ -283,6 +283,7 @@ def forward(
     row_block: int | None = None,
     score_mod: ScoreMod | None = None,
     enable_gqa: bool = False,
+    initial: Summary | None = None,
 ) -> tuple[Array, Summary]:
     """Fold ``⋆`` over the key blocks: returns ``Y`` (compute type) and the final summary.
 
@@ -290,7 +291,9 @@ def forward(
     (..., n_k, v); leading dims broadcast. ``dropout`` is ``None`` or an object with
     ``factors(ctx, flat_index, i, j) -> ρ`` tile. ``row_block``: see :func:`tiles`.
     ``score_mod``: the score modifications. The summary's ``m, ℓ`` have shape (*batch, n_q)
-    (with GQA, the ``H`` query heads in order).
+    (with GQA, the ``H`` query heads in order). ``initial``: the summary each row starts
+    from, in the logical layout (default ⊥; an attention sink ``σ_h`` is ``(σ_h, 1, 0)``,
+    one more term of the denominator, :mod:`exactattn.sinks`).
     """
     geometry = geometry_of(q, k, v, enable_gqa)
     q, k, v = grouped(geometry, ctx.compute(q), ctx.compute(k), ctx.compute(v))
@@ -300,6 +303,9 @@ def forward(
         ctx.zeros(rows_shape),
         ctx.zeros((*rows_shape, v.shape[-1])),
     )
+    if initial is not None:  # shaped like the result's summary
+        for name in ("m", "l", "z"):
+            getattr(state, name)[...] = _tile_layout(geometry, getattr(initial, name))
     flat_index = geometry.flat_index(ctx) if dropout is not None else None
     for tile in tiles(ctx, mask, geometry, block_size, row_block, edge_first=True):
         rows, cols = tile.rows, tile.cols
@@ -352,6 +358,7 @@ def backward(
     score_mod: ScoreMod | None = None,
     enable_gqa: bool = False,
     mod_grads: dict[str, Array] | None = None,
+    grad_lse: Array | None = None,
 ) -> tuple[Array, Array, Array]:
     """The block-recomputed VJP: ``(dQ, dK, dV)`` in the compute type, shaped like q, k, v.
 
@@ -359,12 +366,16 @@ def backward(
     ``y`` is the forward's output and ``g`` the upstream gradient ``G``. Gradients of the
     score modifications' parameters (a bias array's ``∂L/∂B = γ``) are added into the
     arrays of ``mod_grads`` (name → array shaped like the parameter), when given.
+    ``grad_lse`` (shape of ``m``): an upstream gradient of ``lse`` too; since
+    ``∂lse_i/∂s_ij = p_ij`` it enters as ``γ_ij = p_ij (dP_ij − (δ_i − ∂L/∂lse_i))``.
     """
     geometry = geometry_of(q, k, v, enable_gqa)
     q_shape, k_shape, v_shape = tuple(q.shape), tuple(k.shape), tuple(v.shape)
     q, k, v = grouped(geometry, ctx.compute(q), ctx.compute(k), ctx.compute(v))
     g, y, m, l = (_tile_layout(geometry, x) for x in (ctx.compute(g), ctx.compute(y), m, l))
     delta = softmax_delta(ctx, g, y)
+    if grad_lse is not None:
+        delta = delta - _tile_layout(geometry, ctx.compute(grad_lse))
     dq = ctx.zeros((*geometry.tile_batch, geometry.n_q, q.shape[-1]))
     dk = ctx.zeros(tuple(k.shape))
     dv = ctx.zeros(tuple(v.shape))

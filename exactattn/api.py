@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import algorithm, calls, reference, validation
+from . import algorithm, calls, reference, sinks, validation
 from .backends import resolve_backend
 from .backends.base import Array, ArrayContext
 from .calls import Call
 from .dropout import make_dropout
+from .masks import as_mask, key_range
 from .scores import bias as as_bias
 from .scores import chain, score_fn
 from .scores import softcap as as_softcap
@@ -83,24 +84,31 @@ def _forward(call: Call, run: Any) -> tuple[Array, Stats]:
     return ctx.output(y), Stats(m, l, algorithm.log_sum_exp(ctx, m, l))
 
 
-def _tiled_forward(call: Call) -> tuple[Array, Array, Array]:
+def _tiled_forward(call: Call, sink: Array | None = None) -> tuple[Array, Array, Array]:
     a = call.arrays
+    initial = None
+    if sink is not None:  # each row starts at the sink's summary (σ_h, 1, 0) instead of ⊥
+        initial = sinks.initial_summary(call.ctx, sink, call.geometry, a["v"].shape[-1])
     y, state = algorithm.forward(
-        call.ctx, a["q"], a["k"], a["v"], block_size=call.block_size, **call.keywords()
-    )
+        call.ctx, a["q"], a["k"], a["v"], block_size=call.block_size, initial=initial,
+        **call.keywords(),
+    )  # fmt: skip
     return y, state.m, state.l
 
 
-def _naive_forward(call: Call) -> tuple[Array, Array, Array]:
+def _naive_forward(call: Call, sink: Array | None = None) -> tuple[Array, Array, Array]:
     a = call.arrays
-    return reference.naive_forward(call.ctx, a["q"], a["k"], a["v"], **call.keywords())
+    y, m, l = reference.naive_forward(call.ctx, a["q"], a["k"], a["v"], **call.keywords())
+    return (y, m, l) if sink is None else sinks.add_sinks(call.ctx, y, m, l, sink)
 
 
-def _tiled_backward(call: Call, m: Array, l: Array, grads: dict) -> tuple[Array, Array, Array]:
+def _tiled_backward(
+    call: Call, m: Array, l: Array, grads: dict, grad_lse: Array | None = None
+) -> tuple[Array, Array, Array]:
     a = call.arrays
     return algorithm.backward(
         call.ctx, a["q"], a["k"], a["v"], a["y"], m, l, a["grad_y"],
-        block_size=call.block_size, mod_grads=grads, **call.keywords(),
+        block_size=call.block_size, mod_grads=grads, grad_lse=grad_lse, **call.keywords(),
     )  # fmt: skip
 
 
@@ -147,6 +155,8 @@ _DEFAULTS = dict(
     backend=None,
     empty_rows="error",
     check_finite=True,
+    sinks=None,
+    key_range=None,
 )
 
 
@@ -168,6 +178,8 @@ def attention(
     backend: Any = None,
     empty_rows: str = "error",
     check_finite: bool = True,
+    sinks: Any = None,
+    key_range: tuple[int, int] | None = None,
 ) -> Any:
     """Exact tiled softmax attention ``Y_i = Σ_{j∈A_i} softmax_j(s_ij) V_j``.
 
@@ -185,7 +197,13 @@ def attention(
     ``mask_mod(b, h, i, j)`` or a torch ``BlockMask``. ``dropout_p > 0`` needs ``seed``.
     Returns ``y`` or ``(y, stats)`` with ``stats.m``, ``stats.l``, ``stats.lse``.
     ``empty_rows='zero'`` gives ``y = 0`` and ``lse = −∞`` for rows with no allowed key
-    (default: ``ValueError``).
+    (default: ``ValueError``). ``sinks``: one logit ``σ_h`` per query head, shape ``(H,)``,
+    added to the softmax's denominator only (:mod:`exactattn.sinks`; a row with no allowed
+    key then has ``y = 0``, ``lse = σ_h``). ``key_range=(start, stop)``: attend to keys
+    ``start..stop−1`` only, at their positions in ``k`` (masks keep their alignment): the
+    partial result of one part of a split, to merge with
+    :func:`exactattn.merge_partials`; rows with no allowed key in the range are the empty
+    partial ``y = 0, lse = −∞``.
     """
     keywords = dict(
         block_size=block_size,
@@ -200,6 +218,8 @@ def attention(
         backend=backend,
         empty_rows=empty_rows,
         check_finite=check_finite,
+        sinks=sinks,
+        key_range=key_range,
     )
     y, stats = _call_forward({"q": q, "k": k, "v": v}, keywords, _tiled_forward)
     return (y, stats) if return_stats else y
@@ -214,16 +234,20 @@ def attention_backward(
     grad_y: Any,
     *,
     bias_grad: bool = False,
+    grad_lse: Any = None,
     **keywords: Any,
 ) -> tuple[Array, ...]:
     """The block-recomputed VJP ``(dq, dk, dv)`` of :func:`attention` at ``grad_y``.
 
     Takes the forward's ``y`` and ``stats`` and the same keywords as :func:`attention`.
     ``bias_grad=True`` (with a bias array) also returns ``dbias = ∂L/∂bias``, shaped like
-    the bias: ``(dq, dk, dv, dbias)``.
+    the bias: ``(dq, dk, dv, dbias)``. With ``sinks`` (and the forward's stats, which
+    include the sink) ``dsinks = ∂L/∂σ`` comes last: ``(dq, dk, dv[, dbias], dsinks)``.
+    ``grad_lse`` (shaped like ``stats.lse``): an upstream gradient of the lse as well (the
+    lse of a partial result feeds a merge).
     """
     inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
-    return _call_backward(inputs, stats, keywords, _tiled_backward, bias_grad)
+    return _call_backward(inputs, stats, keywords, _tiled_backward, bias_grad, grad_lse)
 
 
 def naive_attention(q: Any, k: Any, v: Any, *, return_stats: bool = False, **keywords: Any):
@@ -269,20 +293,58 @@ def _call_forward(
 ) -> tuple[Array, Stats]:
     """Resolve the context, then check, convert and run inside its precision scope."""
     ctx, keywords = _context(inputs, keywords)
+    sink, keywords = _interfaces(keywords)
     with ctx.scope():
-        return _forward(_prepare(ctx, inputs, **keywords), run)
+        call = _prepare(ctx, inputs, **keywords)
+        sink = (
+            None if sink is None else sinks.check_sinks(ctx, sink, call.geometry, call.check_finite)
+        )
+        return _forward(call, lambda call: run(call, sink))
 
 
 def _call_backward(
-    inputs: dict[str, Any], stats: Stats, keywords: dict[str, Any], run: Any, bias_grad: bool
+    inputs: dict[str, Any],
+    stats: Stats,
+    keywords: dict[str, Any],
+    run: Any,
+    bias_grad: bool,
+    grad_lse: Any = None,
 ) -> tuple[Array, ...]:
     ctx, keywords = _context(inputs, keywords)
+    sink, keywords = _interfaces(keywords)
     with ctx.scope():
         call = _prepare(ctx, inputs, **keywords)
         m, l = _check_backward_inputs(call, stats)
         mod_grads = _bias_gradient(call) if bias_grad else {}
-        dq, dk, dv = run(call, m, l, mod_grads)
-        return _finish_backward(call, {"dq": dq, "dk": dk, "dv": dv, **mod_grads})
+        if grad_lse is not None:  # a statistic's gradient: the compute type, like stats.m
+            grad_lse = ctx.as_compute(grad_lse)
+            validation.check_same_shape("grad_lse", grad_lse, tuple(m.shape))
+            dq, dk, dv = run(call, m, l, mod_grads, grad_lse)
+        else:
+            dq, dk, dv = run(call, m, l, mod_grads)
+        grads = {"dq": dq, "dk": dk, "dv": dv, **mod_grads}
+        if sink is not None:
+            sink = sinks.check_sinks(ctx, sink, call.geometry, call.check_finite)
+            a = call.arrays
+            grads["dsinks"] = sinks.sink_gradient(ctx, sink, a["y"], a["grad_y"], m, l, grad_lse)
+        return _finish_backward(call, grads)
+
+
+def _interfaces(keywords: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Take ``sinks`` out of the keywords and turn ``key_range`` into the mask it is.
+
+    A key range is one more mask, ANDed with the caller's; its rows with no key in the range
+    are the empty partial (``empty_rows='zero'``), which is what a split needs.
+    """
+    keywords = dict(keywords)
+    sink, part = keywords.pop("sinks"), keywords.pop("key_range")
+    if part is not None:
+        if not (isinstance(part, (tuple, list)) and len(part) == 2):
+            raise TypeError(f"key_range must be a (start, stop) pair; got {part!r}")
+        mask = as_mask(keywords["mask"])
+        keywords["mask"] = key_range(*part) if mask is None else key_range(*part) & mask
+        keywords["empty_rows"] = "zero"
+    return sink, keywords
 
 
 def _bias_gradient(call: Call) -> dict[str, Array]:

@@ -890,3 +890,57 @@ def ratio(error: Any, bound: Any) -> float:
         r = np.where(e == 0, 0.0, e / b)
     r = np.where(np.isfinite(e), r, np.inf)
     return float(np.max(np.where(np.isnan(r), np.inf, r)))
+
+
+# --- merging partial results, and the sink term -------------------------------------------
+def merge_bounds(
+    partials: list[tuple[Any, Any]], u: float, funcs: float = 1.0
+) -> dict[str, np.ndarray]:
+    """Bounds on ``|computed − exact|`` of :func:`exactattn.merge_partials` run in an
+    arithmetic of unit roundoff ``u`` (elementary functions within ``funcs`` units), from the
+    partials ``(y_t, lse_t)`` exactly as held (natural lse; ``y_t (..., v)``, ``lse_t (...)``).
+
+    The fold of ``⋆`` multiplies term ``t``'s weight ``w_t = e^{lse_t − M}`` (``M = max_t
+    lse_t``) by the rescales on its way; their arguments telescope to ``lse_t − M``, each
+    argument rounded ``EXP_ARG_ROUNDINGS`` times, and each of the ``≤ S`` steps adds an
+    exponential, a product and a sum, so both ``z`` and ``ℓ`` carry term ``t`` with a
+    relative perturbation within the budget ``β_t = 3ū(M − lse_t) + S(funcs + 2)ū``. Then
+    ``|Δy| ≤ Σ_t ŵ_t (e^{β_t} − 1)(|y_t| + |y|) / (1 − (e^{β̂} − 1)) + ū|y|`` (``ŵ_t`` the
+    exact normalised weights, ``β̂ = max_t β_t``; the division's rounding last) and
+    ``|Δlse| ≤ β̂ + funcs·ū·|log ℓ| + ū|lse|`` (``ℓ`` perturbed by at most ``e^{±β̂}``, the
+    log and the sum ``M + log ℓ`` rounded once each). Parts at ``lse = −∞`` contribute
+    nothing; a row with every part empty has bound 0 (the merge returns exactly ``(0, −∞)``).
+    """
+    ub = u / (1 - u)
+    ys = np.stack([np.asarray(y, dtype=np.float64) for y, _ in partials])
+    lses = np.stack([np.asarray(lse, dtype=np.float64) for _, lse in partials])
+    steps = len(partials)
+    top = lses.max(axis=0)
+    empty = np.isneginf(top)
+    shift = np.where(empty, 0.0, top)
+    with np.errstate(invalid="ignore"):
+        weights = np.exp(lses - shift)  # e^{lse_t − M} ≤ 1
+        total = weights.sum(axis=0)
+        norm = np.where(empty, 0.0, weights / np.where(empty, 1.0, total))
+        y = np.where(empty[..., None], 0.0, (norm[..., None] * ys).sum(axis=0))
+        gap = np.where(np.isneginf(lses), 0.0, shift - lses)
+    beta = EXP_ARG_ROUNDINGS * ub * gap + steps * (funcs + 2) * ub
+    worst = np.where(norm > 0, beta, 0.0).max(axis=0)
+    grow = np.expm1(beta)[..., None] * (np.abs(ys) + np.abs(y))
+    denominator = 1 - np.expm1(worst)[..., None]
+    dy = (norm[..., None] * grow).sum(axis=0) / denominator + ub * np.abs(y)
+    log_l = np.log(np.where(empty, 1.0, total))
+    lse = shift + log_l
+    dlse = worst + funcs * ub * np.abs(log_l) + ub * np.abs(lse)
+    return {"y": np.where(empty[..., None], 0.0, dy), "lse": np.where(empty, 0.0, dlse)}
+
+
+def sink_bounds(y: Any, lse: Any, sinks: Any, u: float, funcs: float = 1.0) -> dict[str, Any]:
+    """The sink term's share: the bounds of merging a result ``(y, lse)`` (``(*batch, H, n,
+    v)``, ``(*batch, H, n)``) held exactly with each head's sink ``(0, σ_h)``, the partial the
+    sink is (:mod:`exactattn.sinks`), in unit roundoff ``u``."""
+    lse = np.asarray(lse, dtype=np.float64)
+    sink = np.broadcast_to(np.asarray(sinks, dtype=np.float64)[:, None], lse.shape)
+    return merge_bounds(
+        [(y, lse), (np.zeros_like(np.asarray(y, dtype=np.float64)), sink)], u, funcs
+    )

@@ -969,3 +969,119 @@ def create_mask(mask: Any, geometry: Geometry, ctx: Any = None) -> Any:
         return ctx.broadcast_to(ctx.index(0, 1) >= 0, shape)
     index = tile_index(ctx, geometry, range(geometry.n_q), range(geometry.n_k))
     return ctx.broadcast_to(mask.adopt(ctx).allowed(index, geometry), shape)
+
+
+# --- key ranges and packed sequences (split-KV partials, variable-length batches) ----------
+@dataclass(frozen=True)
+class KeyRange(Mask):
+    """Allowed iff ``start ≤ j < stop``: one part of a split of the keys (a partial result).
+
+    Tiles outside the range are EMPTY (never computed), tiles inside it FULL.
+    """
+
+    start: int
+    stop: int
+
+    def validate(self, geometry: Geometry) -> None:
+        if not 0 <= self.start <= self.stop <= geometry.n_k:
+            raise ValueError(
+                f"key_range ({self.start}, {self.stop}) must satisfy 0 <= start <= stop <= "
+                f"n_k = {geometry.n_k}"
+            )
+
+    def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:
+        return (j >= self.start) & (j < self.stop) & (i >= 0)
+
+    def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
+        if cols.stop <= self.start or cols.start >= self.stop:
+            return TileKind.EMPTY
+        if self.start <= cols.start and cols.stop <= self.stop:
+            return TileKind.FULL
+        return TileKind.PARTIAL
+
+    def row_span(self, cols: range, geometry: Geometry) -> range:
+        empty = cols.stop <= self.start or cols.start >= self.stop
+        return range(0, 0 if empty else geometry.n_q)
+
+
+def key_range(start: Any, stop: Any) -> KeyRange:
+    """Keys ``start..stop−1`` only (positions keep their place, so masks still align)."""
+    for name, value in (("start", start), ("stop", stop)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"key_range {name} must be an integer; got {value!r}")
+    return KeyRange(int(start), int(stop))
+
+
+def sequence_ids(cu_seqlens: np.ndarray) -> np.ndarray:
+    """The sequence ``s`` of every packed position ``p``: ``cu[s] ≤ p < cu[s+1]``."""
+    positions = np.arange(int(cu_seqlens[-1]))
+    return np.searchsorted(cu_seqlens, positions, side="right") - 1
+
+
+class PackedSequences(Mask):
+    """Sequences packed along the position axis, each attending only to itself.
+
+    Query ``i`` of sequence ``s`` (``cu_q[s] ≤ i < cu_q[s+1]``) may see key ``j`` iff ``j``
+    belongs to ``s`` (``cu_k[s] ≤ j < cu_k[s+1]``) and the window allows the local positions
+    ``i' = i − cu_q[s]``, ``j' = j − cu_k[s]``, aligned bottom-right per sequence as
+    flash-attn's varlen functions do: ``i' + o_s − left ≤ j' ≤ i' + o_s + right`` with
+    ``o_s = len_k(s) − len_q(s)`` (``None``: that side unbounded; causal is
+    ``right = 0``). The index maps are per-position arrays: ``query_seq[i] = s``,
+    ``query_pos[i] = i' + o_s`` and ``key_seq[j] = s``, ``key_pos[j] = j'``.
+    """
+
+    def __init__(self, cu_q: Any, cu_k: Any, left: int | None = None, right: int | None = None):
+        self.cu_q = np.asarray(cu_q, dtype=np.int64)
+        self.cu_k = np.asarray(cu_k, dtype=np.int64)
+        self.left, self.right = left, right
+        self.offsets = np.diff(self.cu_k) - np.diff(self.cu_q)
+        self._query_seq = sequence_ids(self.cu_q)
+        self._key_seq = sequence_ids(self.cu_k)
+        self._query_pos = (
+            np.arange(int(self.cu_q[-1])) - self.cu_q[self._query_seq]
+        ) + self.offsets[self._query_seq]
+        self._key_pos = np.arange(int(self.cu_k[-1])) - self.cu_k[self._key_seq]
+        self.maps = (self._query_seq, self._query_pos, self._key_seq, self._key_pos)
+
+    def adopt(self, ctx: Any) -> PackedSequences:
+        out = PackedSequences.__new__(PackedSequences)
+        out.__dict__.update(self.__dict__)
+        out.maps = tuple(ctx.adopt(x) for x in self.maps)
+        return out
+
+    def validate(self, geometry: Geometry) -> None:
+        if (geometry.n_q, geometry.n_k) != (int(self.cu_q[-1]), int(self.cu_k[-1])):
+            raise ValueError(
+                f"packed sequences cover {int(self.cu_q[-1])} queries and {int(self.cu_k[-1])} "
+                f"keys; the inputs have n_q = {geometry.n_q}, n_k = {geometry.n_k}"
+            )
+
+    def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:
+        query_seq, query_pos, key_seq, key_pos = self.maps
+        same = query_seq[i] == key_seq[j]
+        ok = window_allows(self.left, self.right, 0, query_pos[i], key_pos[j], _ARRAY_OPS)
+        return same if ok is True else same & ok
+
+    def _sequences(self, rows: range, cols: range) -> tuple[int, int, int, int]:
+        return (
+            int(self._query_seq[rows.start]),
+            int(self._query_seq[rows.stop - 1]),
+            int(self._key_seq[cols.start]),
+            int(self._key_seq[cols.stop - 1]),
+        )
+
+    def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
+        q0, q1, k0, k1 = self._sequences(rows, cols)
+        if q1 < k0 or k1 < q0:
+            return TileKind.EMPTY
+        if not q0 == q1 == k0 == k1:
+            return TileKind.PARTIAL
+        r0, r1 = rows.start - int(self.cu_q[q0]), rows.stop - int(self.cu_q[q0])
+        a, e = cols.start - int(self.cu_k[q0]), cols.stop - int(self.cu_k[q0])
+        empty, full = window_tile_kind(self.left, self.right, int(self.offsets[q0]), r0, r1, a, e)
+        return TileKind.EMPTY if empty else TileKind.FULL if full else TileKind.PARTIAL
+
+    def row_span(self, cols: range, geometry: Geometry) -> range:
+        """The queries of the sequences that own keys ``cols``."""
+        first, last = int(self._key_seq[cols.start]), int(self._key_seq[cols.stop - 1])
+        return range(int(self.cu_q[first]), int(self.cu_q[last + 1]))

@@ -37,6 +37,7 @@ from . import (
     engine,
     forward,
     general,
+    interfaces,
     monoid,
     mutants,
     mutation,
@@ -63,6 +64,7 @@ FAMILIES: dict[str, ModuleType] = {
     "smt": smt,
     "tiles": tiles,
     "dropout": dropout,
+    "interfaces": interfaces,
     "mutants": mutants,
     "reach": reach,
 }

@@ -2,11 +2,11 @@
 
 A :class:`Case` holds everything a run needs: the float64 inputs ``q, k, v`` and the
 upstream gradient ``G`` (as drawn, before any rounding to a target's dtype), block size
-``b``, scale ``c``, the mask as a spec (:mod:`exactattn.testing.spec`), dropout rate and
+``b``, scale ``c``, the mask as a spec (:mod:`exactattn.cases.spec`), dropout rate and
 seed, the empty-row policy, and for ``exactattn check`` the dtype the targets run in and
 the memory layout of the inputs; a score modification: the dense additive ``bias`` (float64,
 broadcastable to ``(*batch, n_q, n_k)``, ``−∞`` excluding a pair, with the ``score`` spec it
-was filled from, :mod:`exactattn.testing.spec`), a ``softcap``, or a user's ``score_mod``
+was filled from, :mod:`exactattn.cases.spec`), a ``softcap``, or a user's ``score_mod``
 (``module:function``). A failure written with :meth:`Case.to_json` replays on any
 machine. :func:`build_case` turns a small description (a :class:`Draw`: sizes, a mask
 template, an input distribution, a data seed) into a Case; hypothesis draws and shrinks the
@@ -123,7 +123,7 @@ class Case:
 
     def allowed(self) -> np.ndarray:
         """The allowed set as a dense ``(*batch, n_q, n_k)`` boolean array, from the spec's
-        definition (:func:`exactattn.testing.spec.allowed`, never through the library)."""
+        definition (:func:`exactattn.cases.spec.allowed`, never through the library)."""
         n = self.sizes
         return maskspec.allowed(self.mask, self.batch, n["n_q"], n["n_k"])
 
@@ -162,7 +162,7 @@ class Case:
 
     def lifted_bias(self, bias: np.ndarray | None = None) -> np.ndarray | None:
         """``bias`` (default the case's) with its batch axes lifted to the 4-d ``(B, H)``
-        layout as :func:`exactattn.testing.spec.lift` lifts the inputs' (per-head tables
+        layout as :func:`exactattn.cases.spec.lift` lifts the inputs' (per-head tables
         stay per head, a per-batch one per batch)."""
         bias = self.bias if bias is None else bias
         if bias is None:
@@ -331,7 +331,7 @@ def _fill_score(
     template: dict[str, Any], rng: np.random.Generator, batch: tuple[int, ...], n_q: int, n_k: int
 ) -> tuple[dict[str, Any], np.ndarray | None]:
     """The score template with its random parts drawn (see :class:`Draw`), and its bias
-    (from the spec's definition, :func:`exactattn.testing.spec.bias`)."""
+    (from the spec's definition, :func:`exactattn.cases.spec.bias`)."""
     spec = dict(template)
     kind = spec["kind"]
     heads = maskspec.heads(batch)

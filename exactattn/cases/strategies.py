@@ -1,4 +1,4 @@
-"""Hypothesis strategies for :class:`~exactattn.difftest.cases.Draw`: what a case may be.
+"""Hypothesis strategies for :class:`~exactattn.cases.Draw`: what a case may be.
 
 Sizes include 1 and non-powers of two, ``n_q ≠ n_k`` (cross attention) and ``v ≠ d``; the
 block size ranges from 1 to beyond ``n_k``; masks are every leaf kind (causal and sliding

@@ -14,6 +14,8 @@ from .. import loading
 from . import builtin, foreign
 from .base import Capabilities, Claim, Options, Target
 from .conventions import USER_CONVENTIONS
+from .interfaces import FORWARD_ONLY
+from .interfaces import NAMES as INTERFACE_CONVENTIONS
 
 
 class UnknownTarget(ValueError):
@@ -57,8 +59,9 @@ def user_target(
     spec: str, convention: str, claim: Claim, supports: Capabilities | None = None
 ) -> Target:
     """A user's function as a target; its module is imported now (errors name the cause)."""
-    if convention not in USER_CONVENTIONS:
-        raise ValueError(f"--convention must be one of {USER_CONVENTIONS}; got {convention!r}")
+    allowed = (*USER_CONVENTIONS, *INTERFACE_CONVENTIONS)
+    if convention not in allowed:
+        raise ValueError(f"--convention must be one of {allowed}; got {convention!r}")
     fn = load_callable(spec)
     return from_callable(fn, convention=convention, claim=claim, supports=supports, name=spec)
 
@@ -95,6 +98,9 @@ def user_capabilities(convention: str) -> Capabilities:
     unstated = "not stated for a user's function (--supports {}=yes)"
     return Capabilities(
         devices=("cpu", "cuda"),
+        grads=f"the {convention} convention is forward only"
+        if convention in FORWARD_ONLY
+        else True,
         dropout=True if own else "own",
         bias=True if own else unstated.format("bias"),
         softcap=True if own else unstated.format("softcap"),

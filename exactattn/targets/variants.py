@@ -20,6 +20,7 @@ from . import builtin
 from .base import NAIVE_BLOCK, Claim, Target, size_of
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
 from .flex import Flex
+from .interfaces import CONVENTIONS as INTERFACES
 from .resolve import UnknownTarget, get
 
 OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated")  # contexts whose Arith is known
@@ -28,7 +29,8 @@ OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated")  # contexts whose Arit
 @functools.cache
 def conventions() -> dict[str, Convention]:
     """Every calling convention by name."""
-    return {c.name: c for c in (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex())}
+    own = (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex())
+    return {c.name: c for c in (*own, *INTERFACES)}
 
 
 def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:

@@ -29,6 +29,7 @@ with needs("exactattn.torch"):  # the package's modules import torch freely afte
 from .api import attention
 from .flex import flex_attention
 from .mode import ExactSDPA, exact_sdpa
+from .partials import attention_with_lse, merge_partials
 from .passes import DEFAULT_BLOCK_SIZE
 from .sdpa import SDPAInputError, scaled_dot_product_attention
 
@@ -37,7 +38,9 @@ __all__ = [
     "ExactSDPA",
     "SDPAInputError",
     "attention",
+    "attention_with_lse",
     "exact_sdpa",
     "flex_attention",
+    "merge_partials",
     "scaled_dot_product_attention",
 ]

@@ -25,7 +25,7 @@ from ..dropout import make_dropout
 from ..masks import ALIGNMENTS, Band, Dense, Mask, as_mask, causal, dense
 from ..scores import Bias, BiasFn, Softcap, chain
 from ..scores import bias as as_bias
-from . import dispatch, function, op, passes
+from . import dispatch, function, op, partials, passes
 
 SEED_BITS = 64
 
@@ -48,6 +48,7 @@ def attention(
     empty_rows: str = "error",
     check_finite: bool = True,
     impl: str = "auto",
+    sinks: Any = None,
 ) -> torch.Tensor:
     """Exact softmax attention ``Y_i = Σ_{j∈A_i} softmax_j(s_ij) V_j``, differentiable.
 
@@ -70,6 +71,9 @@ def attention(
     zero gradients (default: ValueError). ``impl``: ``'auto'`` runs the Triton kernels on
     CUDA when they express the call, ``'generic'`` always runs :mod:`exactattn.algorithm`,
     ``'triton'`` insists on the kernels (on the CPU only under ``TRITON_INTERPRET=1``).
+    ``sinks``: one logit ``σ_h`` per query head, shape ``(H,)``, in the denominator only
+    (:mod:`exactattn.sinks`; differentiable: ``sinks.grad`` is ``∂L/∂σ``); such a call runs
+    the generic pass (:func:`exactattn.torch.partials.attention_with_lse`).
     """
     _check_tensors(q, k, v)
     if impl not in dispatch.IMPLS:
@@ -95,6 +99,18 @@ def attention(
         dropout=make_dropout(dropout_p, seed), enable_gqa=enable_gqa,
         empty_rows=empty_rows, check_finite=check_finite,
     )  # fmt: skip
+    if sinks is not None:  # the sink rides on the generic pass, whose reverse gives dsinks
+        if bias_tensor is not None and bias_tensor.requires_grad:
+            raise ValueError(
+                "sinks with a bias tensor that requires grad: dbias is not computed on the "
+                "sink path; detach the bias or fold it into a score_mod"
+            )
+        y, _ = partials.attention_with_lse(
+            q, k, v, sinks=sinks, mask=mask, bias=bias, softcap=cap, scale=scale,
+            block_size=block_size, dropout_p=dropout_p, seed=seed, enable_gqa=enable_gqa,
+            empty_rows=empty_rows, check_finite=check_finite,
+        )  # fmt: skip
+        return y
     band = passes.lower(call.mask, call.geometry)  # the call's one lowering
     op_band = _op_band(band, allowed, is_causal, alignment)
     dropout = call.dropout

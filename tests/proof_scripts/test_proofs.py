@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sympy
+
+from exactattn.commands import prove
 from exactattn.proofs import (
     context,
     engine,
@@ -28,8 +30,6 @@ from exactattn.proofs import (
     symbolic,
     tiles,
 )
-
-from exactattn.commands import prove
 
 ROOT = Path(__file__).resolve().parents[2]
 S, M = sympy.Symbol("s", real=True), sympy.Symbol("m", real=True)

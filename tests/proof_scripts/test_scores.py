@@ -4,6 +4,7 @@ and the certificate's rows for bias and soft-cap."""
 from __future__ import annotations
 
 import sympy
+
 from exactattn.proofs import certificate, coverage, engine, general, mutants, scores, symbolic
 
 X, Y = sympy.symbols("x y", real=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import sys
 
 import pytest
-from exactattn.proofs import engine, mutants, smt, solver
 
 from exactattn import masks
+from exactattn.proofs import engine, mutants, smt, solver
 from tests.optional import requires
 
 BY_NAME = {ob.name: ob for ob in smt.obligations()}

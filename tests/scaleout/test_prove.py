@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from exactattn.proofs import engine, monoid, mutants, runner
 
 from exactattn.commands import prove as cli
 from exactattn.journal import Journal
+from exactattn.proofs import engine, monoid, mutants, runner
 from tests.optional import requires
 
 FAMILIES = ["monoid", "general", "dropout"]  # fast, and enough obligations to interleave

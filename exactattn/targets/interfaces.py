@@ -1,0 +1,412 @@
+"""Calling conventions of today's kernel interfaces: varlen, KV caches, split-KV merges.
+
+Each takes an ordinary case (dense ``q, k, v`` over ``(B, H)``) and calls the target through
+the interface, so the case's certified reference judges the result unchanged:
+
+* ``flash-varlen``: ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k,
+  max_seqlen_q, max_seqlen_k, ...)``: the ``B`` batch elements packed as sequences; a
+  key-padding mask becomes unequal key lengths (only the real keys are packed: their
+  ``dK``, ``dV`` come back in place, the padded keys' are 0); causal and windows aligned
+  bottom-right as ``flash``.
+* ``flash-kvcache``: ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=,
+  block_table=, ...)``: the keys placed in a paged cache, pages of the case's
+  :class:`InterfaceDraw` size in a shuffled order (key padding: ``cache_seqlens``);
+  forward only (flash-attn's function has no backward).
+* ``fa4-combine``, ``xformers-merge``, ``flashinfer-merge``: the target is a *merge*: the
+  keys are split into the case's number of parts, each part's partial ``(y_t, lse_t)`` is
+  computed in float64 by :func:`exactattn.attention` (``key_range``) and rounded to the case
+  dtype, and the target merges them: FA4's ``flash_attn_combine(out_partial (S, B, n, H,
+  v), lse_partial (S, B, n, H))``, xformers' ``merge_attentions(attn_split (S, B, n, H, v),
+  lse_split (S, B, H, n))``, FlashInfer's ``merge_state(v_a, s_a, v_b, s_b)`` (``(n, H, v)``,
+  ``(n, H)``, lse in base 2, folded over the parts). Forward only.
+* ``exactattn-sinks``: a sink-capable attention returning ``(y, lse)``
+  (:class:`Sinks`: the sink given and taken out again). Forward only.
+
+:class:`InterfaceDraw` is the one place the interface parameters of a case live (the number
+of splits, the page size, the page order): derived from the case's contents, so a replayed
+case gets the same ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..cases import Case
+from .conventions import (
+    Convention,
+    autograd,
+    dtype_name,
+    flash_alibi,
+    flash_window,
+    four_g,
+    lift,
+    tensor,
+    to_numpy,
+)
+
+PAGE_SIZES = (1, 2, 3, 5, 16)
+LOG2_E = 1 / math.log(2)
+MAX_SINK_SCORE = 4.0  # larger scores put the sink's rounding beyond a sink-free case's budget
+
+
+@dataclass(frozen=True)
+class InterfaceDraw:
+    """A case's interface parameters: ``splits`` parts of the keys, ``page_size``, ``seed``
+    (the page order)."""
+
+    splits: int
+    page_size: int
+    seed: int
+
+    @classmethod
+    def of(cls, case: Case) -> InterfaceDraw:
+        digest = hashlib.sha256(np.ascontiguousarray(case.k).tobytes()).digest()
+        seed = int.from_bytes(digest[:4], "little")
+        n_k = case.sizes["n_k"]
+        return cls(
+            splits=max(1, min(n_k, 2 + seed % 3)),
+            page_size=PAGE_SIZES[(seed >> 3) % len(PAGE_SIZES)],
+            seed=seed,
+        )
+
+
+def _key_lengths(case: Case, B: int) -> tuple[np.ndarray, str | None]:
+    """Per-sequence key lengths: the padding lengths for a pure key-padding mask, else n_k."""
+    n_k = case.sizes["n_k"]
+    if case.mask["kind"] != "padding":
+        return np.full(B, n_k), None
+    lengths = np.asarray(case.mask["lengths"]).reshape(-1)
+    if lengths.shape[0] != B:
+        return lengths, "padding lengths per head are not sequence lengths"
+    return lengths.astype(np.int64), None
+
+
+def _window_of(case: Case) -> tuple[int, int] | str:
+    if case.mask["kind"] == "padding":
+        return (-1, -1)
+    return flash_window(case)
+
+
+def _flash_kwargs(case: Case, device: str) -> dict[str, Any]:
+    left, right = _window_of(case)  # type: ignore[misc]
+    kwargs: dict[str, Any] = {
+        "softmax_scale": case.c(),
+        "causal": right == 0 and left == -1,
+        "window_size": (left, right),
+    }
+    if case.softcap is not None:
+        kwargs["softcap"] = case.softcap
+    if case.bias is not None:
+        import torch
+
+        slopes = np.asarray(case.score["slopes"], dtype=np.float32)
+        kwargs["alibi_slopes"] = torch.from_numpy(slopes).to(device)
+    return kwargs
+
+
+def _bnhd(held: dict[str, np.ndarray], B: int) -> dict[str, np.ndarray]:
+    return {x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3) for x in "qkv"}
+
+
+class _Flash(Convention):
+    """What flash-attn's packed conventions share: the masks they express."""
+
+    def unsupported(self, target, case, device, grads):
+        window = _window_of(case)
+        if isinstance(window, str):
+            return window
+        B, _ = lift(case.batch)
+        reason = _key_lengths(case, B)[1]
+        if reason is None and case.bias is not None:
+            if case.mask["kind"] == "padding":
+                return (
+                    "flash-attn aligns ALiBi to each sequence's own key length; the padded "
+                    "case aligns it to n_k"
+                )
+            return flash_alibi(case)
+        return reason
+
+
+class FlashVarlen(_Flash):
+    name = "flash-varlen"
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        fn = target.load()
+        B, H = lift(case.batch)
+        n = case.sizes
+        bnhd = _bnhd(held, B)
+        lengths, _ = _key_lengths(case, B)
+        packed = {"q": bnhd["q"].reshape((-1, *bnhd["q"].shape[2:]))}
+        for x in "kv":
+            packed[x] = np.concatenate([bnhd[x][b, : lengths[b]] for b in range(B)])
+        views = [tensor(packed[x], case.dtype, device, case.layout, grads) for x in "qkv"]
+        cu_q = torch.arange(B + 1, dtype=torch.int32, device=device) * n["n_q"]
+        cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+        want_lse = target.caps.lse is True
+        result = fn(
+            *views,
+            cu_q,
+            cu_k.to(device),
+            n["n_q"],
+            int(lengths.max(initial=0)),
+            return_attn_probs=want_lse,
+            **_flash_kwargs(case, device),
+        )
+        y = result[0] if isinstance(result, (tuple, list)) else result
+        dense_y = to_numpy("y", y, (B * n["n_q"], H, n["v"])).reshape(B, n["n_q"], H, n["v"])
+        out = {"y": dense_y.transpose(0, 2, 1, 3).reshape(held["g"].shape), "_dtype": dtype_name(y)}
+        if want_lse:
+            lse = to_numpy("lse", result[1], (H, B * n["n_q"])).reshape(H, B, n["n_q"])
+            out["lse"] = lse.transpose(1, 0, 2).reshape(held["g"].shape[:-1])
+        if grads:
+            g = four_g(held, B).transpose(0, 2, 1, 3).reshape((-1, H, n["v"])).copy()
+            dq, dk, dv = autograd(y, views, g, case.dtype, device)
+            dense = {"dq": (dq, "q"), "dk": (dk, "k"), "dv": (dv, "v")}
+            for name, (grad, x) in dense.items():
+                flat = to_numpy(name, grad, packed[x].shape)
+                back = np.zeros(bnhd[x].shape)
+                if x == "q":
+                    back[:] = flat.reshape(back.shape)
+                else:
+                    offsets = np.concatenate([[0], np.cumsum(lengths)])
+                    for b in range(B):
+                        back[b, : lengths[b]] = flat[offsets[b] : offsets[b + 1]]
+                out[name] = back.transpose(0, 2, 1, 3).reshape(held[x].shape)
+        return out
+
+
+class FlashKvcache(_Flash):
+    name = "flash-kvcache"
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        fn = target.load()
+        B, H = lift(case.batch)
+        n = case.sizes
+        bnhd = _bnhd(held, B)
+        lengths, _ = _key_lengths(case, B)
+        draw = InterfaceDraw.of(case)
+        per_sequence = max(1, -(-n["n_k"] // draw.page_size))
+        pool = B * per_sequence + 1  # one page no sequence reads
+        order = np.random.default_rng(draw.seed).permutation(pool)[: B * per_sequence]
+        table = order.reshape(B, per_sequence)
+        caches = {}
+        for x in "kv":
+            cache = np.zeros((pool, draw.page_size, *bnhd[x].shape[2:]))
+            for b in range(B):
+                for t in range(n["n_k"]):
+                    cache[table[b, t // draw.page_size], t % draw.page_size] = bnhd[x][b, t]
+            caches[x] = tensor(cache, case.dtype, device, "contiguous", False)
+        q = tensor(bnhd["q"], case.dtype, device, case.layout, False)
+        want_lse = target.caps.lse is True
+        result = fn(
+            q,
+            caches["k"],
+            caches["v"],
+            cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=device),
+            block_table=torch.tensor(table, dtype=torch.int32, device=device),
+            return_softmax_lse=want_lse,
+            **_flash_kwargs(case, device),
+        )
+        y = result[0] if isinstance(result, (tuple, list)) else result
+        dense_y = to_numpy("y", y, (B, n["n_q"], H, n["v"])).transpose(0, 2, 1, 3)
+        out = {"y": dense_y.reshape(held["g"].shape), "_dtype": dtype_name(y)}
+        if want_lse:
+            lse = to_numpy("lse", result[1], (B, H, n["n_q"]))
+            out["lse"] = lse.reshape(held["g"].shape[:-1])
+        return out
+
+
+def partials(case: Case, held: dict[str, np.ndarray], splits: int) -> list[tuple[Any, Any]]:
+    """The case's keys in ``splits`` contiguous parts, each part's ``(y_t, lse_t)`` in float64
+    (``(*batch, n_q, v)``, ``(*batch, n_q)``): rows with no key in a part are ``(0, −∞)``."""
+    from .. import api
+
+    n_k = case.sizes["n_k"]
+    edges = np.linspace(0, n_k, splits + 1).round().astype(int)
+    out = []
+    for start, stop in itertools.pairwise(edges):
+        y, stats = api.attention(
+            held["q"],
+            held["k"],
+            held["v"],
+            scale=case.c(),
+            mask=case.allowed(),
+            bias=held.get("bias"),
+            softcap=case.softcap,
+            enable_gqa=case.group > 1,
+            key_range=(int(start), int(stop)),
+            check_finite=False,
+            return_stats=True,
+        )
+        out.append((y, stats.lse))
+    return out
+
+
+class _Merge(Convention):
+    """A merge of split-KV partials; subclasses lay them out and call the target."""
+
+    def unsupported(self, target, case, device, grads):
+        if case.dropout_p:
+            return "a merge of partials has no dropout of its own"
+        if case.score_mod is not None:
+            return "the partials are computed with the library's masks and bias only"
+        return None
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        B, H = lift(case.batch)
+        n = case.sizes
+        parts = partials(case, held, InterfaceDraw.of(case).splits)
+        ys = np.stack([y.reshape(B, H, n["n_q"], n["v"]) for y, _ in parts])
+        lses = np.stack([lse.reshape(B, H, n["n_q"]) for _, lse in parts])
+        dtype = getattr(torch, case.dtype)
+        y, lse = self.merge(
+            target.load(),
+            torch.from_numpy(ys).to(dtype).to(device),
+            torch.from_numpy(lses).float().to(device),
+        )
+        out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
+        out["y"] = out["y"].reshape(held["g"].shape)
+        if target.caps.lse is True:
+            out["lse"] = to_numpy("lse", lse, (B, H, n["n_q"])).reshape(held["g"].shape[:-1])
+        return out
+
+    def merge(self, fn, ys, lses):
+        """``(y (B, H, n, v), lse (B, H, n))`` of ``ys (S, B, H, n, v)``, ``lses (S, B, H, n)``."""
+        raise NotImplementedError
+
+
+class Fa4Combine(_Merge):
+    name = "fa4-combine"
+
+    def merge(self, fn, ys, lses):
+        y, lse = fn(ys.permute(0, 1, 3, 2, 4), lses.permute(0, 1, 3, 2))
+        return y.permute(0, 2, 1, 3), lse.permute(0, 2, 1)
+
+
+class XformersMerge(_Merge):
+    name = "xformers-merge"
+
+    def merge(self, fn, ys, lses):
+        y, lse = fn(ys.permute(0, 1, 3, 2, 4), lses)
+        return y.permute(0, 2, 1, 3), lse
+
+
+class FlashinferMerge(_Merge):
+    """FlashInfer's ``merge_state``: ``(n, H, v)`` and base-2 ``(n, H)``, one batch element and
+    two states per call (folded over the parts, in float32)."""
+
+    name = "flashinfer-merge"
+
+    def merge(self, fn, ys, lses):
+        import torch
+
+        S, B = ys.shape[:2]
+        dtype, ys = ys.dtype, ys.float()  # exact; else every step would round to the dtype
+        y_out, lse_out = [], []
+        for b in range(B):
+            v, s = ys[0, b].transpose(0, 1), lses[0, b].transpose(0, 1) * LOG2_E
+            for t in range(1, S):
+                v, s = fn(v, s, ys[t, b].transpose(0, 1), lses[t, b].transpose(0, 1) * LOG2_E)
+            y_out.append(v.transpose(0, 1))
+            lse_out.append(s.transpose(0, 1) / LOG2_E)
+        return torch.stack(y_out).to(dtype), torch.stack(lse_out)
+
+
+class Sinks(Convention):
+    """A sink-capable attention ``fn(q, k, v, *, sinks, scale, mask, bias, softcap,
+    enable_gqa, empty_rows) -> (y, lse)`` on ``(B, H, n, ·)`` tensors, as
+    :func:`exactattn.torch.attention_with_lse` (FA4's ``learnable_sink``, gpt-oss).
+
+    The case has no sink, so the convention gives the target one and takes it out again: with
+    ``σ_h`` two below the head's smallest lse (from a float64 run, so ``p_σ = e^{σ−lse} ≤
+    e^{−2}`` in every row), the target's ``(y, lse)`` give the case's as
+    ``y·(1 + e^{σ−lse₆₄})`` (``lse₆₄`` from that float64 run: the target's rounded lse would
+    move the factor by ``u·|lse|``) and ``lse + log(1 − e^{σ−lse})`` with the target's lse.
+    A sink in the numerator, a sink missing from the lse or the wrong head's sink leave an
+    error of order ``p_σ``.
+    """
+
+    name = "exactattn-sinks"
+
+    def unsupported(self, target, case, device, grads):
+        if case.dropout_p or case.score_mod is not None:
+            return "the sink convention runs without dropout and user score_mods"
+        scores = case.c() * np.einsum("...id,...jd->...ij", case.q, np.repeat(
+            case.k, case.group, axis=-3) if case.group > 1 else case.k)  # fmt: skip
+        if np.abs(scores).max(initial=0) > MAX_SINK_SCORE:
+            return (
+                f"scores beyond ±{MAX_SINK_SCORE}: the sink's own rounding (u·|σ − m|) is "
+                "outside the case's error budget, which has no sink term"
+            )
+        return None
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        from .. import api
+
+        fn = target.load()
+        B, H = lift(case.batch)
+        n = case.sizes
+        four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
+        allowed = case.allowed().reshape((*lift(case.batch), n["n_q"], n["n_k"]))
+        bias4 = case.lifted_bias(held["bias"]) if "bias" in held else None
+        keywords = dict(
+            scale=case.c(),
+            mask=allowed,
+            bias=bias4,
+            softcap=case.softcap,
+            enable_gqa=case.group > 1,
+            empty_rows="zero",
+        )
+        _, stats = api.attention(*four.values(), return_stats=True, check_finite=False, **keywords)
+        finite = np.where(np.isneginf(stats.lse), np.inf, stats.lse)
+        sigma = np.nan_to_num(finite.min(axis=(0, 2)) - 2, posinf=0.0)  # (H,)
+        sinks = torch.from_numpy(sigma).to(getattr(torch, case.dtype))
+        sigma = sinks.double().numpy()  # the sink as the target holds it
+        views = [tensor(four[x], case.dtype, device, case.layout, False) for x in "qkv"]
+        as_tensor = {"mask": torch.from_numpy(allowed.copy()).to(device)}
+        if bias4 is not None:
+            as_tensor["bias"] = torch.from_numpy(bias4.copy()).to(getattr(torch, case.dtype))
+        y, lse = fn(
+            *views,
+            sinks=torch.from_numpy(sigma).to(getattr(torch, case.dtype)),
+            **{**keywords, **as_tensor},
+        )
+        y_np = to_numpy("y", y, (B, H, n["n_q"], n["v"]))
+        lse_np = to_numpy("lse", lse, (B, H, n["n_q"]))
+        empty = np.isneginf(stats.lse)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            # y: through the float64 lse (the target's, rounded, would move p_σ by u·|lse|)
+            rescale = 1 + np.exp(sigma[None, :, None] - stats.lse.reshape(lse_np.shape))
+            y_case = np.where(empty[..., None], 0.0, y_np * rescale[..., None])
+            p_sink = np.exp(sigma[None, :, None] - lse_np)  # the target's own lse, judged
+            lse_case = np.where(empty, -np.inf, lse_np + np.log1p(-p_sink))
+        out = {"y": y_case.reshape(held["g"].shape), "_dtype": dtype_name(y)}
+        if target.caps.lse is True:
+            out["lse"] = lse_case.reshape(held["g"].shape[:-1])
+        return out
+
+
+CONVENTIONS = (
+    FlashVarlen(),
+    FlashKvcache(),
+    Fa4Combine(),
+    XformersMerge(),
+    FlashinferMerge(),
+    Sinks(),
+)
+NAMES = tuple(c.name for c in CONVENTIONS)
+FORWARD_ONLY = NAMES[1:]  # what they return has no gradient with respect to q, k, v

@@ -1,0 +1,71 @@
+"""Targets of the interface conventions: correct adapters and deliberately broken copies.
+
+The correct ones are exactattn's (``exactattn.flash_attn``) or thin adapters of
+:func:`exactattn.torch.merge_partials` to xformers' ``merge_attentions`` and FlashInfer's
+``merge_state`` signatures. Each broken copy makes one mistake a real kernel could make;
+``exactattn check`` must catch every one (``test_check_conventions.py``), e.g.::
+
+    python -m exactattn.cli check tests.interfaces.broken_interfaces:varlen_wrong_offset \\
+        --convention flash-varlen --supports masks=none+causal+window+padding+and,dropout=no
+"""
+
+from __future__ import annotations
+
+import torch
+
+import exactattn.torch as et
+from exactattn import flash_attn as fa
+
+
+# --- correct -------------------------------------------------------------------------------
+def xformers_merge_attentions(attn_split, lse_split):
+    """xformers' ``merge_attentions``: ``(S, B, M, H, K)``, lse ``(S, B, H, M)`` → merged."""
+    parts = [(attn_split[t], lse_split[t].transpose(-1, -2)) for t in range(attn_split.shape[0])]
+    y, lse = et.merge_partials(parts)
+    return y, lse.transpose(-1, -2)
+
+
+def flashinfer_merge_state(v_a, s_a, v_b, s_b):
+    """FlashInfer's ``merge_state``: ``v (n, H, d)``, ``s (n, H)`` in base 2 → merged."""
+    return et.merge_partials([(v_a, s_a), (v_b, s_b)], lse_base=2)
+
+
+# --- broken --------------------------------------------------------------------------------
+def varlen_wrong_offset(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kw):
+    """Reads every sequence's keys from one position too far on (where that stays in order)."""
+    cu = cu_seqlens_k.clone()
+    for s in range(1, len(cu) - 1):
+        cu[s] = min(int(cu[s]) + 1, int(cu[s + 1]))
+    return fa.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu, max_seqlen_q, max_seqlen_k + 1, **kw
+    )
+
+
+def kvcache_wrong_page(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **kw):
+    """Reads sequence 0's first page from a block no sequence owns."""
+    table = block_table.clone()
+    unused = sorted(set(range(k_cache.shape[0])) - set(table.flatten().tolist()))
+    if unused:
+        table[0, 0] = unused[0]
+    return fa.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=table, **kw
+    )
+
+
+def combine_without_max(out_partial, lse_partial, **kw):
+    """FA4's combine computed as ``Σ e^{lse_t} y_t / Σ e^{lse_t}``: no max subtracted."""
+    w = torch.exp(lse_partial.float())
+    y = (w[..., None] * out_partial.float()).sum(0) / w.sum(0)[..., None]
+    return y.to(out_partial.dtype), torch.log(w.sum(0))
+
+
+def flashinfer_natural_lse(v_a, s_a, v_b, s_b):
+    """FlashInfer's ``merge_state`` reading its base-2 lse as natural."""
+    return et.merge_partials([(v_a, s_a), (v_b, s_b)])
+
+
+def sink_in_numerator(q, k, v, *, sinks, **kw):
+    """Attention with sinks whose sink also enters the numerator (its value 1, not 0)."""
+    y, lse = et.attention_with_lse(q, k, v, sinks=sinks, **kw)
+    p_sink = torch.exp(sinks[None, :, None].to(lse.dtype) - lse)
+    return y + p_sink[..., None].to(y.dtype), lse
