@@ -44,8 +44,32 @@ from ..formats import canonical_name
 DEFAULT_FAILURES = "check-failures"
 
 
+EPILOG = """your own function (MODULE:FUNCTION or path/to/file.py:FUNCTION):
+  its signature decides what it is given: without enable_gqa, GQA cases get K, V expanded
+  over each group; without dropout_p, no dropout case and no dropout probe (said once).
+  --claim states its arithmetic, from which the tolerance is derived (default: the input
+  dtype throughout, key blocks unstated = the worst case); --supports says what it takes
+  (anything else is skipped with the reason). For example:
+
+  exactattn check mykernels.py:attention --convention sdpa \\
+      --claim scores=fp32,stats=fp32,acc=fp32,block=128 \\
+      --supports masks=none+causal,gqa=no,dropout=no,bias=yes,empty_rows=yes
+
+  --claim keys: input, scores, stats, p, acc (formats: fp16, bf16, fp32, fp64, ...),
+  block (an integer, or naive), group=input (a GQA backward that sums each group's per-head
+  dK, dV in the input dtype). --supports keys: dtypes, devices, masks (joined by +);
+  grads, dropout (yes/no/own), lse, gqa, cross, empty_rows, bias, softcap, program,
+  equal_head_dims (yes/no).
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="exactattn check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="exactattn check",
+        description=__doc__.split("\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("targets", nargs="*", metavar="TARGET")
     parser.add_argument("--examples", type=int, default=200, help="cases to draw (default 200)")
     parser.add_argument("--dtypes", nargs="+", default=None, help="default: each target's own")
@@ -59,8 +83,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", metavar="DIR", default=None)
     parser.add_argument("--save-failures", metavar="DIR", default=None)
     parser.add_argument("--convention", default=None, help="for MODULE:FUNCTION targets")
-    parser.add_argument("--claim", default=None, help="claimed arithmetic of your target")
-    parser.add_argument("--supports", default=None, help="what your target takes")
+    parser.add_argument(
+        "--claim", default=None, help="claimed arithmetic of your target, e.g. "
+        "scores=fp32,stats=fp32,acc=fp32,block=128 (see below)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--supports", default=None, help="what your target takes, e.g. "
+        "masks=none+causal,gqa=no,dropout=no (see below)",
+    )  # fmt: skip
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
     parser.add_argument("--replay", metavar="FILE", default=None, help="re-run a replay file")
     parser.add_argument("--no-determinism", action="store_true", help="skip the second run")
@@ -216,6 +246,8 @@ def _target_spec(target, spec: dict) -> dict | None:
 
 
 def _print(result, rows, failures: list[str]) -> None:
+    from ..testing import report
+
     s = result.settings
     print(
         f"check: {result.report.examples} examples, {len(result.variants)} variants, "
@@ -249,6 +281,8 @@ def _print(result, rows, failures: list[str]) -> None:
     for p in result.probes:
         state = "ok" if p.ok else f"FAIL: {p.detail}"
         print(f"  dropout probe {p.target}: keep rate {p.keep_rate:.4f} (p={p.p}) {state}")
+    for line in report.known_upstream(result):
+        print(line)
     for text in failures:
         print(text)
 
@@ -274,6 +308,7 @@ def _replay(args, spec: dict) -> int:
     from .. import targets
     from ..cases import Case
     from ..testing.check import Options, check_case
+    from ..testing.known import UPSTREAM, UPSTREAM_STATUS, reclassify
     from ..testing.report import counterexample
 
     path = Path(args.replay)
@@ -296,11 +331,17 @@ def _replay(args, spec: dict) -> int:
         ]
     except (ValueError, TypeError) as error:
         return _error(str(error))
-    findings = check_case(case, units, Options(grads=args.grads))
+    by_name = {u.name: u for u in units}
+    findings = [
+        reclassify(by_name[f.target], case, f)
+        for f in check_case(case, units, Options(grads=args.grads))
+    ]
     bad = [f for f in findings if f.status == "fail"]
     for f in findings:
         if f.status == "fail":
             print(counterexample(f, case.to_json()))
+        elif f.status == UPSTREAM_STATUS:
+            print(f"KNOWN-UPSTREAM {f.target}: {UPSTREAM[f.detail].line()}")
         else:
             print(f"{f.target}: {f.status} {f.detail}".rstrip())
     if not findings:

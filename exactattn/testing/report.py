@@ -78,7 +78,8 @@ def summary(result: Result) -> list[dict[str, Any]]:
                     if base.get(part, 0.0) > 0 and not math.isnan(value):
                         ratios[label].append(value / base[part])
         determinism = [f.deterministic for f in found if f.deterministic is not None]
-        run_count = sum(counts.get(s, 0) for s in ("ok", "fail", "refused", "known"))
+        judged = ("ok", "fail", "refused", "known", "known-upstream")
+        run_count = sum(counts.get(s, 0) for s in judged)
         rows.append(
             {
                 "target": name.split("[")[0],
@@ -88,6 +89,7 @@ def summary(result: Result) -> list[dict[str, Any]]:
                 "skipped": counts.get("skip", 0),
                 "failed": counts.get("fail", 0),
                 "refused": counts.get("refused", 0),
+                "known_upstream": dict(report.known.get(name, {})),
                 "y_max": _max(y),
                 "y_median": _median(y),
                 "ulps_max": _max(ulps),
@@ -160,6 +162,18 @@ def counterexample(finding: Finding, case_json: str, replay: Path | None = None)
     return "\n".join(lines)
 
 
+def known_upstream(result: Result) -> list[str]:
+    """One ``KNOWN-UPSTREAM`` line per variant and upstream bug: the cases it explained, the
+    bug, its replay file and upstream report (:data:`.known.UPSTREAM`); never a failure."""
+    from .known import UPSTREAM
+
+    return [
+        f"KNOWN-UPSTREAM {name}: {count} case{'s' * (count != 1)}, {UPSTREAM[bug].line()}"
+        for name, bugs in result.report.known.items()
+        for bug, count in bugs.items()
+    ]
+
+
 def save_failure(finding: Finding, case_json: str, directory: str | Path, spec: Any) -> Path:
     """Write a replay file: the case with an ``expect`` block naming the variant."""
     out = Path(directory)
@@ -227,6 +241,9 @@ def markdown(result: Result, rows: list[dict[str, Any]], failures: list[str]) ->
                 f"{p.factor_error:.2g} | {means} | {'yes' if p.ok else 'NO: ' + p.detail} |"
             )
         body.append("")
+    upstream = known_upstream(result)
+    if upstream:
+        body += ["## Known upstream (reported, not failed)", "", *(f"- {u}" for u in upstream), ""]
     if failures:
         body += ["## Failures", "", "```", *failures, "```", ""]
     return "\n".join(head + body)

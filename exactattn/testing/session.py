@@ -25,6 +25,7 @@ from ..targets import Target, Variant
 from ..targets.flex import STATS
 from .check import Options, check_case
 from .judge import Finding
+from .known import reclassify
 from .probes import ProbeResult, probe
 from .runner import Report, search, single_thread
 
@@ -103,8 +104,12 @@ class Variants:
         return plan(chosen, self.settings)[0]
 
     def judge(self, case: Case, units: list[Variant]) -> list[Finding]:
+        """Every unit's finding on ``case``, a failure a known bug explains reclassified
+        (:func:`.known.reclassify`: ``KNOWN-UPSTREAM`` is reported, not failed)."""
         s = self.settings
-        return check_case(case, units, Options(s.grads, s.determinism, s.baselines, s.sampled))
+        options = Options(s.grads, s.determinism, s.baselines, s.sampled)
+        by_name = {u.name: u for u in units}
+        return [reclassify(by_name[f.target], case, f) for f in check_case(case, units, options)]
 
     def counters(self) -> dict[str, float]:
         return dataclasses.asdict(STATS)
@@ -151,6 +156,7 @@ def run(
         if settings.probes and not result.report.interrupted:
             with single_thread():
                 result.probes = _probes(variants, settings)
+    result.report.notes += [f"{t.name}: {note}" for t in targets for note in t.options.notes]
     result.compile = dict(result.report.compile)
     result.seconds = time.perf_counter() - start
     return result
