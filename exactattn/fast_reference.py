@@ -170,8 +170,11 @@ def _problem(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, gqa) ->
         softcap,
         gqa,
     )
-    if p.scale is None:
-        c_hat, theta_c = 1 / math.sqrt(q.shape[-1]), 3 * U  # two correct roundings
+    if p.scale is None:  # 1/sqrt(d): two correct roundings, none where d is a power of 4
+        d = q.shape[-1]
+        root = math.isqrt(d)
+        exact = root * root == d and root & (root - 1) == 0
+        c_hat, theta_c = 1 / math.sqrt(d), 0.0 if exact else 3 * U
     else:
         c_hat = float(p.scale)
         theta_c = 0.0 if c_hat == p.scale else 2 * U
@@ -237,6 +240,7 @@ class _Forward:
 
     y: np.ndarray
     lse: np.ndarray
+    lse_lo: np.ndarray
     rad_y: np.ndarray
     rad_lse: np.ndarray
     terms_y: np.ndarray
@@ -266,7 +270,8 @@ def _forward(
     qs = q if f.c_hat == 1.0 else q * f.c_hat
     theta_q = 0.0 if (f.c_hat == 1.0 and f.theta_c == 0) else UB + f.theta_c * (1 + UB)
     nq = _norms(qs)
-    s = np.matmul(qs, keys.k.T, out=tiles["s"][:r])
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = np.matmul(qs, keys.k.T, out=tiles["s"][:r])
     # |fl(q'·k) − c·q·k| ≤ (γ_d + θ_q)·‖q'‖‖k‖ + underflow (Cauchy–Schwarz for Σ|q'||k|)
     with np.errstate(over="ignore", invalid="ignore"):
         E = (_gamma(d) + theta_q) * nq * keys.k_norm + d * MU + 2 * MU * math.sqrt(d) * keys.k_norm
@@ -307,7 +312,10 @@ def _forward(
     y = z[:, :dv] * (f.kappa_hat / l)[:, None]
     zt = z[:, dv:] / l[:, None]  # Σ_j P̂_ij r_ij |v_ja|
     log_l = np.log(l)
-    lse = np.where(empty, -np.inf, m0 + log_l)
+    lse = m0 + log_l  # and its rounding exactly (TwoSum): hi + lo = m + fl(log ℓ̂)
+    back = lse - m0
+    lse_lo = np.where(empty, 0.0, (m0 - (lse - back)) + (log_l - back))
+    lse = np.where(empty, -np.inf, lse)
 
     # the budget (docs/fast_reference.md §2–3)
     if bias is not None:  # fl(s' + b) rounds by u·|ŝ| ≤ u(|m| + (m − ŝ))
@@ -335,13 +343,13 @@ def _forward(
     )
     rounding = (math.expm1(rho) + math.exp(rho) * gn) * g2 * zt
     rad_y = SLACK * kbar * (rounding + weights + 3 * TAU * n_k * vmax + 2 * (n_k + 4) * MU) + MU
-    rad_lse = SLACK * (lam + ehat + FUNC_ULPS * U * np.abs(log_l) + FUNC_ABS + UB * np.abs(lse))
-    rad_lse = rad_lse + MU
+    rad_lse = SLACK * (lam + ehat + FUNC_ULPS * U * np.abs(log_l) + FUNC_ABS) + MU
     rad_y = np.where(col(empty), 0.0, np.where(col(vacuous), np.inf, rad_y))
     rad_lse = np.where(empty, 0.0, np.where(vacuous, np.inf, rad_lse))
     return _Forward(
         y=y,
         lse=lse,
+        lse_lo=lse_lo,
         rad_y=rad_y,
         rad_lse=rad_lse,
         terms_y=f.kappa_hat * zt,
@@ -507,6 +515,7 @@ def fast_attention(
     dv = p.v.shape[-1]
     y = np.zeros((*p.batch, n_q, dv))
     lse = np.zeros((*p.batch, n_q))
+    lse_lo = np.zeros_like(lse)
     rad = {"y": np.zeros_like(y), "lse": np.zeros_like(lse)}
     terms = {"y": np.zeros_like(y), "lse": np.zeros_like(lse)}
     empty = np.zeros((*p.batch, n_q), dtype=bool)
@@ -534,6 +543,7 @@ def fast_attention(
                 fw = _forward(f, kv, qb, at, (r0, r1), tiles)
                 here = (*index, slice(r0, r1))
                 y[here], lse[here], empty[here] = fw.y, fw.lse, fw.empty
+                lse_lo[here] = fw.lse_lo
                 rad["y"][here], rad["lse"][here] = fw.rad_y, fw.rad_lse
                 terms["y"][here], terms["lse"][here] = fw.terms_y, fw.terms_lse
                 if p.g is None:
@@ -547,7 +557,7 @@ def fast_attention(
                     _add_bias(sums["dbias"], index, nb, (r0, r1), parts["dbias"])
     balls = {
         "y": Ball(y, np.zeros_like(y), rad["y"], terms["y"]),
-        "lse": Ball(lse, np.zeros_like(lse), rad["lse"], terms["lse"]),
+        "lse": Ball(lse, lse_lo, rad["lse"], terms["lse"]),
     }
     if p.g is not None:
         balls.update(_finish(f, sums, counts))
