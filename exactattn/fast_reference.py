@@ -119,6 +119,11 @@ class _Lazy:
         if (self.kind == "b") != (x.dtype == bool) or (self.kind == "f" and x.dtype.kind != "f"):
             what = "booleans" if self.kind == "b" else "floats"
             raise TypeError(f"{self.name}({r0}, {r1}) must return {what}; got dtype {x.dtype}")
+        if self.kind == "f" and not (x < np.inf).all():
+            raise ValueError(
+                f"{self.name}({r0}, {r1}) contains NaN or +inf (−inf is allowed: it excludes "
+                "the pair)"
+            )
         try:
             return np.broadcast_to(x, want)
         except ValueError:
@@ -297,7 +302,7 @@ def _forward(
         if ok is not None:
             np.copyto(s, -np.inf, where=~ok)
         m = s.max(axis=1, initial=-np.inf)
-    empty = np.zeros(r, dtype=bool) if ok is None else ~ok.any(axis=1)
+    empty = np.full(r, n_k == 0) if ok is None else ~ok.any(axis=1)
     if np.isnan(m).any() or (m == np.inf).any() or (np.isinf(m) & ~empty).any():
         raise ValueError("a score overflows float64 (|c·q·k| > 1.8e308); rescale the inputs")
     m0 = np.where(empty, 0.0, m)

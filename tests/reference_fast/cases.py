@@ -2,9 +2,11 @@
 
 Every mask, bias and keep set is written here from its definition (``j ≤ i``, ``|i − j| ≤
 w``, ``j < L_b``, …), never through :mod:`exactattn.masks`. The judge is the arb reference
-(:func:`exactattn.certified.certified_attention`), whose balls are ~2^-70 wide: a fast
-enclosure is *correct* on an output element when it contains the whole arb ball,
-``|mid_fast − mid_arb| + rad_arb ≤ rad_fast``, decided exactly in mpmath.
+(:func:`exactattn.certified.certified_attention`), whose balls are ~2^-70 wide relative (and
+a few subnormal spacings absolute): a fast enclosure is *shown correct* on an output element
+when it contains the whole arb ball, ``|mid_fast − mid_arb| + rad_arb ≤ rad_fast``, and
+*refuted* when it contains no point of it, ``|mid_fast − mid_arb| − rad_arb > rad_fast``,
+both decided exactly in mpmath.
 """
 
 from __future__ import annotations
@@ -145,31 +147,52 @@ def _mid(hi: float, lo: float) -> mpmath.mpf:
     return mpmath.fadd(mpmath.mpf(hi), mpmath.mpf(lo), exact=True)
 
 
-def tightness(fast: Any, arb: Any) -> np.ndarray:
-    """Per element ``(|mid_fast − mid_arb| + rad_arb) / rad_fast``: ≤ 1 where the fast ball
-    contains the arb ball (0 for equal infinities, exact in mpmath then rounded up)."""
-    out = np.zeros(fast.hi.shape)
+@dataclass
+class Verdict:
+    """One output's comparison: the worst ``(|mid_fast − mid_arb| + rad_arb) / rad_fast``
+    over the elements it decides, how many elements are *refuted* (the fast ball misses
+    every point of the arb ball, so it misses the exact value) and how many are undecided
+    (the arb ball is not inside the fast ball and not outside it: only where arb's own
+    radius is as wide, at float64's subnormal resolution), with their largest magnitude."""
+
+    worst: float = 0.0
+    refuted: int = 0
+    undecided: int = 0
+    undecided_scale: float = 0.0
+
+
+def judge(fast: Any, arb: Any) -> Verdict:
+    """Compare a fast ball with an arb ball elementwise, exactly in mpmath."""
+    out = Verdict()
     with mpmath.workprec(2200):
         for index in np.ndindex(*fast.hi.shape):
             fh, ah = float(fast.hi[index]), float(arb.hi[index])
-            rad = float(fast.rad[index])
+            rad, arb_rad = float(fast.rad[index]), float(arb.rad[index])
             if np.isinf(fh) or np.isinf(ah):
-                out[index] = 0.0 if fh == ah and arb.rad[index] == 0 else np.inf
+                if not (fh == ah and arb_rad == 0):
+                    out.refuted += 1
                 continue
             if np.isinf(rad):
                 continue
             gap = abs(_mid(fh, float(fast.lo[index])) - _mid(ah, float(arb.lo[index])))
-            need = gap + mpmath.mpf(float(arb.rad[index]))
-            out[index] = 0.0 if need == 0 else (np.inf if rad == 0 else float(need / rad))
+            need = gap + mpmath.mpf(arb_rad)
+            if need <= rad:
+                ratio = 0.0 if need == 0 else float(need / rad)
+                out.worst = max(out.worst, ratio)
+            elif gap - mpmath.mpf(arb_rad) > rad:
+                out.refuted += 1
+            else:
+                out.undecided += 1
+                out.undecided_scale = max(out.undecided_scale, abs(ah) + arb_rad)
     return out
 
 
-def check(case: Case, fast_enclosure: Any, arb_enclosure: Any) -> dict[str, float]:
-    """The worst tightness of each output (``> 1``: the fast enclosure misses arb's)."""
+def check(case: Case, fast_enclosure: Any, arb_enclosure: Any) -> dict[str, Verdict]:
+    """Each output's verdict (a lazy bias has no dense ``dbias`` on the fast side)."""
     out = {}
     for name, ball in arb_enclosure.balls.items():
         if name == "dbias" and "bias" in case.lazy:
-            assert name not in fast_enclosure.balls  # a lazy bias has no dense gradient
+            assert name not in fast_enclosure.balls
             continue
-        out[name] = float(tightness(fast_enclosure[name], ball).max(initial=0.0))
+        out[name] = judge(fast_enclosure[name], ball)
     return out

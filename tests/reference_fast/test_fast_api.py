@@ -96,6 +96,8 @@ def test_bad_inputs_name_the_argument():
         fast_attention(q, k, v, allowed=lambda a, b: np.ones((3, 5), dtype=bool))
     with pytest.raises(TypeError, match=r"bias\(0, 4\) must return floats; got dtype int64"):
         fast_attention(q, k, v, bias=lambda a, b: np.zeros((b - a, 5), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"bias\(0, 4\) contains NaN or \+inf"):
+        fast_attention(q, k, v, bias=lambda a, b: np.full((b - a, 5), np.inf))
     with pytest.raises(TypeError, match=r"allowed\(0, 4\) must return booleans"):
         fast_attention(q, k, v, allowed=lambda a, b: np.ones((b - a, 5)))
     with pytest.raises(ValueError, match="row_block must be an integer >= 1"):
