@@ -90,6 +90,11 @@ def _norms(x: np.ndarray) -> np.ndarray:
     return np.sqrt(sq) * (1 + (d + 4) * U) + math.sqrt(d) * 2.0**-537
 
 
+def _col(a: np.ndarray) -> np.ndarray:
+    """A per-row budget as a column, against an (r, ·) array."""
+    return a[:, None]
+
+
 # --- the problem ------------------------------------------------------------------------
 Rows = Callable[[int, int], np.ndarray]
 
@@ -341,15 +346,14 @@ def _forward(
     g2 = (1 + gn) / (1 - gn)
     kbar = f.kappa_hat * (1 + 4 * U)
     vmax = keys.v_max[None, :]
-    col = lambda a: a[:, None]  # noqa: E731 - a per-row budget against (r, dv)
-    weights = col(np.exp(ehat)) * (
-        col(eps1 + ebar) * (col(np.exp(H + ehat)) * g2 * zt + 3 * TAU * n_k * vmax)
-        + col(eps2) * vmax
+    weights = _col(np.exp(ehat)) * (
+        _col(eps1 + ebar) * (_col(np.exp(H + ehat)) * g2 * zt + 3 * TAU * n_k * vmax)
+        + _col(eps2) * vmax
     )
     rounding = (math.expm1(rho) + math.exp(rho) * gn) * g2 * zt
     rad_y = SLACK * kbar * (rounding + weights + 3 * TAU * n_k * vmax + 2 * (n_k + 4) * MU) + MU
     rad_lse = SLACK * (lam + ehat + FUNC_ULPS * U * np.abs(log_l) + FUNC_ABS) + MU
-    rad_y = np.where(col(empty), 0.0, np.where(col(vacuous), np.inf, rad_y))
+    rad_y = np.where(_col(empty), 0.0, np.where(_col(vacuous), np.inf, rad_y))
     rad_lse = np.where(empty, 0.0, np.where(vacuous, np.inf, rad_lse))
     return _Forward(
         y=y,
@@ -397,7 +401,6 @@ def _reverse(
     r = q.shape[0]
     n_k = keys.k.shape[0]
     dv = keys.v.shape[1]
-    col = lambda a: a[:, None]  # noqa: E731
     live = ~fw.empty & ~fw.vacuous
     D = np.matmul(g, keys.v.T, out=tiles["d"][:r])
     gn = _norms(g)
@@ -410,14 +413,14 @@ def _reverse(
         dD = kbar * (dD + 3 * UB * Dmax) + MU
         Dmax = kbar * Dmax * (1 + U)
     delta = np.einsum("ia,ia->i", g, fw.y)
-    rad_y = np.where(col(live), fw.rad_y, 0.0)
+    rad_y = np.where(_col(live), fw.rad_y, 0.0)
     ga = np.abs(g)
     d_delta = (ga * rad_y).sum(axis=1) + _gamma(dv) * (ga * np.abs(fw.y)).sum(axis=1) + dv * MU
     d_delta = d_delta * (1 + _gamma(dv + 1))
-    X = np.subtract(D, col(delta), out=D)  # ρ∘dP − δ
+    X = np.subtract(D, _col(delta), out=D)  # ρ∘dP − δ
     Xmax = Dmax + np.abs(delta) * (1 + U)
     dX = dD + d_delta + UB * Xmax
-    P = np.multiply(fw.e, col(1 / fw.l), out=fw.e)  # P̂ = ê·fl(1/ℓ̂)
+    P = np.multiply(fw.e, _col(1 / fw.l), out=fw.e)  # P̂ = ê·fl(1/ℓ̂)
     # log(P̂/P) ≤ π0 + β|x̂| (docs/fast_reference.md §4); zero for empty and vacuous rows
     pi0 = np.where(live, fw.C + fw.ehat + fw.lam + 2 * UB, 0.0)
     pimax = pi0 + fw.beta * GAP
@@ -427,30 +430,30 @@ def _reverse(
     omega = np.where(live, 9 * TAU * Xmax + 4 * TAU * dX + 2 * MU, 0.0)
     # G'_ij = β·e^{2π}·|x̂_ij|, with |x̂| clamped to GAP (beyond it a pair is charged τ)
     gap = np.negative(np.maximum(fw.x, -GAP, out=fw.x), out=fw.x)
-    gap = np.multiply(gap, col(fw.beta * grow), out=gap)
+    gap = np.multiply(gap, _col(fw.beta * grow), out=gap)
     mags = tiles["w"][:, :r]
     W = np.abs(X, out=mags[0])  # W = P̂∘(α|X̂| + G'·Xmax + γ) ≥ |dŜ − dS| − ω
-    W *= col(alpha)
-    W += np.multiply(gap, col(np.where(live, Xmax, 0.0)), out=mags[1])
-    W += col(gamma_x)
+    W *= _col(alpha)
+    W += np.multiply(gap, _col(np.where(live, Xmax, 0.0)), out=mags[1])
+    W += _col(gamma_x)
     W *= P
     dS = np.multiply(X, P, out=X)
     out: dict[str, tuple] = {}
     if f.bias.dense and f.p.g is not None:
-        out["dbias"] = (dS.copy(), W + col(omega), np.abs(dS))
+        out["dbias"] = (dS.copy(), W + _col(omega), np.abs(dS))
     dsig = None
     if fw.t is not None:  # dS̃ = dS∘(1 − t²), |t̂ − t| ≤ dt
         sig = np.multiply(fw.t, fw.t, out=fw.t)
         np.subtract(1.0, sig, out=sig)
         dsig = (2 + fw.dt) * fw.dt + 2 * UB
-        W *= col(1 + dsig)
-        W += np.abs(dS) * col((dsig + UB) * (1 + 2 * U))
+        W *= _col(1 + dsig)
+        W += np.abs(dS) * _col((dsig + UB) * (1 + 2 * U))
         omega = omega * (1 + dsig)
         np.multiply(dS, sig, out=dS)
     np.abs(dS, out=mags[1])
     mq = dS @ keys.k
     rq, tq = mags @ keys.k_abs
-    rq = rq + col(omega) * keys.k_sum + n_k * MU
+    rq = rq + _col(omega) * keys.k_sum + n_k * MU
     qa = np.abs(q)
     mk = dS.T @ q
     rk, tk = np.swapaxes(mags, 1, 2) @ qa
@@ -458,12 +461,12 @@ def _reverse(
     # dV: |P̂ − P| ≤ P̂(π0 + β|x̂|)e^{2π} + 5τ, and the sum's rounding (keep dropped: ≥)
     Pk = P if fw.keep is None else np.where(fw.keep, P, 0.0)
     mv = Pk.T @ g
-    Wv = np.add(gap, col(pi0 * grow + counts.gamma), out=mags[0])
+    Wv = np.add(gap, _col(pi0 * grow + counts.gamma), out=mags[0])
     Wv *= P
     np.copyto(mags[1], Pk)
     rv, tv = np.swapaxes(mags, 1, 2) @ ga
     rv = rv + 5 * TAU * ga.sum(axis=0)[None, :] + r * MU
-    vac_q = col(fw.vacuous)
+    vac_q = _col(fw.vacuous)
     out["dq"] = (mq, np.where(vac_q, np.inf, rq), tq)
     any_vac = bool(fw.vacuous.any())
     out["dk"] = (mk, np.inf if any_vac else rk, tk)

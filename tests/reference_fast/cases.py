@@ -73,8 +73,8 @@ def _mask(rng, kind: str, batch: tuple, n_q: int, n_k: int) -> np.ndarray | None
 
 
 def draw(seed: int) -> Case:
-    """One case: sizes, batch/GQA layout, input distribution, mask, bias (with −∞),
-    softcap, dropout, scale, row block and which arguments go lazy, all from the seed."""
+    """One case: sizes, batch/GQA layout, input distribution and dtype, mask, bias (with
+    −∞), softcap, dropout, scale, row block and which arguments go lazy, from the seed."""
     rng = np.random.default_rng(seed)
     dist = DISTS[int(rng.integers(len(DISTS)))]
     n_q, n_k = (int(x) for x in rng.integers(1, 11, size=2))
@@ -107,6 +107,8 @@ def draw(seed: int) -> Case:
             x += rng.standard_normal(x.shape) * 10 * (rng.random(x.shape) < 0.1)
     elif dist == "single-rounding":
         q, k = q * 40, k * 40
+    if rng.random() < 0.1:  # float32 inputs: exact in float64, as arb takes them
+        q, k, v, g = (x.astype(np.float32) for x in (q, k, v, g))
     keywords: dict[str, Any] = {}
     scale_kind = int(rng.integers(3))
     if dist == "single-rounding":
@@ -136,7 +138,7 @@ def draw(seed: int) -> Case:
         if name in keywords and keywords[name].ndim >= 2 and rng.random() < 0.5
     )
     fast_keywords = {"row_block": int(rng.integers(1, n_q + 1))}
-    label = f"{dist}, mask {mask}, n_q={n_q} n_k={n_k} d={d} dv={dv} batch={batch}"
+    label = f"{dist} {q.dtype}, mask {mask}, n_q={n_q} n_k={n_k} d={d} dv={dv} batch={batch}"
     label += "".join(f", {key}" for key in sorted(keywords) if key not in ("allowed",))
     if lazy:
         label += f", lazy {','.join(lazy)}"
