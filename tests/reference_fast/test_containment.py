@@ -22,7 +22,7 @@ requires("flint")
 
 from exactattn.certified import certified_attention
 from exactattn.fast_reference import fast_attention
-from tests.reference_fast.cases import check, draw
+from tests.reference_fast.cases import check, draw, judge
 
 FAST_CASES = 120
 SLOW_CASES = 3000
@@ -69,3 +69,34 @@ def test_the_enclosures_contain_arb_on_thousands_of_drawn_cases():
 def test_a_copy_with_the_radius_halved_is_caught():
     failures, worst, _, _ = _judge(range(FAST_CASES), halve=True)
     assert failures, f"no case refuted the halved radius (worst tightness {worst:.3f})"
+
+
+def _rows(table: np.ndarray):
+    return lambda start, stop: table[..., start:stop, :]
+
+
+@pytest.mark.parametrize(
+    "n", [pytest.param(160, id="n=160"), pytest.param(600, id="n=600", marks=pytest.mark.slow)]
+)
+def test_longer_rows_with_every_feature_contain_arb(n):
+    """Where n·u terms and cancellation matter: a lazy bottom-right causal mask, a lazy
+    bias with −∞ entries, dropout, softcap, 2 heads over 1 key/value head, n_q ≠ n_k and
+    row blocks of 48 with a tail."""
+    rng = np.random.default_rng(n)
+    n_q, n_k = n, n + 37
+    q = rng.standard_normal((2, n_q, 16)) * 2
+    k = rng.standard_normal((1, n_k, 16)) * 2
+    v = rng.standard_normal((1, n_k, 8))
+    g = rng.standard_normal((2, n_q, 8))
+    allowed = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
+    bias = rng.standard_normal((n_q, n_k))
+    bias[rng.random((n_q, n_k)) < 0.05] = -np.inf
+    keep = rng.random((2, n_q, n_k)) >= 0.2
+    keywords = dict(allowed=allowed, bias=bias, keep=keep, dropout_p=0.2, softcap=8.0)
+    arb = certified_attention(q, k, v, g, enable_gqa=True, **keywords)
+    lazy = {"allowed": _rows(allowed), "bias": _rows(bias)}
+    fast = fast_attention(q, k, v, g, enable_gqa=True, row_block=48, **dict(keywords, **lazy))
+    for name, ball in fast.balls.items():
+        verdict = judge(ball, arb[name])
+        assert verdict.refuted == verdict.undecided == 0, name
+        assert np.isfinite(ball.rad).all() and ball.rad.max() < 1e-10, name
