@@ -431,45 +431,45 @@ def _meets_target(ball: Ball) -> bool:
     return bool(np.all(ball.rad <= 2.0**-TARGET_BITS * ball.terms + _FLOOR))
 
 
+ARB_AFFORDABLE_N = 4096  # arb forward + backward at n = 4096: ~45 s on 2 cores; beyond, hours
+BACKWARD_N = 8192  # timed forward + backward up to this n, the forward alone beyond
+
+
 def time_reference(
-    n: int, d: int, *, seed: int = 0, workers: int | None = None, baseline: bool = True
-) -> dict[str, Any]:
-    """Time forward + backward at ``n_q = n_k = n``, head dim ``d`` (the precision sweep's
-    normal inputs), next to the previous reference — the library's tiled code over
-    :class:`~exactattn.backends.flint_backend.FlintContext` at 200 bits — in the same run.
+    n: int, d: int, *, seed: int = 0, workers: int | None = None, backward: bool | None = None
+) -> list[dict[str, Any]]:
+    """Time each reference a sweep or check would use at ``n_q = n_k = n``, head dim ``d``
+    (the precision sweep's normal inputs): arb (this module, ``workers`` processes) where
+    affordable (``n ≤ ARB_AFFORDABLE_N``) and the float64 one
+    (:func:`exactattn.fast_reference.fast_attention`).
 
-    Returns wall seconds and CPU seconds (all processes; on a busy machine the CPU time
-    per process is what an idle one would take), the precision chosen, the largest radius,
-    the worst accuracy in bits, and with ``baseline`` the previous reference's seconds and
-    the ratios (wall and CPU).
+    ``backward``: time forward + backward (``None``: for ``n ≤ BACKWARD_N``). One dict per
+    reference: ``name``, ``n``, ``d``, ``pass`` (``fwd`` or ``fwd+bwd``), wall ``seconds``
+    (radius included), ``cpu_seconds`` (all processes) and the largest ``radius``.
     """
-    from . import api
-    from .backends.flint_backend import FlintContext
     from .cases.inputs import make_inputs
+    from .fast_reference import time_fast_reference
 
-    x = make_inputs("normal", n, d, seed)
-    workers = workers or min(2, multiprocessing.cpu_count())
-    cpu = _cpu_seconds()
-    enc = certified_attention(x["q"], x["k"], x["v"], x["g"], workers=workers)
-    out: dict[str, Any] = {
-        "n": n,
-        "d": d,
-        "workers": workers,
-        "seconds": enc.seconds,
-        "cpu_seconds": _cpu_seconds() - cpu,
-        "prec": enc.prec,
-        "max_radius": enc.max_radius,
-        "accuracy_bits": min(b.accuracy_bits() for b in enc.balls.values()),
-    }
-    if baseline:
-        ctx = FlintContext(200)
-        start, cpu = time.perf_counter(), _cpu_seconds()
-        y, stats = api.attention(x["q"], x["k"], x["v"], return_stats=True, backend=ctx)
-        api.attention_backward(x["q"], x["k"], x["v"], y, stats, x["g"], backend=ctx)
-        out["baseline_seconds"] = time.perf_counter() - start
-        out["baseline_cpu_seconds"] = _cpu_seconds() - cpu
-        out["speedup"] = out["baseline_seconds"] / enc.seconds
-        out["cpu_speedup"] = out["baseline_cpu_seconds"] / out["cpu_seconds"]
+    backward = n <= BACKWARD_N if backward is None else backward
+    out = []
+    if n <= ARB_AFFORDABLE_N:
+        x = make_inputs("normal", n, d, seed)
+        workers = workers or min(2, multiprocessing.cpu_count())
+        cpu = _cpu_seconds()
+        g = x["g"] if backward else None
+        enc = certified_attention(x["q"], x["k"], x["v"], g, workers=workers)
+        out.append(
+            {
+                "name": "arb",
+                "n": n,
+                "d": d,
+                "pass": "fwd+bwd" if backward else "fwd",
+                "seconds": enc.seconds,
+                "cpu_seconds": _cpu_seconds() - cpu,
+                "radius": enc.max_radius,
+            }
+        )
+    out.append(time_fast_reference(n, d, backward=backward, seed=seed))
     return out
 
 
