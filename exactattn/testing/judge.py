@@ -57,6 +57,7 @@ class Finding:
     overflow_risk: bool = False  # the case's magnitudes reach the claimed formats' range
     block_size: int | None = None  # the key-block size the bound assumed
     own_block: bool = False  # the target tiles with the case's block size (exactattn's own)
+    reference: str = ""  # which certified reference served: "arb" or "float64"
 
 
 def _mpf(e: Any) -> mpmath.mpf:

@@ -75,10 +75,13 @@ class Report:
     compile: Counter = field(default_factory=Counter)  # FlexAttention's compile statistics
     notes: list[str] = field(default_factory=list)
     known: dict[str, Counter] = field(default_factory=dict)  # per unit: upstream bug → cases
+    served: dict[str, Counter] = field(default_factory=dict)  # per unit: reference → cases
 
     def add(self, findings: list[Finding]) -> None:
         for f in findings:
             self.counts.setdefault(f.target, Counter())[f.status] += 1
+            if f.reference:
+                self.served.setdefault(f.target, Counter())[f.reference] += 1
             if f.status == "known-upstream":
                 self.known.setdefault(f.target, Counter())[f.detail] += 1
             if f.status == "skip":

@@ -49,6 +49,7 @@ class Settings:
     progress: bool = False
     sampled: bool = True  # False: slow interpreters run every case they take
     program: tuple[str | None, str | None] | None = None  # a user's (mask_mod, score_mod)
+    fast_reference: bool = True  # the float64 reference where it serves, arb elsewhere
 
 
 @dataclass
@@ -107,7 +108,7 @@ class Variants:
         """Every unit's finding on ``case``, a failure a known bug explains reclassified
         (:func:`.known.reclassify`: ``KNOWN-UPSTREAM`` is reported, not failed)."""
         s = self.settings
-        options = Options(s.grads, s.determinism, s.baselines, s.sampled)
+        options = Options(s.grads, s.determinism, s.baselines, s.sampled, s.fast_reference)
         by_name = {u.name: u for u in units}
         return [reclassify(by_name[f.target], case, f) for f in check_case(case, units, options)]
 
