@@ -40,6 +40,7 @@ from pathlib import Path
 
 from .. import executors
 from ..formats import canonical_name
+from ..testing.profiles import PROFILES
 
 DEFAULT_FAILURES = "check-failures"
 
@@ -71,9 +72,16 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("targets", nargs="*", metavar="TARGET")
-    parser.add_argument("--examples", type=int, default=200, help="cases to draw (default 200)")
+    parser.add_argument(
+        "--profile", default="default", choices=("smoke", "default", "deep"),
+        help="cases, sizes and budget: smoke (CI, <= 20 s), default (200 cases, n <= 2048, "
+        "<= 2 min), deep (n <= 4096, <= 20 min)",
+    )  # fmt: skip
+    parser.add_argument("--examples", type=int, default=None, help="cases (default: profile's)")
     parser.add_argument("--dtypes", nargs="+", default=None, help="default: each target's own")
-    parser.add_argument("--max-n", type=int, default=32, help="largest n_q, n_k (default 32)")
+    parser.add_argument(
+        "--max-n", type=int, default=None, help="largest n_q, n_k (default: the profile's)"
+    )
     parser.add_argument("--grads", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0)")
     executors.add_arguments(parser)
@@ -127,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         return _replay(args, spec)
     if not args.targets:
         return _error("name at least one TARGET (see --list)")
+    profile = PROFILES[args.profile]
+    args.examples = profile.examples if args.examples is None else args.examples
+    args.max_n = profile.max_n if args.max_n is None else args.max_n
+    if args.max_n < 1:
+        return _error(f"--max-n must be >= 1; got {args.max_n}")
     if args.examples < 1:
         return _error(f"--examples must be >= 1; got {args.examples}")
     wrong = executors.check_arguments(args)
@@ -153,7 +166,7 @@ def _program(args: argparse.Namespace) -> tuple[str | None, str | None] | None:
     if args.mask_mod is None and args.score_mod is None:
         return None
     program = (args.mask_mod, args.score_mod)
-    try_program(*program, args.max_n)
+    try_program(*program, args.max_n or PROFILES[args.profile].max_n)
     return program
 
 
@@ -176,10 +189,13 @@ def _check(args, chosen, dtypes, spec, program) -> int:
     from ..journal import Journal, code_fingerprint
     from ..testing import report, session
 
+    profile = PROFILES[args.profile]
     settings = session.Settings(
         examples=args.examples,
         dtypes=dtypes,
         max_n=args.max_n,
+        max_d=profile.max_d,
+        budget=profile.budget,
         grads=args.grads,
         seed=args.seed,
         device=args.device,
@@ -246,7 +262,7 @@ def _target_spec(target, spec: dict) -> dict | None:
 
 
 def _print(result, rows, failures: list[str]) -> None:
-    from ..testing import report
+    from ..testing import coverage, report
 
     s = result.settings
     print(
@@ -266,6 +282,7 @@ def _print(result, rows, failures: list[str]) -> None:
         f" {'grad max':>9} {'/naive':>7} {'/FA-2':>7} {'vacuous':>8}"
     )
     print(head)
+    print(f"  {coverage.TABLE_LEGEND}")
     for r in rows:
         print(
             f"  {r['variant']:<26} {r['run']:>5} {r['skipped']:>5} {r['failed']:>4}"
@@ -281,6 +298,8 @@ def _print(result, rows, failures: list[str]) -> None:
     for p in result.probes:
         state = "ok" if p.ok else f"FAIL: {p.detail}"
         print(f"  dropout probe {p.target}: keep rate {p.keep_rate:.4f} (p={p.p}) {state}")
+    for line in coverage.table(result.report.coverage, result.variants):
+        print(line)
     for line in report.known_upstream(result):
         print(line)
     for text in failures:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cases import Case
+from . import coverage
 from .check import target_errors
 from .judge import Finding
 from .session import Result
@@ -221,6 +222,7 @@ def markdown(result: Result, rows: list[dict[str, Any]], failures: list[str]) ->
         "vacuous: share of cases whose derived bound was at least the output's scale.",
         "",
     ]
+    body += ["## Coverage", "", *coverage.markdown(result.report.coverage, result.variants), ""]
     reasons = [(r["variant"], r["skip_reasons"], r["grads_skipped"]) for r in rows]
     if any(skips or grads for _, skips, grads in reasons):
         body += ["## Skipped, with reasons", ""]
@@ -264,6 +266,7 @@ def write(result: Result, directory: str | Path, failures: list[str]) -> tuple[P
         "unavailable": result.unavailable,
         "unsupported_dtypes": result.unsupported_dtypes,
         "variants": rows,
+        "coverage": coverage.rows(result.report.coverage, result.variants),
         "probes": [vars(p) for p in result.probes],
         "compile": result.compile,
         "failures": [

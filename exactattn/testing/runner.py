@@ -46,6 +46,7 @@ from ..cases import Case, Draw, build_case
 from ..executors import Executor, LocalExecutor, WorkerDied, as_completed
 from ..journal import Journal
 from ..progress import Progress
+from .coverage import tally
 from .judge import Finding
 
 CRASHED = "the worker process died judging this case"
@@ -76,9 +77,12 @@ class Report:
     notes: list[str] = field(default_factory=list)
     known: dict[str, Counter] = field(default_factory=dict)  # per unit: upstream bug → cases
     served: dict[str, Counter] = field(default_factory=dict)  # per unit: reference → cases
+    coverage: dict[str, Counter] = field(default_factory=dict)  # per unit (.coverage.tally)
 
-    def add(self, findings: list[Finding]) -> None:
+    def add(self, findings: list[Finding], draw: Draw | None = None) -> None:
         for f in findings:
+            if draw is not None:
+                tally(self.coverage, f, draw)
             self.counts.setdefault(f.target, Counter())[f.status] += 1
             if f.reference:
                 self.served.setdefault(f.target, Counter())[f.reference] += 1
@@ -219,7 +223,7 @@ def search(
         bar.close()
     judged = sorted(found)
     for i in judged:
-        report.add(found[i])
+        report.add(found[i], draws[i])
     report.examples = len(judged)
     first: dict[str, tuple[int, Finding]] = {}
     for i in judged:
