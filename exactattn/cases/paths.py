@@ -93,7 +93,7 @@ def check_draws(
     blocks: tuple[int, ...] = (),
     max_n: int = 2048,
     max_d: int | None = None,
-    budget: int = 1 << 18,
+    budget: int = 1 << 17,
     dtypes: tuple[str, ...] | None = None,
     layouts: tuple[str, ...] = ("contiguous",),
     dropout: bool = False,

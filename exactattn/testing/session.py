@@ -38,7 +38,7 @@ class Settings:
     dtypes: tuple[str, ...] | None = None
     max_n: int = 2048
     max_d: int | None = None  # None: the field's head dims (exactattn.cases.paths)
-    budget: int = 1 << 18  # the largest B·H·n_q·n_k of a drawn case
+    budget: int = 1 << 17  # the largest B·H·n_q·n_k of a drawn case
     grads: bool = True
     seed: int = 0
     device: str = "cpu"
