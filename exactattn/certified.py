@@ -431,49 +431,7 @@ def _meets_target(ball: Ball) -> bool:
     return bool(np.all(ball.rad <= 2.0**-TARGET_BITS * ball.terms + _FLOOR))
 
 
-def time_reference(
-    n: int, d: int, *, seed: int = 0, workers: int | None = None, baseline: bool = True
-) -> dict[str, Any]:
-    """Time forward + backward at ``n_q = n_k = n``, head dim ``d`` (the precision sweep's
-    normal inputs), next to the previous reference — the library's tiled code over
-    :class:`~exactattn.backends.flint_backend.FlintContext` at 200 bits — in the same run.
-
-    Returns wall seconds and CPU seconds (all processes; on a busy machine the CPU time
-    per process is what an idle one would take), the precision chosen, the largest radius,
-    the worst accuracy in bits, and with ``baseline`` the previous reference's seconds and
-    the ratios (wall and CPU).
-    """
-    from . import api
-    from .backends.flint_backend import FlintContext
-    from .cases.inputs import make_inputs
-
-    x = make_inputs("normal", n, d, seed)
-    workers = workers or min(2, multiprocessing.cpu_count())
-    cpu = _cpu_seconds()
-    enc = certified_attention(x["q"], x["k"], x["v"], x["g"], workers=workers)
-    out: dict[str, Any] = {
-        "n": n,
-        "d": d,
-        "workers": workers,
-        "seconds": enc.seconds,
-        "cpu_seconds": _cpu_seconds() - cpu,
-        "prec": enc.prec,
-        "max_radius": enc.max_radius,
-        "accuracy_bits": min(b.accuracy_bits() for b in enc.balls.values()),
-    }
-    if baseline:
-        ctx = FlintContext(200)
-        start, cpu = time.perf_counter(), _cpu_seconds()
-        y, stats = api.attention(x["q"], x["k"], x["v"], return_stats=True, backend=ctx)
-        api.attention_backward(x["q"], x["k"], x["v"], y, stats, x["g"], backend=ctx)
-        out["baseline_seconds"] = time.perf_counter() - start
-        out["baseline_cpu_seconds"] = _cpu_seconds() - cpu
-        out["speedup"] = out["baseline_seconds"] / enc.seconds
-        out["cpu_speedup"] = out["baseline_cpu_seconds"] / out["cpu_seconds"]
-    return out
-
-
-def _cpu_seconds() -> float:
+def cpu_seconds() -> float:
     """CPU time of this process and of its finished worker processes."""
     try:
         import resource

@@ -72,6 +72,7 @@ class Draw:
     score: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
     softcap: float | None = None
     score_mod: str | None = None
+    note: str = ""  # what the case is drawn as (a path, "ill-conditioned: ..."): Case.note
 
 
 @dataclass
@@ -260,7 +261,7 @@ class Case:
         parts = [
             f"q {tuple(self.q.shape)}, k {tuple(self.k.shape)}, v {tuple(self.v.shape)}",
             f"dtype {self.dtype}" if self.dtype else "",
-            f"mask {maskspec.describe(self.mask)}",
+            f"mask {maskspec.describe(maskspec.simplified(self.mask))}",
             maskspec.describe_score(self.score, self.softcap),
             f"score_mod {self.score_mod}" if self.score_mod else "",
             f"scale {self.c():.6g}" + ("" if self.scale is not None else " (default)"),
@@ -388,6 +389,7 @@ def build_case(draw: Draw) -> Case:
         seed=draw.seed if draw.dropout_p else None,
         dtype=draw.dtype,
         layout=draw.layout,
+        note=draw.note,
     )
     score, bias = _fill_score(draw.score, rng, b, draw.n_q, draw.n_k)
     case.score, case.bias, case.softcap, case.score_mod = score, bias, draw.softcap, draw.score_mod

@@ -11,6 +11,12 @@ a user's ``score_mod`` evaluated over the balls by the reference itself). What c
 is a :class:`Reference`: per output the value (double-double midpoints ``hi + lo``, and the
 exact midpoints as mpmath numbers), the radius of each entry, the precision used and the
 time; the gradients ``dq, dk, dv`` (and ``dbias``) when asked.
+
+Two references answer: arb balls (:func:`certified`, any case, slow beyond n ≈ 1000) and
+float64 with a rounding budget (:func:`fast`, O(n·d) memory, BLAS speed); :func:`serves`
+decides per case and tolerance (the float64 one where its radius is below 2^-20 of the
+target's allowed error, output by output: never for float64 targets or exact ones);
+``Reference.served`` says which answered.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class Reference:
     held: dict[str, np.ndarray]
     program_bias: np.ndarray | None = None  # a user's additive score_mod as a bias (float64)
     unbounded: str = ""  # why no error bound can be derived for this case ("" when one can)
+    served: str = "arb"  # which reference computed it: "arb" or "float64" (fast_reference)
     names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +115,51 @@ def keep_bits(case: Case) -> np.ndarray | None:
     return spec.keep(case.dropout_p, case.seed, case.batch, n["n_q"], n["n_k"])
 
 
+FAST_SHARE = 2.0**-20  # the float64 reference serves where its radius is below this share
+
+
+def fast(case: Case, held: dict[str, np.ndarray] | None = None, *, grads: bool = True):
+    """The float64 certified reference of ``case`` (:func:`exactattn.fast_reference.
+    fast_attention`: naive attention a block of query rows at a time, the allowed set read a
+    strip of rows at a time from the spec's definition, :meth:`Case.allowed_rows`), or None
+    where it cannot serve: a ``score_mod``, or a row whose float64 budget is vacuous (an
+    infinite radius: scores near float64's range)."""
+    if case.score_mod is not None:
+        return None
+    from ..fast_reference import fast_attention
+
+    held = held if held is not None else case.arrays()
+    enclosure = fast_attention(
+        held["q"],
+        held["k"],
+        held["v"],
+        held["g"] if grads else None,
+        scale=case.scale,
+        allowed=case.allowed_rows if case.masked else None,
+        keep=keep_bits(case),
+        dropout_p=case.dropout_p,
+        enable_gqa=case.group > 1,
+        bias=held.get("bias"),
+        softcap=case.softcap,
+    )
+    if not all(np.isfinite(ball.rad).all() for ball in enclosure.balls.values()):
+        return None
+    return Reference(enclosure, case, held, served="float64")
+
+
+def serves(ref: Reference, bound: dict[str, np.ndarray]) -> bool:
+    """Whether ``ref``'s radius is below :data:`FAST_SHARE` of the allowed error ``bound``:
+    per output, the largest radius against the largest bound (the judge adds the radius to
+    each entry's limit all the same, so this decides sharpness, never soundness; an exact
+    target's bound 0: never)."""
+    return all(
+        float(np.max(ref.rad[name], initial=0.0))
+        <= FAST_SHARE * float(np.max(bound[name], initial=0.0))
+        for name in ref.names
+        if name in bound
+    )
+
+
 def certified(
     case: Case,
     held: dict[str, np.ndarray] | None = None,
@@ -119,7 +171,9 @@ def certified(
     """The certified reference of ``case`` on the inputs exactly as ``held`` (default: the
     case's float64 arrays, bias included); ``grads=False``: the forward only; ``prec``:
     bits (``None``: the lowest rung of :data:`exactattn.certified.LADDER` that certifies every
-    output to 2^-70 of its summands); ``workers``: processes sharing the blocks of rows."""
+    output to 2^-70 of its summands); ``workers``: processes sharing the blocks of rows.
+    The arb reference; :func:`fast` is the float64 one, which a caller uses where
+    :func:`serves` says its radius is small enough for the tolerance at hand."""
     held = held if held is not None else case.arrays()
     score_mod = None
     if case.score_mod is not None:

@@ -158,6 +158,28 @@ def leaves(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [spec]
 
 
+def simplified(spec: dict[str, Any]) -> dict[str, Any]:
+    """The same allowed set with the composition written shortest: ``none`` (every pair) is
+    the identity of ``and`` and absorbs an ``or``, a nested ``and`` in an ``and`` (``or`` in
+    ``or``) is flattened, repeated parts kept once, a single part stands alone
+    (``and(and(none, none), and(none, none))`` is ``none``)."""
+    kind = spec["kind"]
+    if kind not in COMBINATORS:
+        return spec
+    parts: list[dict[str, Any]] = []
+    for part in (simplified(p) for p in spec["parts"]):
+        for leaf in part["parts"] if part["kind"] == kind else [part]:
+            if leaf not in parts:
+                parts.append(leaf)
+    if any(p["kind"] == "none" for p in parts):
+        if kind == "or":
+            return {"kind": "none"}
+        parts = [p for p in parts if p["kind"] != "none"]
+    if not parts:
+        return {"kind": "none"}
+    return parts[0] if len(parts) == 1 else {"kind": kind, "parts": parts}
+
+
 def describe(spec: dict[str, Any]) -> str:
     """A one-line human description, e.g. ``and(causal[bottom-right], window(2, 0))``."""
     kind = spec["kind"]

@@ -40,16 +40,48 @@ from pathlib import Path
 
 from .. import executors
 from ..formats import canonical_name
+from ..testing.profiles import PROFILES
 
 DEFAULT_FAILURES = "check-failures"
 
 
+EPILOG = """your own function (MODULE:FUNCTION or path/to/file.py:FUNCTION):
+  its signature decides what it is given: without enable_gqa, GQA cases get K, V expanded
+  over each group; without dropout_p, no dropout case and no dropout probe (said once).
+  --claim states its arithmetic, from which the tolerance is derived (default: the input
+  dtype throughout, key blocks unstated = the worst case); --supports says what it takes
+  (anything else is skipped with the reason). For example:
+
+  exactattn check mykernels.py:attention --convention sdpa \\
+      --claim scores=fp32,stats=fp32,acc=fp32,block=128 \\
+      --supports masks=none+causal,gqa=no,dropout=no,bias=yes,empty_rows=yes
+
+  --claim keys: input, scores, stats, p, acc (formats: fp16, bf16, fp32, fp64, ...),
+  block (an integer, or naive), group=input (a GQA backward that sums each group's per-head
+  dK, dV in the input dtype). --supports keys: dtypes, devices, masks (joined by +);
+  grads, dropout (yes/no/own), lse, gqa, cross, empty_rows, bias, softcap, program,
+  equal_head_dims (yes/no).
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="exactattn check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="exactattn check",
+        description=__doc__.split("\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("targets", nargs="*", metavar="TARGET")
-    parser.add_argument("--examples", type=int, default=200, help="cases to draw (default 200)")
+    parser.add_argument(
+        "--profile", default="default", choices=("smoke", "default", "deep"),
+        help="cases, sizes and budget: smoke (CI, <= 20 s), default (200 cases, n <= 2048, "
+        "<= 2 min), deep (n <= 4096, <= 20 min)",
+    )  # fmt: skip
+    parser.add_argument("--examples", type=int, default=None, help="cases (default: profile's)")
     parser.add_argument("--dtypes", nargs="+", default=None, help="default: each target's own")
-    parser.add_argument("--max-n", type=int, default=32, help="largest n_q, n_k (default 32)")
+    parser.add_argument(
+        "--max-n", type=int, default=None, help="largest n_q, n_k (default: the profile's)"
+    )
     parser.add_argument("--grads", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0)")
     executors.add_arguments(parser)
@@ -59,8 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", metavar="DIR", default=None)
     parser.add_argument("--save-failures", metavar="DIR", default=None)
     parser.add_argument("--convention", default=None, help="for MODULE:FUNCTION targets")
-    parser.add_argument("--claim", default=None, help="claimed arithmetic of your target")
-    parser.add_argument("--supports", default=None, help="what your target takes")
+    parser.add_argument(
+        "--claim", default=None, help="claimed arithmetic of your target, e.g. "
+        "scores=fp32,stats=fp32,acc=fp32,block=128 (see below)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--supports", default=None, help="what your target takes, e.g. "
+        "masks=none+causal,gqa=no,dropout=no (see below)",
+    )  # fmt: skip
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
     parser.add_argument("--replay", metavar="FILE", default=None, help="re-run a replay file")
     parser.add_argument("--no-determinism", action="store_true", help="skip the second run")
@@ -97,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         return _replay(args, spec)
     if not args.targets:
         return _error("name at least one TARGET (see --list)")
+    profile = PROFILES[args.profile]
+    args.examples = profile.examples if args.examples is None else args.examples
+    args.max_n = profile.max_n if args.max_n is None else args.max_n
+    if args.max_n < 1:
+        return _error(f"--max-n must be >= 1; got {args.max_n}")
     if args.examples < 1:
         return _error(f"--examples must be >= 1; got {args.examples}")
     wrong = executors.check_arguments(args)
@@ -123,7 +166,7 @@ def _program(args: argparse.Namespace) -> tuple[str | None, str | None] | None:
     if args.mask_mod is None and args.score_mod is None:
         return None
     program = (args.mask_mod, args.score_mod)
-    try_program(*program, args.max_n)
+    try_program(*program, args.max_n or PROFILES[args.profile].max_n)
     return program
 
 
@@ -146,10 +189,13 @@ def _check(args, chosen, dtypes, spec, program) -> int:
     from ..journal import Journal, code_fingerprint
     from ..testing import report, session
 
+    profile = PROFILES[args.profile]
     settings = session.Settings(
         examples=args.examples,
         dtypes=dtypes,
         max_n=args.max_n,
+        max_d=profile.max_d,
+        budget=profile.budget,
         grads=args.grads,
         seed=args.seed,
         device=args.device,
@@ -216,6 +262,8 @@ def _target_spec(target, spec: dict) -> dict | None:
 
 
 def _print(result, rows, failures: list[str]) -> None:
+    from ..testing import coverage, report
+
     s = result.settings
     print(
         f"check: {result.report.examples} examples, {len(result.variants)} variants, "
@@ -234,6 +282,7 @@ def _print(result, rows, failures: list[str]) -> None:
         f" {'grad max':>9} {'/naive':>7} {'/FA-2':>7} {'vacuous':>8}"
     )
     print(head)
+    print(f"  {coverage.TABLE_LEGEND}")
     for r in rows:
         print(
             f"  {r['variant']:<26} {r['run']:>5} {r['skipped']:>5} {r['failed']:>4}"
@@ -249,6 +298,10 @@ def _print(result, rows, failures: list[str]) -> None:
     for p in result.probes:
         state = "ok" if p.ok else f"FAIL: {p.detail}"
         print(f"  dropout probe {p.target}: keep rate {p.keep_rate:.4f} (p={p.p}) {state}")
+    for line in coverage.table(result.report.coverage, result.variants):
+        print(line)
+    for line in report.known_upstream(result):
+        print(line)
     for text in failures:
         print(text)
 
@@ -274,6 +327,7 @@ def _replay(args, spec: dict) -> int:
     from .. import targets
     from ..cases import Case
     from ..testing.check import Options, check_case
+    from ..testing.known import UPSTREAM, UPSTREAM_STATUS, reclassify
     from ..testing.report import counterexample
 
     path = Path(args.replay)
@@ -296,11 +350,17 @@ def _replay(args, spec: dict) -> int:
         ]
     except (ValueError, TypeError) as error:
         return _error(str(error))
-    findings = check_case(case, units, Options(grads=args.grads))
+    by_name = {u.name: u for u in units}
+    findings = [
+        reclassify(by_name[f.target], case, f)
+        for f in check_case(case, units, Options(grads=args.grads))
+    ]
     bad = [f for f in findings if f.status == "fail"]
     for f in findings:
         if f.status == "fail":
             print(counterexample(f, case.to_json()))
+        elif f.status == UPSTREAM_STATUS:
+            print(f"KNOWN-UPSTREAM {f.target}: {UPSTREAM[f.detail].line()}")
         else:
             print(f"{f.target}: {f.status} {f.detail}".rstrip())
     if not findings:

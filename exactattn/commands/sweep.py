@@ -6,7 +6,7 @@ instead of the preset's configurations on its grid: exactattn's (``np-fa2-fp16``
 ``emu8-rz``…) and foreign ones (``sdpa``, ``sdpa-math``, ``flex``, ``sdpa[bfloat16]``…), so
 a foreign kernel's drift lands in the same CSV, plots and report. ``--list`` prints the
 presets, ``--scheduler ADDRESS`` sends the tasks to a Dask cluster, ``--time-reference N D``
-times the certified reference.
+times the certified references (arb, float64).
 """
 
 from __future__ import annotations
@@ -38,29 +38,22 @@ def _parser() -> argparse.ArgumentParser:
         nargs=2,
         type=int,
         metavar=("N", "D"),
-        help="time the certified reference (forward + backward, precision chosen as in a "
-        "sweep, --workers processes) at n=N, d=D",
+        help="time each certified reference a sweep would use at n=N, d=D (arb where "
+        "affordable, with --workers processes, and float64), forward + backward up to "
+        "n=8192 and the forward beyond: one line 'reference NAME n=N d=D PASS: S s wall, "
+        "radius R' each",
     )
     return parser
 
 
 def _time_reference(n: int, d: int, workers: int) -> int:
-    from ..certified import time_reference
+    from ..precision.timing import time_reference
 
-    baseline = n <= 1024  # the previous reference (tiled over FlintContext(200)) is slow
-    t = time_reference(n, d, workers=workers, baseline=baseline)
-    line = (
-        f"certified reference n={n} d={d}, forward + backward, {t['workers']} workers: "
-        f"{t['seconds']:.2f} s wall, {t['cpu_seconds']:.2f} s CPU, prec {t['prec']} bits "
-        f"(chosen), largest radius {t['max_radius']:.3g}, accuracy {t['accuracy_bits']:.0f} "
-        "bits below the summands"
-    )
-    if baseline:
-        line += (
-            f"; the previous reference {t['baseline_seconds']:.2f} s wall in the same run "
-            f"({t['speedup']:.2f}× wall, {t['cpu_speedup']:.2f}× CPU)"
+    for t in time_reference(n, d, workers=workers):
+        print(
+            f"reference {t['name']} n={t['n']} d={t['d']} {t['pass']}: "
+            f"{t['seconds']:.2f} s wall, radius {t['radius']:.3g}"
         )
-    print(line)
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from ..formats import canonical_name
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block")
+CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group")
 NAIVE_BLOCK = 0  # ``block=0``: one block spanning every key (naive attention)
 
 
@@ -31,7 +31,10 @@ class Claim:
     """The arithmetic a target claims; ``None`` formats default to the input's.
 
     ``input=None`` means "the dtype of the case", so one claim serves a target that runs in
-    several dtypes. ``block=None`` means "not stated": the bound then assumes the worst case,
+    several dtypes. ``group``: the format a GQA backward sums a group's per-head dK, dV in,
+    each rounded to the output format first (``input``: the input's, as torch's SDPA does;
+    None: the group is summed before any rounding, :mod:`exactattn.testing.group_sums`).
+    ``block=None`` means "not stated": the bound then assumes the worst case,
     one key per block; ``block=0`` is one block over all keys (naive attention).
     """
 
@@ -41,10 +44,12 @@ class Claim:
     p: str | None = None
     acc: str | None = None
     block: int | None = None
+    group: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Claim:
-        """``input=fp16,scores=fp32,stats=fp32,p=fp16,acc=fp32,block=128`` (any subset)."""
+        """``input=fp16,scores=fp32,stats=fp32,p=fp16,acc=fp32,block=128,group=input`` (any
+        subset)."""
         values: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = item.partition("=")
@@ -60,6 +65,8 @@ class Claim:
                 if not value.isdigit():
                     raise ValueError(f"--claim block must be an integer >= 0; got {value!r}")
                 values[key] = int(value)
+            elif key == "group" and value == "input":
+                values[key] = value
             else:
                 values[key] = canonical_name(value)
         return cls(**values)
@@ -74,6 +81,7 @@ class Claim:
             stats=self.stats or source,
             p=self.p or source,
             acc=self.acc or source,
+            group=source if self.group == "input" else self.group,
         )
 
     def bound_block(self, n_k: int) -> int | None:
@@ -179,6 +187,10 @@ class Options:
     ``reverses``: the (frozen statistics, δ) structures its reverse may use, ``enclosure``:
     its outputs are balls that must contain the exact value, ``difftest``: one of the
     configurations difftest runs.
+
+    A user's function: ``takes``, the keyword names its signature accepts (None: any; see
+    :mod:`.signature`), and ``notes``, what that signature changed (printed once). ``known``:
+    the upstream bugs it inherits (:data:`exactattn.testing.known.UPSTREAM` names).
     """
 
     ctx: Callable[[], Any] | None = None
@@ -202,6 +214,9 @@ class Options:
     reverses: tuple[tuple[str, str], ...] = REVERSES
     enclosure: bool = False
     difftest: bool = False
+    takes: frozenset[str] | None = None
+    notes: tuple[str, ...] = ()
+    known: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -158,24 +158,46 @@ class Convention:
 
 
 class Sdpa(Convention):
+    """SDPA's signature; a user's function is given only the keywords it takes
+    (``Options.takes``, :mod:`.signature`): GQA without ``enable_gqa`` as ``K, V`` expanded
+    over each group, a causal mask without ``is_causal`` as a boolean ``attn_mask``."""
+
     name = "sdpa"
+
+    def unsupported(self, target, case, device, grads):
+        takes = target.options.takes
+        if takes is None:
+            return None
+        n = case.sizes
+        if case.scale is not None and "scale" not in takes:
+            return f"scale {case.scale:.6g}: the function takes no scale (its signature)"
+        top_left = causal_top_left_only(case.mask, n["n_q"], n["n_k"]) and "is_causal" in takes
+        if case.mask["kind"] != "none" and not top_left and "attn_mask" not in takes:
+            return "this mask needs attn_mask, which the function does not take (its signature)"
+        return None
 
     def run(self, target, case, held, device, grads):
         import torch
 
         fn = target.load()
         dtype = case.dtype
+        takes = target.options.takes
         B, H = lift(case.batch)
         n = case.sizes
-        four, views = four_views(case, held, B, device, grads)
-        kwargs: dict[str, Any] = {"scale": case.scale}
+        expand = case.group > 1 and takes is not None and "enable_gqa" not in takes
+        given = expand_heads(held, case.group) if expand else held
+        four, views = four_views(case, given, B, device, grads)
+        kwargs: dict[str, Any] = {}
+        if case.scale is not None or takes is None:
+            kwargs["scale"] = case.scale
+        is_causal = causal_top_left_only(case.mask, n["n_q"], n["n_k"])
         if "bias" in held:  # SDPA's float attn_mask: added to the scores
             kwargs["attn_mask"] = float_mask(case, held, dtype, device, -math.inf)
-        elif causal_top_left_only(case.mask, n["n_q"], n["n_k"]):
+        elif is_causal and (takes is None or "is_causal" in takes):
             kwargs["is_causal"] = True
         elif case.mask["kind"] != "none":
             kwargs["attn_mask"] = torch.from_numpy(lifted_allowed(case).copy()).to(device)
-        if case.group > 1:
+        if case.group > 1 and not expand:
             kwargs["enable_gqa"] = True
         if case.dropout_p:
             kwargs["dropout_p"] = case.dropout_p
@@ -185,9 +207,27 @@ class Sdpa(Convention):
             out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
             if grads:
                 dq, dk, dv = autograd(y, views, four_g(held, B), dtype, device)
-                _grads_out(out, (dq, dk, dv), four, held)
+                _grads_out(out, (dq, dk, dv), four, given)
+        for name in ("dk", "dv") if expand and grads else ():
+            out[name] = group_sum(out[name], case.group)
         out["y"] = out["y"].reshape(held["g"].shape)
         return out
+
+
+def expand_heads(held: dict[str, np.ndarray], group: int) -> dict[str, np.ndarray]:
+    """``held`` with ``k, v`` repeated to one head per query head (head ``h`` reads key/value
+    head ``h // group``, SDPA's ``enable_gqa``)."""
+    out = dict(held)
+    for x in "kv":
+        out[x] = np.repeat(held[x], group, axis=-3)
+    return out
+
+
+def group_sum(grad: np.ndarray, group: int) -> np.ndarray:
+    """The expanded heads' gradient summed over each group of ``group`` heads (float64)."""
+    shape = grad.shape
+    split = grad.reshape((*shape[:-3], shape[-3] // group, group, *shape[-2:]))
+    return split.sum(axis=-3)
 
 
 def four_views(

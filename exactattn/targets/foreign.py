@@ -19,6 +19,10 @@ the source named; a claim that the measured error exceeds is a finding.
   block mask's ``KV_BLOCK_SIZE`` (:data:`.flex.KV_BLOCK` here, passed to
   ``create_block_mask``; ``torch/_inductor/kernel/flex/flex_cpu.py``); on CUDA the Triton
   template's blocks are not stated.
+* GQA backward (``enable_gqa``; transformers' ``repeat_kv``): ``K, V`` are expanded over the
+  group, so each head's ``dK_h, dV_h`` is rounded to the input dtype and the group summed in
+  it (autograd of ``repeat_interleave`` / ``expand``): ``group=input`` in the claims of SDPA
+  and transformers (:mod:`exactattn.testing.group_sums`).
 * transformers ``eager_attention_forward`` (Llama): ``Q Kᵀ`` in the input dtype, softmax in
   fp32 then cast to the input dtype, ``P V`` in the input dtype: naive attention.
 """
@@ -32,9 +36,10 @@ from typing import Any
 from .base import FLOAT_DTYPES, REVERSES, Capabilities, Claim, Options, Target
 from .flex import KV_BLOCK
 
-SDPA_CLAIM = Claim(block=512)  # with the FA-2 policy (see the module docstring)
+SDPA_CLAIM = Claim(block=512, group="input")  # with the FA-2 policy (module docstring)
 OWN_DROPOUT = "own"
 NO_SOFTCAP = "the calling convention has no soft-cap"
+CAUSAL_NEGATIVE_SCALE = "sdpa-causal-negative-scale"  # exactattn.testing.known.UPSTREAM
 
 
 @functools.cache
@@ -65,7 +70,7 @@ def _sdpa(name: str, backend: str | None, description: str) -> Target:
         convention="sdpa",
         loader=_loader("torch.nn.functional", "scaled_dot_product_attention"),
         caps=caps,
-        claim=Claim(block=block),
+        claim=Claim(block=block, group="input"),
         description=description,
         requires=("torch",),
         needs_cuda=cuda_only,
@@ -74,6 +79,7 @@ def _sdpa(name: str, backend: str | None, description: str) -> Target:
             policy=policy,
             block_by_device=(("cuda", None),),
             reverses=(("ml", "rowsum"),) if backend == "math" else REVERSES,  # naive autograd
+            known=() if backend in ("math", "efficient", "cudnn") else (CAUSAL_NEGATIVE_SCALE,),
         ),
     )
 
@@ -107,7 +113,7 @@ def _hf(name: str, module: str, function: str, mask: str, description: str) -> T
             bias=True,
             softcap=NO_SOFTCAP,
         )
-        claim = Claim(stats="float32", block=0)
+        claim = Claim(stats="float32", block=0, group="input")  # repeat_kv: per-head sums
         options = Options(
             mask="additive",
             policy="eager",
@@ -116,7 +122,12 @@ def _hf(name: str, module: str, function: str, mask: str, description: str) -> T
     else:
         caps = Capabilities(dropout=OWN_DROPOUT, bias=True, softcap=NO_SOFTCAP)
         claim = SDPA_CLAIM
-        options = Options(mask="bool", policy="fa2", block_by_device=(("cuda", None),))
+        options = Options(
+            mask="bool",
+            policy="fa2",
+            block_by_device=(("cuda", None),),
+            known=(CAUSAL_NEGATIVE_SCALE,),  # passes is_causal to SDPA on square problems
+        )
     return Target(
         name=name,
         convention="hf",

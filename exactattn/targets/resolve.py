@@ -16,6 +16,7 @@ from .base import Capabilities, Claim, Options, Target
 from .conventions import USER_CONVENTIONS
 from .interfaces import FORWARD_ONLY
 from .interfaces import NAMES as INTERFACE_CONVENTIONS
+from .signature import keywords_taken, narrowed
 
 
 class UnknownTarget(ValueError):
@@ -74,10 +75,13 @@ def from_callable(
     supports: Capabilities | None = None,
     name: str | None = None,
 ) -> Target:
-    """A callable as a target (``exactattn.testing.assert_attention_close`` uses this)."""
+    """A callable as a target (``exactattn.testing.assert_attention_close`` uses this); its
+    signature narrows what it is given (:func:`.signature.narrowed`: no ``enable_gqa``, no
+    ``dropout_p``, ...)."""
     if not callable(fn):
         raise TypeError(f"the target must be callable; got {type(fn).__name__}")
-    caps = supports or user_capabilities(convention)
+    takes = keywords_taken(fn)
+    caps, notes = narrowed(supports or user_capabilities(convention), takes, convention)
     return Target(
         name=name or getattr(fn, "__qualname__", repr(fn)),
         convention=convention,
@@ -86,14 +90,16 @@ def from_callable(
         claim=claim or Claim(),
         description=f"user function ({convention} convention)",
         requires=("torch",),
-        options=Options(mask="bool"),
+        options=Options(mask="bool", takes=takes, notes=notes),
     )
 
 
 def user_capabilities(convention: str) -> Capabilities:
-    """What a user's function is assumed to take before ``--supports`` says more: a bias and a
-    soft-cap only under the ``exactattn`` convention, whose keywords carry them (a function
-    with SDPA's signature may take boolean masks only: ``--supports bias=yes``)."""
+    """What a user's function is assumed to take before ``--supports`` says more: a bias, a
+    soft-cap and rows with no allowed key only under the ``exactattn`` convention, whose
+    keywords carry them (a function with SDPA's signature may take boolean masks only, and a
+    plain softmax gives NaN on a row with every key masked: ``--supports bias=yes,
+    empty_rows=yes``)."""
     own = convention == "exactattn"
     unstated = "not stated for a user's function (--supports {}=yes)"
     return Capabilities(
@@ -101,6 +107,7 @@ def user_capabilities(convention: str) -> Capabilities:
         grads=f"the {convention} convention is forward only"
         if convention in FORWARD_ONLY
         else True,
+        empty_rows=True if own else unstated.format("empty_rows"),
         dropout=True if own else "own",
         bias=True if own else unstated.format("bias"),
         softcap=True if own else unstated.format("softcap"),

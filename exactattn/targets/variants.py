@@ -38,14 +38,15 @@ def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:
     base = target.claim
     block = dict(target.options.block_by_device).get(device, base.block)
     policy = target.options.policy
+    group = dtype if base.group == "input" else base.group
     if policy == "fa2":
-        return replace(builtin.fa2_claim(dtype).resolve(dtype), block=block)
+        return replace(builtin.fa2_claim(dtype).resolve(dtype), block=block, group=group)
     if policy == "upcast":
         wide = dtype if dtype in ("float32", "float64") else "float32"
-        return Claim(dtype, wide, wide, wide, wide, block)
+        return Claim(dtype, wide, wide, wide, wide, block, group)
     if policy == "eager":
         p = "float32" if dtype == "float64" else dtype
-        return Claim(dtype, dtype, "float32", p, dtype, NAIVE_BLOCK)
+        return Claim(dtype, dtype, "float32", p, dtype, NAIVE_BLOCK, group)
     return replace(base.resolve(dtype), block=block)
 
 
@@ -70,6 +71,17 @@ class Variant:
     @property
     def convention(self) -> Any:
         return conventions()[self.target.convention]
+
+    @property
+    def group_sum(self) -> str | None:
+        """The format a GQA group's per-head gradients (each rounded to the output format)
+        are summed in, or None when the target sums the group before rounding: its claim's
+        ``group``, float64 for a function the check calls with ``K, V`` expanded (it takes no
+        ``enable_gqa``; the check sums the heads, :mod:`.signature`)."""
+        takes = self.target.options.takes
+        if self.target.convention == "sdpa" and takes is not None and "enable_gqa" not in takes:
+            return "float64"
+        return self.claim.group
 
     def hold(self, x: np.ndarray) -> np.ndarray:
         """The float64 input as this variant stores it (rounded to its input format)."""

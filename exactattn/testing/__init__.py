@@ -38,6 +38,7 @@ def assert_attention_close(
     claim: Any = None,
     supports: Any = None,
     max_n: int = 12,
+    max_d: int | None = 8,
     device: str = "cpu",
     dropout_probe: bool = True,
 ) -> Any:
@@ -47,7 +48,8 @@ def assert_attention_close(
     :mod:`exactattn.targets.conventions`); ``claim``: a :class:`~exactattn.targets.Claim`
     or its text; ``supports``: a :class:`~exactattn.targets.Capabilities` or its text
     (``masks=none+causal,gqa=no,dropout=no``), so cases ``fn`` does not take are skipped
-    rather than failed. Fails as well when every case was skipped (nothing was checked).
+    rather than failed; ``max_n``, ``max_d``: the size caps (``max_d=None``: the field's head
+    dims, 64 to 256). Fails as well when every case was skipped (nothing was checked).
     Returns the :class:`~exactattn.testing.session.Result`.
     """
     from .. import targets
@@ -63,6 +65,7 @@ def assert_attention_close(
         examples=examples,
         dtypes=dtypes,
         max_n=max_n,
+        max_d=max_d,
         grads=grads,
         seed=seed,
         device=device,

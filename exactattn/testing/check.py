@@ -3,8 +3,11 @@
 For each :class:`~exactattn.targets.Variant` of the case's dtype: a case it does not take is
 a ``skip`` finding with the reason; otherwise the inputs (and a bias) are held in its
 format, the reference is computed once per distinct rounding
-(:func:`exactattn.cases.reference.certified`), the variant runs (an exception, a wrong shape
-or dtype is a failed case with its message, never a crash of the harness), and
+(:func:`exactattn.cases.reference.certified`; with ``fast_reference`` the float64 one,
+:func:`~exactattn.cases.reference.fast`, wherever its radius is below 2^-20 of the
+variant's tolerance, arb where not, the finding naming which served), the variant runs (an
+exception, a wrong shape or dtype is a failed case with its message, never a crash of the
+harness), and
 :func:`.judge.judge` gives the verdict. Gradients a variant cannot give on this device are
 left out and the reason recorded. Optionally it runs a second time on the same inputs
 (bitwise determinism, reported, not judged), and the same case runs under two baselines on
@@ -26,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from ..cases import Case
-from ..cases.reference import Reference, certified
+from ..cases.reference import Reference, certified, fast, serves
 from ..metrics import relative_error
 from ..targets import Variant, builtin
 from ..targets.conventions import TargetError
 from .judge import Finding, judge
-from .tolerance import bounds
+from .tolerance import Allowed, bounds
 
 FA2_BLOCK = 64  # FlashAttention-2's key-block size for head dims <= 128 (kBlockN)
 GRADS = ("dq", "dk", "dv")
@@ -43,6 +46,7 @@ class Options:
     determinism: bool = False
     baselines: bool = False
     sampled: bool = True  # False: slow variants run every case (replays)
+    fast_reference: bool = False  # the float64 reference where it serves (check's cases)
 
 
 def wants(variant: Variant, case: Case, sampled: bool = True) -> bool:
@@ -73,12 +77,18 @@ def check_case(case: Case, variants: list[Variant], options: Options = Options()
         held = variant.held(case)
         key = b"".join(x.tobytes() for x in held.values())
         if key not in references:
-            references[key] = certified(case, held)
-        ref = references[key]
+            served = fast(case, held) if options.fast_reference else None
+            references[key] = served or certified(case, held)
+        ref, allowed = references[key], None
+        if ref.served == "float64":  # it serves only below 2^-20 of this variant's tolerance
+            allowed = bounds(variant, ref)
+            if not serves(ref, allowed.bound):
+                ref = references[key] = certified(case, held)
         if ref.unbounded and not variant.target.options.enclosure:
             findings.append(Finding(variant.name, "skip", ref.unbounded, dtype=variant.dtype))
             continue
-        finding, outputs = run_and_judge(variant, case, held, ref, grads)
+        finding, outputs = run_and_judge(variant, case, held, ref, grads, allowed)
+        finding.reference = ref.served
         finding.grads_skipped = grads_skipped or ""
         if finding.status == "ok" and options.determinism:
             finding.deterministic = _deterministic(variant, case, held, grads, outputs)
@@ -92,10 +102,16 @@ def check_case(case: Case, variants: list[Variant], options: Options = Options()
 
 
 def run_and_judge(
-    variant: Variant, case: Case, held: dict[str, np.ndarray], ref: Reference, grads: bool
+    variant: Variant,
+    case: Case,
+    held: dict[str, np.ndarray],
+    ref: Reference,
+    grads: bool,
+    allowed: Allowed | None = None,
 ) -> tuple[Finding, dict]:
-    """Run ``variant`` on the held inputs and judge it; errors become failed findings."""
-    allowed = bounds(variant, ref)
+    """Run ``variant`` on the held inputs and judge it within ``allowed`` (default: its
+    tolerance on ``ref``); errors become failed findings."""
+    allowed = allowed if allowed is not None and ref.served == "float64" else bounds(variant, ref)
     failed = None
     try:
         outputs = variant.run(case, held, grads)

@@ -57,6 +57,7 @@ class Finding:
     overflow_risk: bool = False  # the case's magnitudes reach the claimed formats' range
     block_size: int | None = None  # the key-block size the bound assumed
     own_block: bool = False  # the target tiles with the case's block size (exactattn's own)
+    reference: str = ""  # which certified reference served: "arb" or "float64"
 
 
 def _mpf(e: Any) -> mpmath.mpf:
@@ -71,14 +72,16 @@ def _mpf(e: Any) -> mpmath.mpf:
 _MPF = np.frompyfunc(_mpf, 1, 1)
 
 
-def _difference(out: Any, ball: Any, mid: np.ndarray) -> tuple[np.ndarray, bool]:
+def _difference(out: Any, ref: Reference, name: str) -> tuple[np.ndarray, bool]:
     """``|out − ref|`` as float64 and whether the comparison was in mpmath (fine): float
     outputs against the double-double midpoint (:meth:`exactattn.certified.Ball.error`),
-    finer ones (mpf, longdouble) in mpmath."""
+    finer ones (mpf, longdouble) in mpmath against the exact midpoints (made only then: an
+    mpmath number per entry costs more than the whole case at n = 512)."""
     arr = np.asarray(out)
+    ball = ref.balls[name]
     if arr.dtype == object or arr.dtype == np.longdouble:
         with mpmath.workprec(COMPARE_PREC):
-            diff = np.frompyfunc(_distance, 2, 1)(_MPF(arr), mid)
+            diff = np.frompyfunc(_distance, 2, 1)(_MPF(arr), ref.mid[name])
         return np.asarray(diff, dtype=np.float64), True
     return ball.error(arr.astype(np.float64)), False
 
@@ -131,7 +134,7 @@ def judge(
                     variant.name, "refused", text, dtype=variant.dtype, overflow_risk=True
                 )
             return _fail(finding, text)
-        diff, fine = _difference(out, ref.balls[name], ref.mid[name])
+        diff, fine = _difference(out, ref, name)
         # the radius of the reference (and of a ball output), and the float64 rounding of
         # the difference itself (2^-52 of it, charged to the limit)
         extra = ref.rad[name] + radius + (2.0**-150 if fine else 2.0**-100) * np.abs(near)

@@ -3,10 +3,18 @@
 A ``known`` finding is reported with the bug it matches (the run goes on), not counted as a
 failure. Each entry names the bug and where it is reported; :func:`reclassify` is the one
 place a failure is matched against the list.
+
+Two kinds: exactattn's own (:data:`KNOWN_BUGS`, status ``known``), and upstream ones
+(:data:`UPSTREAM`, status ``known-upstream``): a deviation of a foreign implementation that
+no claim can express (a NaN is no rounding), reported as ``KNOWN-UPSTREAM`` with its replay
+file and its upstream report, never as a failure. A target inherits an upstream bug only by
+naming it (``Options.known``): a user's function is never excused by torch's bugs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .judge import Finding
@@ -18,12 +26,59 @@ KNOWN_BUGS = {
         "(tests/regressions/overflow_as_masked.py, .json)"
     ),
 }
+UPSTREAM_STATUS = "known-upstream"
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A foreign implementation's open bug: what it is, its replay file, where it is
+    reported, and which failures it explains (``matches(case, finding)``)."""
+
+    name: str
+    summary: str
+    replay: str
+    report: str
+    matches: Callable[[Any, Finding], bool]
+
+    def line(self) -> str:
+        return f"{self.name}: {self.summary}; replay {self.replay}; upstream report: {self.report}"
+
+
+def _causal_negative_scale(case: Any, finding: Finding) -> bool:
+    n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+    top_left = case.mask.get("align", "top-left") == "top-left" or n_q == n_k
+    causal = case.mask["kind"] == "causal" and top_left and case.bias is None
+    return causal and (case.scale or 1.0) < 0 and " nan" in finding.detail
+
+
+UPSTREAM = {
+    u.name: u
+    for u in (
+        Upstream(
+            "sdpa-causal-negative-scale",
+            "torch SDPA's CPU flash kernel returns NaN for is_causal=True with a negative "
+            "scale (masked scores are filled with -inf before the scale: -inf·(-1) = +inf); "
+            "the math backend is right",
+            "tests/regressions/torch_sdpa_negative_scale_causal.json",
+            "docs/check.md § Findings 1 (reproducer; torch 2.13.0, not yet filed at "
+            "github.com/pytorch/pytorch/issues)",
+            _causal_negative_scale,
+        ),
+    )
+}
 
 
 def reclassify(variant: Any, case: Any, finding: Finding) -> Finding:
-    """``finding`` as ``known`` when a listed bug explains it, else unchanged."""
+    """``finding`` as ``known`` (or ``known-upstream``) when a listed bug explains it, else
+    unchanged."""
+    if finding.status != "fail":
+        return finding
+    for name in variant.target.options.known:
+        bug = UPSTREAM[name]
+        if bug.matches(case, finding):
+            return Finding(finding.target, UPSTREAM_STATUS, name, dtype=finding.dtype)
     misleading = "no allowed key" in finding.detail or case.empty_rows == "zero"
     narrow = variant.claim.scores in ("float16", "bfloat16", "float32", "float64")
-    if finding.status == "fail" and finding.overflow_risk and narrow and misleading:
+    if finding.overflow_risk and narrow and misleading:
         return Finding(finding.target, "known", f"overflow-as-masked: {finding.detail}")
     return finding

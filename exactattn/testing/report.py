@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cases import Case
+from . import coverage
 from .check import target_errors
 from .judge import Finding
 from .session import Result
@@ -78,7 +79,8 @@ def summary(result: Result) -> list[dict[str, Any]]:
                     if base.get(part, 0.0) > 0 and not math.isnan(value):
                         ratios[label].append(value / base[part])
         determinism = [f.deterministic for f in found if f.deterministic is not None]
-        run_count = sum(counts.get(s, 0) for s in ("ok", "fail", "refused", "known"))
+        judged = ("ok", "fail", "refused", "known", "known-upstream")
+        run_count = sum(counts.get(s, 0) for s in judged)
         rows.append(
             {
                 "target": name.split("[")[0],
@@ -88,6 +90,7 @@ def summary(result: Result) -> list[dict[str, Any]]:
                 "skipped": counts.get("skip", 0),
                 "failed": counts.get("fail", 0),
                 "refused": counts.get("refused", 0),
+                "known_upstream": dict(report.known.get(name, {})),
                 "y_max": _max(y),
                 "y_median": _median(y),
                 "ulps_max": _max(ulps),
@@ -160,6 +163,18 @@ def counterexample(finding: Finding, case_json: str, replay: Path | None = None)
     return "\n".join(lines)
 
 
+def known_upstream(result: Result) -> list[str]:
+    """One ``KNOWN-UPSTREAM`` line per variant and upstream bug: the cases it explained, the
+    bug, its replay file and upstream report (:data:`.known.UPSTREAM`); never a failure."""
+    from .known import UPSTREAM
+
+    return [
+        f"KNOWN-UPSTREAM {name}: {count} case{'s' * (count != 1)}, {UPSTREAM[bug].line()}"
+        for name, bugs in result.report.known.items()
+        for bug, count in bugs.items()
+    ]
+
+
 def save_failure(finding: Finding, case_json: str, directory: str | Path, spec: Any) -> Path:
     """Write a replay file: the case with an ``expect`` block naming the variant."""
     out = Path(directory)
@@ -207,6 +222,7 @@ def markdown(result: Result, rows: list[dict[str, Any]], failures: list[str]) ->
         "vacuous: share of cases whose derived bound was at least the output's scale.",
         "",
     ]
+    body += ["## Coverage", "", *coverage.markdown(result.report.coverage, result.variants), ""]
     reasons = [(r["variant"], r["skip_reasons"], r["grads_skipped"]) for r in rows]
     if any(skips or grads for _, skips, grads in reasons):
         body += ["## Skipped, with reasons", ""]
@@ -227,6 +243,9 @@ def markdown(result: Result, rows: list[dict[str, Any]], failures: list[str]) ->
                 f"{p.factor_error:.2g} | {means} | {'yes' if p.ok else 'NO: ' + p.detail} |"
             )
         body.append("")
+    upstream = known_upstream(result)
+    if upstream:
+        body += ["## Known upstream (reported, not failed)", "", *(f"- {u}" for u in upstream), ""]
     if failures:
         body += ["## Failures", "", "```", *failures, "```", ""]
     return "\n".join(head + body)
@@ -247,6 +266,7 @@ def write(result: Result, directory: str | Path, failures: list[str]) -> tuple[P
         "unavailable": result.unavailable,
         "unsupported_dtypes": result.unsupported_dtypes,
         "variants": rows,
+        "coverage": coverage.rows(result.report.coverage, result.variants),
         "probes": [vars(p) for p in result.probes],
         "compile": result.compile,
         "failures": [

@@ -46,6 +46,7 @@ from ..cases import Case, Draw, build_case
 from ..executors import Executor, LocalExecutor, WorkerDied, as_completed
 from ..journal import Journal
 from ..progress import Progress
+from .coverage import tally
 from .judge import Finding
 
 CRASHED = "the worker process died judging this case"
@@ -74,10 +75,19 @@ class Report:
     failures: list[tuple[Finding, str]] = field(default_factory=list)
     compile: Counter = field(default_factory=Counter)  # FlexAttention's compile statistics
     notes: list[str] = field(default_factory=list)
+    known: dict[str, Counter] = field(default_factory=dict)  # per unit: upstream bug → cases
+    served: dict[str, Counter] = field(default_factory=dict)  # per unit: reference → cases
+    coverage: dict[str, Counter] = field(default_factory=dict)  # per unit (.coverage.tally)
 
-    def add(self, findings: list[Finding]) -> None:
+    def add(self, findings: list[Finding], draw: Draw | None = None) -> None:
         for f in findings:
+            if draw is not None:
+                tally(self.coverage, f, draw)
             self.counts.setdefault(f.target, Counter())[f.status] += 1
+            if f.reference:
+                self.served.setdefault(f.target, Counter())[f.reference] += 1
+            if f.status == "known-upstream":
+                self.known.setdefault(f.target, Counter())[f.detail] += 1
             if f.status == "skip":
                 self.skips.setdefault(f.target, Counter())[f.detail] += 1
                 continue
@@ -213,7 +223,7 @@ def search(
         bar.close()
     judged = sorted(found)
     for i in judged:
-        report.add(found[i])
+        report.add(found[i], draws[i])
     report.examples = len(judged)
     first: dict[str, tuple[int, Finding]] = {}
     for i in judged:

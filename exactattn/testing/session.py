@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import targets as registry
-from ..cases import LAYOUTS, Case, strategies
+from ..cases import LAYOUTS, Case, paths, strategies
 from ..executors import make_executor
 from ..journal import Journal
 from ..targets import Target, Variant
 from ..targets.flex import STATS
 from .check import Options, check_case
 from .judge import Finding
+from .known import reclassify
 from .probes import ProbeResult, probe
 from .runner import Report, search, single_thread
 
@@ -35,8 +36,9 @@ DEFAULT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 class Settings:
     examples: int = 200
     dtypes: tuple[str, ...] | None = None
-    max_n: int = 32
-    max_d: int = 8
+    max_n: int = 2048
+    max_d: int | None = None  # None: the field's head dims (exactattn.cases.paths)
+    budget: int = 1 << 17  # the largest B·H·n_q·n_k of a drawn case
     grads: bool = True
     seed: int = 0
     device: str = "cpu"
@@ -48,6 +50,7 @@ class Settings:
     progress: bool = False
     sampled: bool = True  # False: slow interpreters run every case they take
     program: tuple[str | None, str | None] | None = None  # a user's (mask_mod, score_mod)
+    fast_reference: bool = True  # the float64 reference where it serves, arb elsewhere
 
 
 @dataclass
@@ -103,8 +106,12 @@ class Variants:
         return plan(chosen, self.settings)[0]
 
     def judge(self, case: Case, units: list[Variant]) -> list[Finding]:
+        """Every unit's finding on ``case``, a failure a known bug explains reclassified
+        (:func:`.known.reclassify`: ``KNOWN-UPSTREAM`` is reported, not failed)."""
         s = self.settings
-        return check_case(case, units, Options(s.grads, s.determinism, s.baselines, s.sampled))
+        options = Options(s.grads, s.determinism, s.baselines, s.sampled, s.fast_reference)
+        by_name = {u.name: u for u in units}
+        return [reclassify(by_name[f.target], case, f) for f in check_case(case, units, options)]
 
     def counters(self) -> dict[str, float]:
         return dataclasses.asdict(STATS)
@@ -151,6 +158,7 @@ def run(
         if settings.probes and not result.report.interrupted:
             with single_thread():
                 result.probes = _probes(variants, settings)
+    result.report.notes += [f"{t.name}: {note}" for t in targets for note in t.options.notes]
     result.compile = dict(result.report.compile)
     result.seconds = time.perf_counter() - start
     return result
@@ -173,18 +181,35 @@ def judge_cases(source: Any, cases: Any, settings: Settings, journal: Journal | 
 
 
 def _strategy(variants: list[Variant], settings: Settings) -> Any:
-    """Cases in the variants' dtypes (dropout when some variant replays our keep-bits; the
-    user's program on every case; score modifications when some variant takes them)."""
+    """Cases in the variants' dtypes: with a user's program, every case runs it (the
+    composition strategy, :func:`exactattn.cases.strategies.draws`); else the calling paths
+    and sizes aimed at the claimed block sizes (:func:`exactattn.cases.paths.check_draws`);
+    dropout when some variant replays our keep-bits, score modifications when some variant
+    takes them."""
     dtypes = tuple(sorted({v.dtype for v in variants}, key=_dtype_order))
-    return strategies.draws(
+    dropout = any(v.target.caps.dropout is True for v in variants)
+    modify = any(True in (v.target.caps.bias, v.target.caps.softcap) for v in variants)
+    if settings.program is not None:
+        return strategies.draws(
+            max_n=settings.max_n,
+            max_d=settings.max_d or 8,
+            dtypes=dtypes,
+            layouts=LAYOUTS,
+            exact_share=0,
+            dropout=dropout,
+            program=settings.program,
+            modify=modify,
+        )
+    blocks = tuple(sorted({b for v in variants if (b := v.claim.block)}))
+    return paths.check_draws(
+        blocks=blocks,
         max_n=settings.max_n,
         max_d=settings.max_d,
+        budget=settings.budget,
         dtypes=dtypes,
         layouts=LAYOUTS,
-        exact_share=0,
-        dropout=any(v.target.caps.dropout is True for v in variants),
-        program=settings.program,
-        modify=any(True in (v.target.caps.bias, v.target.caps.softcap) for v in variants),
+        dropout=dropout,
+        modify=modify,
     )
 
 

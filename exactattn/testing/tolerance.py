@@ -7,9 +7,11 @@ error bound (:func:`exactattn.bounds.bounds`): the arithmetic a variant claims a
 structure where the target states it (frozen ``m, ℓ`` or ``lse``; ``δ = G·Y`` or naive
 attention's row sum), else the larger of both. A user's ``score_mod`` is bounded when it is
 an additive bias (:func:`exactattn.cases.reference.program_bias`), as that bias; no bound is
-derived for any other mod (only enclosures judge it). The bound assumes no overflow, so
-:func:`overflow_risk` says separately when a partial result may leave the claimed formats'
-range: an overflow error or a non-finite output is then accepted ("refused").
+derived for any other mod (only enclosures judge it). A GQA backward that rounds each
+head's gradient before the group's sum is charged for it (:mod:`.group_sums`). The bound
+assumes no overflow, so :func:`overflow_risk` says separately when a partial result may
+leave the claimed formats' range: an overflow error or a non-finite output is then accepted
+("refused").
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .. import bounds as error_bounds
 from ..cases import Case
 from ..cases.reference import Reference
 from ..formats import LARGEST
+from . import group_sums
 
 
 @dataclass
@@ -38,6 +41,7 @@ def bounds(variant: Any, ref: Reference) -> Allowed:
     """The bound of ``variant``'s claimed arithmetic on ``ref``'s case (the one call)."""
     case, held = ref.case, ref.held
     bound = claimed_bound(variant, case, held, program_bias=ref.program_bias)
+    bound = group_sums.widened(variant, case, ref, bound)
     arith = variant.arith(variant.bound_block(case), held)
     return Allowed(bound, overflow_risk(arith, case, held))
 

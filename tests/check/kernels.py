@@ -29,6 +29,15 @@ BUGS = {
     "dq-scale-in-backward": "the backward scales dQ by c twice",
     "lse-without-max": "the returned log-sum-exp is log l, without m",
 }
+# bugs that live at block boundaries and on the calling paths real code uses: caught by
+# `exactattn check` with only --claim/--supports (tests/check/test_reach_kernels.py)
+REACH_BUGS = {
+    "causal-bottom-right": "is_causal aligned bottom-right (j <= i + n_k - n_q), not top-left",
+    "diagonal-dropped-after-first": "blocks after the first mask the diagonal (j < i, not <=)",
+    "keys-beyond-1024-ignored": "keys j >= 1024 are never read (a 32-bit tile offset cap)",
+    "tail-block-short": "the partial tail block (n_k % b != 0) stops one key early",
+    "rescale-acc-only-l": "between blocks l is rescaled by alpha but acc is not",
+}
 
 
 def _allowed(q, k, attn_mask, is_causal, bug):
@@ -37,7 +46,8 @@ def _allowed(q, k, attn_mask, is_causal, bug):
     j = torch.arange(n_k)[None, :]
     allowed = torch.ones(n_q, n_k, dtype=torch.bool)
     if is_causal:
-        allowed = j <= i + (1 if bug == "causal-off-by-one" else 0)
+        offset = n_k - n_q if bug == "causal-bottom-right" else 0
+        allowed = j <= i + offset + (1 if bug == "causal-off-by-one" else 0)
     if attn_mask is not None:
         allowed = allowed & attn_mask
     return torch.broadcast_to(allowed, (*q.shape[:-1], n_k))
@@ -54,8 +64,10 @@ def _expand(x, heads, bug):
     return x[..., index, :, :]
 
 
-def forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, bug=None):
-    """``(y, lse)`` of the tiled kernel (lse in float32)."""
+def forward(
+    q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, bug=None, block=BLOCK
+):
+    """``(y, lse)`` of the tiled kernel with key blocks of ``block`` (lse in float32)."""
     dtype = q.dtype
     n_k, d = k.shape[-2], q.shape[-1]
     c = (1 / d if bug == "wrong-scale" else 1 / math.sqrt(d)) if scale is None else scale
@@ -71,13 +83,23 @@ def forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=Fal
     m = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32)
     l = torch.zeros(q.shape[:-1], dtype=wide)
     acc = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=wide)
-    starts = range(0, n_k, BLOCK)
-    if bug == "dropped-tail-block" and n_k % BLOCK:
+    starts = range(0, n_k, block)
+    if bug == "dropped-tail-block" and n_k % block:
         starts = starts[:-1]
+    if bug == "keys-beyond-1024-ignored":
+        starts = [a for a in starts if a < 1024]
     for a in starts:
-        cols = slice(a, min(a + BLOCK, n_k))
+        stop = min(a + block, n_k)
+        if bug == "keys-beyond-1024-ignored":
+            stop = min(stop, 1024)
+        if bug == "tail-block-short" and stop == n_k and n_k % block and stop - a > 1:
+            stop -= 1
+        cols = slice(a, stop)
         s = (q @ k[..., cols, :].transpose(-1, -2)) * c
         ok = allowed[..., cols]
+        if bug == "diagonal-dropped-after-first" and a > 0:
+            i = torch.arange(q.shape[-2])[:, None]
+            ok = ok & (torch.arange(a, stop)[None, :] != i)
         partial = bool(ok.any()) and not bool(ok.all())
         if not (bug == "mask-ignored-on-partial-blocks" and partial):
             s = torch.where(ok, s, -math.inf)
@@ -94,7 +116,8 @@ def forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=Fal
         # P rounded to the input dtype in the forward only: the reverse keeps dP in fp32, as
         # FlashAttention-2's does (autograd through the cast would round dP to the dtype)
         p_cast = p.to(wide) + (p.to(dtype).to(wide) - p.to(wide)).detach()
-        acc = alpha[..., None].to(wide) * acc + p_cast @ v[..., cols, :]
+        keep = torch.ones_like(alpha) if bug == "rescale-acc-only-l" else alpha
+        acc = keep[..., None].to(wide) * acc + p_cast @ v[..., cols, :]
         m = m_new
     y = torch.where(l[..., None] > 0, acc / torch.where(l > 0, l, 1)[..., None], 0.0)
     lse = torch.where(l > 0, torch.log(l.float()) + m, -math.inf)
@@ -116,14 +139,14 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.c, None
 
 
-def sdpa(bug=None):
-    """The kernel with SDPA's signature."""
+def sdpa(bug=None, block=BLOCK):
+    """The kernel with SDPA's signature, key blocks of ``block``."""
 
     def attention(
         q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
     ):
         assert dropout_p == 0.0
-        y, _ = forward(q, k, v, attn_mask, is_causal, scale, enable_gqa, bug)
+        y, _ = forward(q, k, v, attn_mask, is_causal, scale, enable_gqa, bug, block)
         return y
 
     return attention

@@ -21,7 +21,8 @@ from tests.optional import requires
 requires("flint")
 
 from exactattn import certified
-from exactattn.certified import certified_attention, time_reference
+from exactattn.certified import certified_attention
+from exactattn.precision.timing import time_reference
 
 WITNESS_PREC = 300
 NAMES = ("y", "lse", "dq", "dk", "dv", "dbias")
@@ -331,9 +332,11 @@ def test_row_blocks_bound_the_memory():
 
 
 def test_time_reference_reports_both_references():
-    out = time_reference(16, 4, baseline=True, workers=1)
-    assert out["prec"] == certified.LADDER[0] and out["max_radius"] < 1e-20
-    assert out["speedup"] > 0 and out["accuracy_bits"] > certified.TARGET_BITS
+    arb, fast = time_reference(16, 4, workers=1)
+    assert (arb["name"], fast["name"]) == ("arb", "float64")
+    assert arb["pass"] == fast["pass"] == "fwd+bwd"
+    assert 0 < arb["radius"] < 1e-20 < fast["radius"] < 1e-12
+    assert [t["name"] for t in time_reference(16, 4, backward=False)] == ["arb", "float64"]
 
 
 @pytest.mark.parametrize(

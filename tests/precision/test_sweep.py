@@ -136,12 +136,12 @@ def test_foreign_targets_land_in_the_same_csv(tmp_path, capsys):
     assert "unknown target 'no-such-kernel'" in capsys.readouterr().err
 
 
-def test_time_reference_prints_the_chosen_precision_and_the_previous_reference(capsys):
+def test_time_reference_prints_one_line_per_reference(capsys):
     assert cli.main(["--time-reference", "16", "4", "--workers", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "n=16 d=4" in out and "previous reference" in out
-    prec = re.search(r"prec (\d+) bits \(chosen\)", out)
-    assert prec and int(prec.group(1)) >= 53, out  # far more than the float64 it certifies
+    lines = capsys.readouterr().out.splitlines()
+    form = r"reference (arb|float64) n=16 d=4 fwd\+bwd: \d+\.\d\d s wall, radius \S+"
+    assert [re.fullmatch(form, line).group(1) for line in lines] == ["arb", "float64"], lines
+    assert all(float(line.rsplit(" ", 1)[1]) > 0 for line in lines)
 
 
 def test_cli_rejects_bad_arguments(capsys):

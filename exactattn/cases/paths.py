@@ -1,0 +1,268 @@
+"""``exactattn check``'s cases: drawn where kernels are called, sized where they break.
+
+**Calling paths, each with a stated share** (:data:`PATHS`, percent of drawn cases): what
+real code passes an SDPA- or flash-convention kernel far more often than anything else —
+
+=================  =====  ============================================================
+path               share  the case
+=================  =====  ============================================================
+``none``            18    no mask, ``n_q = n_k`` or not
+``causal-square``   20    ``is_causal`` (top-left), ``n_q = n_k`` (training)
+``causal-cross``     8    ``is_causal`` (top-left), ``n_q ≠ n_k``
+``decode``          10    ``n_q = 1`` against many keys, no mask or key padding (KV cache)
+``bool-mask``       12    one boolean mask: key padding, a dense table, document ids
+``bias``             9    a float mask: ALiBi, T5 buckets, a dense bias with ``−∞``; or a
+                          soft-cap (only when some target takes them; else ``none``)
+``bottom-right``     8    causal aligned bottom-right, ``n_q ≠ n_k`` (flash's ``causal``)
+``window``           8    a sliding window in either alignment (flash's ``window_size``)
+``exotic``           7    and/or compositions up to depth 2 with any score modification
+=================  =====  ============================================================
+
+and, across paths, grouped heads in a quarter of the cases with two or more heads (GQA; MQA
+when the group is every head), dropout in a tenth (when some target replays exactattn's
+keep-bits), an explicit scale in a seventh (negative ones included).
+
+**Sizes aimed at the key-block size** ``b`` a target claims (the ``blocks`` given; without a
+claim, :data:`COMMON_BLOCKS`): ``n_k`` is small (≤ 64) in 28% of cases, ``b − 1, b, b + 1``
+in 18%, ``k·b ± 1`` (``k = 2..5``) in 22%, ``k·b + r`` (``k = 3..6``, ``0 < r < b``) in 22%
+and between ``max_n/2`` and ``max_n`` in 10% (long offsets whatever ``b``) — so at least 15%
+of cases have ``n_k > 3b`` and at least 10% ``n_k mod b ≠ 0`` when ``max_n ≥ 4b``; float64
+cases stay within :data:`FLOAT64_MAX_N` (their reference is arb); ``n_q`` follows the path
+(equal, 1, or a different size). Every size is capped
+at ``max_n``; a case whose ``B·H·n_q·n_k`` exceeds ``budget`` keeps ``n_k`` and shrinks
+``n_q`` (a square path shrinks both), and large cases (``n_k > 3b`` or beyond ``budget/4``)
+have ``B·H ≤ 2`` and ``d, v ≤ 64``. Head dims are the field's (:data:`HEAD_DIMS`, ``v ≠ d``
+in a fifth) unless ``max_d`` caps them (a smoke run's small dims).
+
+**Ill-conditioned cases** (logits up to 10⁴, where a derived bound reaches the output's
+scale: little beyond finiteness is checked) are a labelled minority, :data:`ILL_SHARE`
+percent, their note saying so; the other inputs are normal (60%), outliers, tiny values,
+logits of 10–100 and small integers.
+
+The difftest strategies (:mod:`.strategies`) are unchanged: their seeds keep their meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from .case import Draw
+from .strategies import masks as compositions
+from .strategies import scores
+
+PATHS = {
+    "none": 18,
+    "causal-square": 20,
+    "causal-cross": 8,
+    "decode": 10,
+    "bool-mask": 12,
+    "bias": 9,
+    "bottom-right": 8,
+    "window": 8,
+    "exotic": 7,
+}
+COMMON_BLOCKS = (16, 32, 64, 128, 256, 512)
+HEAD_DIMS = (64, 80, 96, 128, 192, 256)
+SIZE_KINDS = {"small": 28, "edge": 18, "multiple": 22, "several": 22, "long": 10}
+ILL_SHARE = 4  # percent of cases with logits up to 1e4 (labelled)
+INPUTS = {"normal": 60, "outliers": 10, "tiny": 10, "logits": 10, "uniform_int": 10}
+FLOAT64_MAX_N = 192  # float64 targets need the arb reference: their cases stay this small
+LARGE_DIMS = 64
+LARGE_HEADS = 2
+ILL_LABEL = "ill-conditioned: logits up to {:g} (the bound may be vacuous)"
+
+
+def _percent(draw: st.DrawFn, share: int) -> bool:
+    """True with probability ``share`` percent (a uniform draw: hypothesis biases its
+    ``integers`` and ``sampled_from`` towards their first values)."""
+    return _uniform(draw) * 100 < share
+
+
+def _uniform(draw: st.DrawFn) -> float:
+    """A uniform number in ``[0, 1)``: from a ``random.Random`` seeded by hypothesis (its
+    own numbers lean towards simple values), so a seed draws the same case everywhere."""
+    return draw(st.randoms(use_true_random=True)).random()
+
+
+def _weighted(draw: st.DrawFn, table: dict[str, int]) -> str:
+    """One key of ``table`` with probability proportional to its weight (the first key is
+    where hypothesis shrinks to)."""
+    point = _uniform(draw) * sum(table.values())
+    for name, weight in table.items():
+        point -= weight
+        if point < 0:
+            return name
+    return next(iter(table))
+
+
+@st.composite
+def check_draws(
+    draw: st.DrawFn,
+    *,
+    blocks: tuple[int, ...] = (),
+    max_n: int = 2048,
+    max_d: int | None = None,
+    budget: int = 1 << 17,
+    dtypes: tuple[str, ...] | None = None,
+    layouts: tuple[str, ...] = ("contiguous",),
+    dropout: bool = False,
+    modify: bool = False,
+) -> Draw:
+    """A check case (see the module docstring): ``blocks`` the key-block sizes the targets
+    claim, ``max_n`` the size cap, ``budget`` the largest ``B·H·n_q·n_k``, ``max_d`` a cap
+    on the head dims (None: the field's), ``dropout`` / ``modify`` whether some target
+    replays exactattn's keep-bits / takes a bias or a soft-cap."""
+    dtype = draw(st.sampled_from(dtypes)) if dtypes else None
+    cap = min(max_n, FLOAT64_MAX_N) if dtype == "float64" else max_n
+    path = _weighted(draw, PATHS)
+    if path == "bias" and not modify:
+        path = "none"
+    b = draw(st.sampled_from(_aimed(blocks, cap)))
+    n_k = _keys(draw, b, cap)
+    n_q = _queries(draw, path, n_k, b, cap)
+    large = n_k > 3 * b or n_q * n_k > budget // 4
+    batch = draw(st.sampled_from(((1, 1), (1, 2), (2, 1)) if large else _BATCHES))
+    heads = batch[-1] if len(batch) == 2 else 1
+    n_q, n_k = _within(path, n_q, n_k, batch, budget)
+    d, v = _dims(draw, max_d, large)
+    mask, score, softcap = _mask_and_score(draw, path, modify)
+    group = 1
+    if heads > 1 and _percent(draw, 25):
+        group = draw(st.sampled_from([g for g in range(2, heads + 1) if heads % g == 0]))
+    kind = _weighted(draw, INPUTS)
+    ill = _percent(draw, ILL_SHARE)
+    distribution, logit = kind, 0.0
+    if kind == "logits" or ill:
+        distribution = "large_logits"
+        logit = draw(st.sampled_from((1e3, 1e4))) if ill else draw(st.sampled_from((10.0, 100.0)))
+    dropout_p = draw(st.sampled_from((0.1, 0.5))) if dropout and _percent(draw, 10) else 0.0
+    return Draw(
+        batch=batch,
+        n_q=n_q,
+        n_k=n_k,
+        d=d,
+        v=v,
+        block_size=b,
+        distribution=distribution,
+        logit=logit,
+        explicit_scale=_percent(draw, 14),
+        mask=mask,
+        dropout_p=dropout_p,
+        seed=draw(st.integers(0, 2**64 - 1)) if dropout_p else 0,
+        data_seed=draw(st.integers(0, 2**32 - 1)),
+        group=group,
+        dtype=dtype,
+        layout=draw(st.sampled_from(layouts)),
+        score=score,
+        softcap=softcap,
+        note=ILL_LABEL.format(logit) if ill else f"path {path}",
+    )
+
+
+_BATCHES = ((1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (2, 4), (1, 8), (1,), ())
+
+
+def _aimed(blocks: tuple[int, ...], cap: int) -> tuple[int, ...]:
+    """The block sizes to aim at: the claimed ones within reach of ``cap`` (else the common
+    ones), each at most ``cap``."""
+    within = tuple(sorted({b for b in blocks if 1 <= b <= cap}))
+    if within:
+        return within
+    common = tuple(b for b in COMMON_BLOCKS if b <= cap)
+    return common or (max(1, cap // 2),)
+
+
+def _keys(draw: st.DrawFn, b: int, cap: int) -> int:
+    """``n_k`` aimed at block size ``b`` (see the module docstring), at most ``cap`` (a cap
+    that is a multiple of ``b`` gives ``cap − 1``: the tail stays partial)."""
+    kind = _weighted(draw, SIZE_KINDS)
+    if kind == "small":
+        n = draw(st.integers(1, min(64, cap)))
+    elif kind == "edge":
+        n = b + draw(st.sampled_from((-1, 0, 1)))
+    elif kind == "multiple":
+        n = draw(st.integers(2, 5)) * b + draw(st.sampled_from((-1, 1)))
+    elif kind == "several":
+        n = draw(st.integers(3, 6)) * b + draw(st.integers(1, max(1, b - 1)))
+    else:  # long: up to the cap, whatever the block size (offsets past 1024, 4096 keys)
+        n = draw(st.integers(max(1, cap // 2), cap))
+    if n > cap:
+        n = cap - 1 if cap % b == 0 and cap > 1 else cap
+    return max(1, n)
+
+
+def _queries(draw: st.DrawFn, path: str, n_k: int, b: int, cap: int) -> int:
+    """``n_q`` for the path: equal to ``n_k`` (training), 1 (decode), or different."""
+    if path == "decode":
+        return 1
+    if path == "causal-square":
+        return n_k
+    if path in ("causal-cross", "bottom-right"):
+        other = draw(st.sampled_from(("short", "edge", "long")))
+        n = {
+            "short": draw(st.integers(1, max(1, min(64, cap)))),
+            "edge": b + draw(st.sampled_from((-1, 1))),
+            "long": n_k + draw(st.integers(1, max(1, b))),
+        }[other]
+        n = min(n, cap)
+        return n if n != n_k else max(1, n_k - 1) if n_k > 1 else 2
+    if draw(st.booleans()):
+        return n_k
+    return min(cap, draw(st.integers(1, max(1, min(cap, 2 * b)))))
+
+
+def _within(path: str, n_q: int, n_k: int, batch: tuple[int, ...], budget: int):
+    """``(n_q, n_k)`` with ``B·H·n_q·n_k ≤ budget``: ``n_q`` shrinks (a square path shrinks
+    both, staying square)."""
+    heads = 1
+    for x in batch:
+        heads *= x
+    if heads * n_q * n_k <= budget:
+        return n_q, n_k
+    if path == "causal-square":
+        n = max(1, int((budget / heads) ** 0.5))
+        return n, n
+    return max(1, budget // (heads * n_k)), n_k
+
+
+def _dims(draw: st.DrawFn, max_d: int | None, large: bool) -> tuple[int, int]:
+    """``(d, v)``: the field's head dims (≤ 64 for large cases), ``v ≠ d`` in a fifth; or
+    small ones up to ``max_d``."""
+    if max_d is not None:
+        return draw(st.integers(1, max_d)), draw(st.integers(1, max_d))
+    dims = tuple(x for x in HEAD_DIMS if x <= LARGE_DIMS) if large else HEAD_DIMS
+    d = draw(st.sampled_from(dims))
+    v = draw(st.sampled_from(dims)) if _percent(draw, 20) else d
+    return d, v
+
+
+def _mask_and_score(draw: st.DrawFn, path: str, modify: bool):
+    """The mask template, the score template and the soft-cap of ``path``."""
+    none: dict[str, Any] = {"kind": "none"}
+    if path == "causal-square" or path == "causal-cross":
+        return {"kind": "causal", "align": "top-left"}, none, None
+    if path == "bottom-right":
+        return {"kind": "causal", "align": "bottom-right"}, none, None
+    if path == "window":
+        align = draw(st.sampled_from(("bottom-right", "top-left")))
+        left = draw(st.sampled_from((None, 0, 1, 16, 127, 256)))
+        right = draw(st.sampled_from((0, 0, None, 3)))
+        return {"kind": "window", "left": left, "right": right, "align": align}, none, None
+    if path == "decode":
+        return (none if draw(st.booleans()) else {"kind": "padding"}), none, None
+    if path == "bool-mask":
+        kind = draw(st.sampled_from(("padding", "dense", "document")))
+        if kind == "dense":
+            return {"kind": "dense", "density": 0.6, "empty_row": False}, none, None
+        if kind == "document":
+            return {"kind": "document", "docs": draw(st.integers(1, 3))}, none, None
+        return {"kind": "padding"}, none, None
+    if path == "bias":
+        score, softcap = draw(scores())
+        return none, score, softcap
+    if path == "exotic":
+        score, softcap = draw(scores()) if modify else (none, None)
+        return draw(compositions()), score, softcap
+    return none, none, None

@@ -1,0 +1,97 @@
+"""The tolerance of a GQA backward that rounds each head's gradient before the group's sum.
+
+A kernel that expands ``K, V`` over a group of ``g`` query heads (torch's SDPA with
+``enable_gqa``, transformers' ``repeat_kv``, or the check itself for a function without
+``enable_gqa``) gets one gradient per expanded head, ``dK_h``, rounded to the output format
+``o``, and sums the group's ``g`` of them in a format ``s`` (torch: the input's, fp16 for
+fp16 inputs): ``dK = fl_s(… fl_s(fl_o(dK_1) + fl_o(dK_2)) … + fl_o(dK_g))``. The claimed
+bound (:func:`exactattn.bounds.bounds`) charges one rounding of the exact sum; this one
+charges the ``g`` roundings to ``o`` and the ``g − 1`` additions in ``s``:
+
+    |extra| ≤ (u_o + γ_{g−1}(s)·(1 + u_o))·Σ_h M_h + g·μ_o·(1 + γ_{g−1}(s)) + (g − 1)·μ_s,
+
+with ``M_h ≥ |computed dK_h|``: the head's magnitude bound (below) plus the claimed bound
+of the whole group (which bounds each head's own error). The magnitudes come from the
+definition, on the held inputs, in float64 with every term positive (no cancellation to
+lose): ``P = exp(s − lse)`` with the reference's ``lse``, ``dP = G·Vᵀ``, ``δ = G·Y`` with
+the reference's ``Y``, ``|γ| ≤ P∘(ρ∘|dP| + |δ|)``, ``|dK_h| ≤ |c|·|γ|ᵀ·|Q|``,
+``|dV_h| ≤ (ρ∘P)ᵀ·|G|`` (a soft-cap's slope is at most 1), widened by 2^-30 for float64's
+own roundings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..cases import Case
+from ..cases.reference import Reference
+from ..formats import Format
+
+MARGIN = 1 + 2.0**-30
+
+
+def head_magnitudes(case: Case, ref: Reference) -> dict[str, np.ndarray]:
+    """Upper bounds on ``|dK_h|`` and ``|dV_h|`` per expanded head, ``(*batch, n_k, ·)``."""
+    held, g = ref.held, case.group
+    q, k, v, up = (held[x] for x in "qkvg")
+    k, v = (np.repeat(x, g, axis=-3) for x in (k, v))
+    c = case.c()
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = c * (q @ np.swapaxes(k, -1, -2))
+        if case.softcap is not None:
+            s = case.softcap * np.tanh(s / case.softcap)
+        if "bias" in held:
+            s = s + held["bias"]
+        if ref.program_bias is not None:
+            s = s + ref.program_bias
+        s = np.where(case.allowed(), s, -np.inf)
+        lse = ref.near["lse"][..., None]
+        p = np.where(np.isfinite(lse), np.exp(np.minimum(s - lse, 0.0)), 0.0)
+    p = p * (case.rho() if case.dropout_p else 1.0)
+    dp = np.abs(up @ np.swapaxes(v, -1, -2))
+    delta = np.abs((up * ref.near["y"]).sum(axis=-1))[..., None]
+    gamma = p * (dp + delta)
+    return {
+        "dk": abs(c) * (np.swapaxes(gamma, -1, -2) @ np.abs(q)) * MARGIN,
+        "dv": (np.swapaxes(p, -1, -2) @ np.abs(up)) * MARGIN,
+    }
+
+
+def gamma(n: int, u: float) -> float:
+    """``γ_n = n·u / (1 − n·u)`` (inf when ``n·u ≥ 1``)."""
+    return n * u / (1 - n * u) if n * u < 1 else np.inf
+
+
+def extra_bound(
+    case: Case, ref: Reference, claimed: dict[str, np.ndarray], out: Format, summed: Format
+) -> dict[str, np.ndarray]:
+    """What the per-head roundings to ``out`` and the group's sum in ``summed`` add to the
+    claimed bounds of ``dk`` and ``dv`` (see the module docstring)."""
+    g = case.group
+    gs = gamma(g - 1, summed.u)
+    extra = {}
+    for name, m in head_magnitudes(case, ref).items():
+        if name not in claimed:
+            continue
+        groups = m.reshape((*m.shape[:-3], m.shape[-3] // g, g, *m.shape[-2:]))
+        total = (groups + claimed[name][..., None, :, :]).sum(axis=-3)
+        with np.errstate(over="ignore", invalid="ignore"):
+            extra[name] = (
+                (out.u + gs * (1 + out.u)) * total + g * out.mu * (1 + gs) + (g - 1) * summed.mu
+            )
+    return extra
+
+
+def widened(variant: Any, case: Case, ref: Reference, bound: dict[str, Any]) -> dict[str, Any]:
+    """``bound`` with the group-sum terms added when ``variant`` sums a GQA group's rounded
+    per-head gradients (:attr:`~exactattn.targets.Variant.group_sum`)."""
+    summed = variant.group_sum
+    if case.group == 1 or summed is None or "dk" not in bound:
+        return bound
+    from ..formats import number_format
+
+    out = number_format(variant.claim.input)
+    extra = extra_bound(case, ref, bound, out, number_format(summed))
+    return {name: b + extra[name] if name in extra else b for name, b in bound.items()}

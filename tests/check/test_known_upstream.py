@@ -1,0 +1,70 @@
+"""Claims that tell the truth about torch, and ``KNOWN-UPSTREAM`` for what no claim expresses.
+
+* torch's GQA backward rounds each head's dK, dV to the input dtype and sums the group in
+  it: the SDPA claims say ``group=input``; the replayed case passes under that claim and
+  fails under the same claim without it (the group-sum terms are needed).
+* SDPA's NaN for ``is_causal`` with a negative scale is ``known-upstream`` for the targets
+  that inherit it (named in the one list, :mod:`exactattn.testing.known`), with its replay
+  file and upstream report; a user's function with the same NaN still fails, and
+  ``check --replay`` exits 0 only for the known one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from exactattn import targets
+from exactattn.cases import Case
+from exactattn.commands.check import main
+from exactattn.testing.check import Options, check_case
+from exactattn.testing.known import UPSTREAM, reclassify
+from tests.optional import requires
+
+requires("torch", "flint")
+
+REGRESSIONS = Path(__file__).resolve().parents[1] / "regressions"
+GROUP_SUM = REGRESSIONS / "torch_sdpa_gqa_fp16_group_sum.json"
+NEGATIVE = REGRESSIONS / "torch_sdpa_negative_scale_causal.json"
+
+
+def _without_group(name: str) -> targets.Target:
+    target = targets.get(name)
+    return dataclasses.replace(target, claim=dataclasses.replace(target.claim, group=None))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_gqa_group_sum_is_in_the_claim_and_needed():
+    case = Case.from_json(GROUP_SUM.read_text())
+    told = targets.Variant(targets.get("sdpa"), "float16")
+    untold = targets.Variant(_without_group("sdpa"), "float16")
+    assert told.claim.group == "float16" and untold.claim.group is None
+    found = check_case(case, [told, untold], Options(sampled=False))
+    assert [f.status for f in found] == ["ok", "fail"], [f.detail for f in found]
+    assert found[1].detail.startswith("dk[")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_causal_negative_scale_nan_is_known_upstream_for_torch_only():
+    case = Case.from_json(NEGATIVE.read_text())
+    sdpa = targets.Variant(targets.get("sdpa"), "float32")
+    import torch.nn.functional as F
+
+    user = targets.Variant(targets.from_callable(F.scaled_dot_product_attention), "float32")
+    found = {f.target: f for f in check_case(case, [sdpa, user], Options(sampled=False))}
+    assert {f.status for f in found.values()} == {"fail"}
+    verdict = reclassify(sdpa, case, found[sdpa.name])
+    assert verdict.status == "known-upstream" and verdict.detail in UPSTREAM
+    bug = UPSTREAM[verdict.detail]
+    assert (REGRESSIONS.parent.parent / bug.replay).exists() and "docs/check.md" in bug.report
+    assert reclassify(user, case, found[user.name]).status == "fail"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_replay_exits_zero_for_known_upstream_and_one_for_the_same_nan_elsewhere(capsys):
+    assert main(["sdpa", "--replay", str(NEGATIVE)]) == 0
+    assert "KNOWN-UPSTREAM sdpa[float32]" in capsys.readouterr().out
+    fn = "torch.nn.functional:scaled_dot_product_attention"
+    assert main([fn, "--replay", str(NEGATIVE)]) == 1

@@ -1,0 +1,88 @@
+"""Bugs at block boundaries and on real calling paths, caught with only --claim/--supports.
+
+A FlashAttention-2-style tiled kernel in torch (:mod:`.kernels`, key blocks of ``b``) with
+one bug each of :data:`kernels.REACH_BUGS` — ``is_causal`` aligned bottom-right, the
+diagonal dropped in blocks after the first, keys beyond 1024 ignored, the partial tail
+block one key short, ``acc`` not rescaled between blocks — must fail
+:func:`exactattn.testing.assert_attention_close` given only the kernel's claim (its block
+size) and ``--supports dropout=no``; its correct twin must pass the same check. The
+distribution (:mod:`exactattn.cases.paths`) finds them by itself: it calls ``is_causal``
+with ``n_q ≠ n_k``, sizes ``n_k`` at ``b ± 1``, ``k·b ± 1`` and beyond 1024 when the cap
+allows.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from exactattn.testing import assert_attention_close
+from tests.optional import requires
+
+requires("torch")
+
+from . import kernels
+
+FAST = {  # bug -> (block sizes, examples, max_n): the default suite
+    "causal-bottom-right": ((16,), 60, 80),
+    "diagonal-dropped-after-first": ((16,), 60, 80),
+    "tail-block-short": ((16,), 60, 80),
+    "rescale-acc-only-l": ((16,), 60, 80),
+}
+SLOW = {  # several block sizes and seeds, and the long one
+    "causal-bottom-right": ((16, 64), 120, 300),
+    "diagonal-dropped-after-first": ((16, 64), 120, 300),
+    "tail-block-short": ((16, 64), 120, 300),
+    "rescale-acc-only-l": ((16, 64), 120, 300),
+    "keys-beyond-1024-ignored": ((64, 128), 80, 1300),
+}
+
+
+def _check(bug, block, examples, max_n, seed=0):
+    return assert_attention_close(
+        kernels.sdpa(bug, block),
+        convention="sdpa",
+        claim=f"scores=fp32,stats=fp32,acc=fp32,block={block}",
+        supports="dropout=no",
+        examples=examples,
+        dtypes=("float32",),
+        max_n=max_n,
+        seed=seed,
+        dropout_probe=False,
+    )
+
+
+def test_every_reach_bug_is_tested():
+    assert set(SLOW) == set(kernels.REACH_BUGS) and set(FAST) <= set(SLOW)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("bug", list(FAST))
+def test_a_reach_bug_is_caught(bug):
+    blocks, examples, max_n = FAST[bug]
+    for block in blocks:
+        with pytest.raises(AssertionError, match=r"^FAIL "):
+            _check(bug, block, examples, max_n)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_correct_twin_passes():
+    result = _check(None, 16, 60, 80)
+    assert sum(c["ok"] for c in result.report.counts.values()) > 30
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("bug", list(SLOW))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_reach_bug_is_caught_at_several_block_sizes(bug, seed):
+    blocks, examples, max_n = SLOW[bug]
+    for block in blocks:
+        with pytest.raises(AssertionError, match=r"^FAIL "):
+            _check(bug, block, examples, max_n, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("block", [16, 64, 128])
+def test_the_correct_twin_passes_at_several_block_sizes(block):
+    _check(None, block, 120, 1300)
