@@ -151,34 +151,22 @@ class _Fast:
     kappa_hat: float  # fl(1/fl(1 − p))
 
 
-def _lazy_or_array(name: str, x: Any) -> tuple[Any, Any]:
-    """``(dense array or None for certified's checks, the lazy source)``."""
-    if x is None or isinstance(x, np.ndarray):
-        return x, x
-    if callable(x):
-        return None, x
-    return np.asarray(x), np.asarray(x)
+def _dense(x: Any) -> np.ndarray | None:
+    """``x`` as an array for certified's checks; None for a row callable (or None)."""
+    return None if x is None or callable(x) else np.asarray(x)
 
 
 def _problem(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, gqa) -> _Fast:
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g)):
         if isinstance(x, np.ndarray) and x.dtype == np.longdouble and x.dtype.itemsize > 8:
             raise NeedsArb(f"{name} is {x.dtype}: its values are not float64 numbers")
-    dense = {n: _lazy_or_array(n, x) for n, x in (("allowed", allowed), ("bias", bias))}
-    dense["keep"] = _lazy_or_array("keep", keep)
-    lazy_keep = dense["keep"][0] is None and keep is not None
+    dense = {"allowed": _dense(allowed), "bias": _dense(bias), "keep": _dense(keep)}
+    lazy_keep = dense["keep"] is None and keep is not None
+    # a lazy keep passes certified's dropout check with a stand-in (its rows are checked
+    # as they are read)
+    keep_checked = np.ones((1, 1), dtype=bool) if lazy_keep else dense["keep"]
     p = _check(
-        q,
-        k,
-        v,
-        g,
-        scale,
-        dense["allowed"][0],
-        dense["keep"][0] if not lazy_keep else np.ones((1, 1), dtype=bool),
-        dropout_p,
-        dense["bias"][0],
-        softcap,
-        gqa,
+        q, k, v, g, scale, dense["allowed"], keep_checked, dropout_p, dense["bias"], softcap, gqa
     )
     if p.scale is None:  # 1/sqrt(d): two correct roundings, none where d is a power of 4
         d = q.shape[-1]
@@ -191,8 +179,8 @@ def _problem(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, gqa) ->
     kappa_hat = 1 / (1 - p.dropout_p) if p.keep is not None else 1.0
     return _Fast(
         p=p,
-        allowed=_Lazy("allowed", p.allowed if dense["allowed"][0] is not None else allowed, "b"),
-        bias=_Lazy("bias", p.bias if dense["bias"][0] is not None else bias, "f"),
+        allowed=_Lazy("allowed", p.allowed if dense["allowed"] is not None else allowed, "b"),
+        bias=_Lazy("bias", p.bias if dense["bias"] is not None else bias, "f"),
         keep=_Lazy("keep", keep if lazy_keep else p.keep, "b"),
         c_hat=c_hat,
         theta_c=theta_c,

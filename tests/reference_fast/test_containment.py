@@ -13,6 +13,9 @@ these cases (no vacuous row).
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, field, replace
+
 import numpy as np
 import pytest
 
@@ -28,47 +31,68 @@ FAST_CASES = 120
 SLOW_CASES = 3000
 
 
-def _judge(seeds, halve: bool = False) -> tuple[list[str], float, int, float]:
-    """Refutations (as labels), the worst tightness, the undecided elements and their
-    largest magnitude (with ``halve``: every fast radius halved, a broken reference)."""
-    failures, worst, undecided, scale = [], 0.0, 0, 0.0
-    for seed in seeds:
+@dataclass
+class Run:
+    """What the drawn cases showed: refutations (as labels) of the reference and of its copy
+    with every radius halved, the worst tightness, and the undecided elements."""
+
+    failures: list[str] = field(default_factory=list)
+    halved_failures: list[str] = field(default_factory=list)
+    worst: float = 0.0
+    undecided: int = 0
+    undecided_scale: float = 0.0
+
+
+def _halved(enclosure):
+    """The broken reference: the same midpoints with every radius halved."""
+    balls = {n: replace(b, rad=b.rad / 2) for n, b in enclosure.balls.items()}
+    return replace(enclosure, balls=balls)
+
+
+@functools.cache
+def _run(first: int, count: int) -> Run:
+    run = Run()
+    for seed in range(first, first + count):
         case = draw(seed)
         fast = fast_attention(*case.arrays, **case.fast())
-        if halve:
-            for ball in fast.balls.values():
-                ball.rad[...] = ball.rad / 2
-        arb = certified_attention(*case.arrays, **case.keywords)
-        verdicts = check(case, fast, arb)
-        bad = {name: x.refuted for name, x in verdicts.items() if x.refuted}
-        if bad:
-            failures.append(f"seed {seed} ({case.label}): refuted {bad}")
         assert all(np.isfinite(b.rad).all() for b in fast.balls.values()), case.label
-        worst = max(worst, *(x.worst for x in verdicts.values()))
-        undecided += sum(x.undecided for x in verdicts.values())
-        scale = max(scale, *(x.undecided_scale for x in verdicts.values()))
-    return failures, worst, undecided, scale
+        arb = certified_attention(*case.arrays, **case.keywords)
+        for enclosure, failures in ((fast, run.failures), (_halved(fast), run.halved_failures)):
+            verdicts = check(case, enclosure, arb)
+            bad = {name: x.refuted for name, x in verdicts.items() if x.refuted}
+            if bad:
+                failures.append(f"seed {seed} ({case.label}): refuted {bad}")
+        verdicts = check(case, fast, arb).values()
+        run.worst = max(run.worst, *(x.worst for x in verdicts))
+        run.undecided += sum(x.undecided for x in verdicts)
+        run.undecided_scale = max(run.undecided_scale, *(x.undecided_scale for x in verdicts))
+    return run
 
 
 def test_the_enclosures_contain_arb_on_drawn_cases():
-    failures, worst, _, scale = _judge(range(FAST_CASES))
-    assert not failures, "\n".join(failures)
-    assert worst > 0.5  # cases where the radius is all but used
-    assert scale < 2.0**-1000  # undecided only at arb's own (subnormal) resolution
+    run = _run(0, FAST_CASES)
+    assert not run.failures, "\n".join(run.failures)
+    assert run.worst > 0.5  # cases where the radius is all but used
+    assert run.undecided_scale < 2.0**-1000  # undecided only at arb's (subnormal) resolution
 
 
 @pytest.mark.slow
 def test_the_enclosures_contain_arb_on_thousands_of_drawn_cases():
-    failures, worst, undecided, scale = _judge(range(1000, 1000 + SLOW_CASES))
-    assert not failures, "\n".join(failures[:20])
-    assert scale < 2.0**-1000
-    print(f"{SLOW_CASES} cases: none refuted, worst tightness {worst:.3f}, {undecided} elements")
-    print(f"undecided (arb's own radius as wide, all below {scale:.3g})")
+    run = _run(1000, SLOW_CASES)
+    assert not run.failures, "\n".join(run.failures[:20])
+    assert run.undecided_scale < 2.0**-1000
+    assert run.halved_failures
+    print(
+        f"{SLOW_CASES} cases: none refuted, worst tightness {run.worst:.3f}, "
+        f"{run.undecided} elements undecided (arb's own radius as wide, all below "
+        f"{run.undecided_scale:.3g}); the halved copy refuted in "
+        f"{len(run.halved_failures)} cases"
+    )
 
 
 def test_a_copy_with_the_radius_halved_is_caught():
-    failures, worst, _, _ = _judge(range(FAST_CASES), halve=True)
-    assert failures, f"no case refuted the halved radius (worst tightness {worst:.3f})"
+    run = _run(0, FAST_CASES)
+    assert run.halved_failures, f"no case refuted the halved radius (worst {run.worst:.3f})"
 
 
 def _rows(table: np.ndarray):

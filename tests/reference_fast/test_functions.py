@@ -10,6 +10,8 @@ the functions (``FUNC_ULPS = 0``) is refuted by the same measurement.
 
 from __future__ import annotations
 
+import functools
+
 import mpmath
 import numpy as np
 import pytest
@@ -42,6 +44,7 @@ def _arguments(name: str) -> np.ndarray:
     return np.concatenate(parts)
 
 
+@functools.cache
 def _worst(name: str) -> tuple[float, float]:
     """(worst relative error in units u over normal results, worst absolute error of
     subnormal results in units of 2^-1074)."""
