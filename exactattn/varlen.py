@@ -190,7 +190,8 @@ def varlen_attention(
     ``(H,)`` or ``(S, H)`` adds ``−slope·|i' + len_k − len_q − j'|``. The other keywords are
     :func:`exactattn.attention`'s (``scale``, ``softcap``, ``sinks``, ``dropout_p``/``seed``,
     ``block_size``, ``backend``, ``check_finite``; ``empty_rows`` defaults to ``'zero'``: a
-    query with no key gets ``y = 0``, lse −∞ or its sink). Returns ``y (total_q, H, v)``, or
+    query with no key gets ``y = 0``, lse −∞ or its sink; a ``score_mod`` sees the packed
+    positions ``i``, ``j``). Returns ``y (total_q, H, v)``, or
     ``(y, stats)`` with ``stats.lse`` ``(H, total_q)`` (flash-attn's ``softmax_lse``).
     """
     qh, kh, vh, keywords = packed_problem(
