@@ -127,6 +127,32 @@ def _settings(examples: int) -> settings:
     )
 
 
+@contextlib.contextmanager
+def seed_only() -> Iterator[None]:
+    """Hypothesis draws from the seed alone while this holds.
+
+    Hypothesis (≥ 6.131) mixes the literal constants of the local modules imported so far
+    into its choices, so the same seed drew other cases once the process had imported more
+    of exactattn or of a user's code: a check of a correct kernel before a broken one drew
+    the broken one's cases differently, and a replay for shrinking could drift from the
+    draws it replays. The local constants are held empty here (the global ones stay), and
+    the cache of constants by choice type is emptied on the way in and out."""
+    try:
+        from hypothesis.internal.conjecture import providers
+
+        original, empty = providers._get_local_constants, providers.Constants()
+    except (ImportError, AttributeError):  # a Hypothesis without local constants
+        yield
+        return
+    providers.CONSTANTS_CACHE.cache.clear()
+    providers._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        providers.CONSTANTS_CACHE.cache.clear()
+
+
 def draw(strategy: st.SearchStrategy[Draw], examples: int, seed: int) -> list[Draw]:
     """The first ``examples`` case descriptions hypothesis draws from ``strategy`` with
     ``seed`` (fewer if the strategy has fewer distinct ones): the same on every machine."""
@@ -137,7 +163,7 @@ def draw(strategy: st.SearchStrategy[Draw], examples: int, seed: int) -> list[Dr
     def collect(description: Draw) -> None:
         drawn.append(description)
 
-    with contextlib.suppress(Unsatisfiable):
+    with contextlib.suppress(Unsatisfiable), seed_only():
         hypothesis_seed(seed)(collect)()
     return drawn
 
@@ -353,7 +379,8 @@ def _shrink(source, unit, strategy, examples, seed, draws, index) -> tuple[Findi
             raise UnitFailed(unit.name)
 
     try:
-        hypothesis_seed(seed)(property_)()
+        with seed_only():
+            hypothesis_seed(seed)(property_)()
     except (UnitFailed, Flaky):  # Flaky: it failed, then not on replay; keep what it did
         return last[0] if last else None
     except Unsatisfiable:
