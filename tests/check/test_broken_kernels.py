@@ -71,4 +71,5 @@ def test_a_broken_kernel_is_killed_with_a_counterexample(bug):
     assert "case: q (" in text and "mask " in text
     if bug != "dropped-tail-block":  # its shrunk case has no key block left: y is detached
         assert re.search(rf"\b{output}\w*\[", text), text
-        assert "worst element:" in text and "certified" in text
+        if "for finite inputs" not in text:  # a NaN / inf has no worst error to locate
+            assert "worst element:" in text and "certified" in text
