@@ -17,8 +17,8 @@ in the same dtype and to the FlashAttention-2 policy, the vacuous-bound share; a
 table (cases per calling path, n_q != n_k, decode, GQA, >= 2 and >= 8 claimed blocks,
 n_k % b != 0, largest n, vacuous share, which reference served); a known upstream bug as
 KNOWN-UPSTREAM; each failure as a shrunk counterexample with its replay file.
-``--mask-mod`` / ``--score-mod`` (``module:fn`` or ``file.py:fn``, FlexAttention's signatures): every case runs the user's program — the
-reference evaluates the mask_mod on the whole index grid and the score_mod over arb balls —
+``--mask-mod`` / ``--score-mod`` (``module:fn`` or ``file.py:fn``, FlexAttention's
+signatures): every case runs the user's program — the reference evaluates the mask_mod on the whole index grid and the score_mod over arb balls —
 and the targets that run a program themselves (``flex``, exactattn's own) are judged on it;
 the others skip with the reason. ``--report DIR`` writes ``report.md`` and
 ``report.json``. Exit status 0 only when nothing failed (1: a failure; 2: bad usage; 130:
