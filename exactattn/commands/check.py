@@ -18,11 +18,11 @@ table (cases per calling path, n_q != n_k, decode, GQA, >= 2 and >= 8 claimed bl
 n_k % b != 0, largest n, vacuous share, which reference served); a known upstream bug as
 KNOWN-UPSTREAM; each failure as a shrunk counterexample with its replay file.
 ``--mask-mod`` / ``--score-mod`` (``module:fn`` or ``file.py:fn``, FlexAttention's
-signatures): every case runs the user's program — the reference evaluates the mask_mod on the whole index grid and the score_mod over arb balls —
-and the targets that run a program themselves (``flex``, exactattn's own) are judged on it;
-the others skip with the reason. ``--report DIR`` writes ``report.md`` and
-``report.json``. Exit status 0 only when nothing failed (1: a failure; 2: bad usage; 130:
-interrupted, the report then holds what was seen).
+signatures): every case runs the user's program — the reference evaluates the mask_mod on
+the whole index grid and the score_mod over arb balls — and the targets that run a program
+themselves (``flex``, exactattn's own) are judged on it; the others skip with the reason.
+``--report DIR`` writes ``report.md`` and ``report.json``. Exit status 0 only when nothing
+failed (1: a failure; 2: bad usage; 130: interrupted, the report then holds what was seen).
 
 The cases are drawn from ``--seed`` before any is judged, then judged in this process, in
 ``--workers N`` local processes or on the Dask cluster of ``--scheduler ADDRESS`` (the
