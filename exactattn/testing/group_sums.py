@@ -37,7 +37,8 @@ def head_magnitudes(case: Case, ref: Reference) -> dict[str, np.ndarray]:
     """Upper bounds on ``|dK_h|`` and ``|dV_h|`` per expanded head, ``(*batch, n_k, ·)``."""
     held, g = ref.held, case.group
     q, k, v, up = (held[x] for x in "qkvg")
-    k, v = (np.repeat(x, g, axis=-3) for x in (k, v))
+    if g > 1:
+        k, v = (np.repeat(x, g, axis=-3) for x in (k, v))
     c = case.c()
     with np.errstate(over="ignore", invalid="ignore"):
         s = c * (q @ np.swapaxes(k, -1, -2))
@@ -99,7 +100,9 @@ def split_bound(
         if name not in claimed:
             continue
         g = case.group
-        whole = m.reshape((*m.shape[:-3], m.shape[-3] // g, g, *m.shape[-2:])).sum(axis=-3)
+        whole = m
+        if g > 1:
+            whole = m.reshape((*m.shape[:-3], m.shape[-3] // g, g, *m.shape[-2:])).sum(axis=-3)
         with np.errstate(over="ignore", invalid="ignore"):
             total = whole + claimed[name]
             extra[name] = (out.u + gp * (1 + out.u)) * total + parts * out.mu * (1 + gp)

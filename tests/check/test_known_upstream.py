@@ -94,3 +94,14 @@ def test_the_cpu_flash_backward_query_split_is_claimed_and_charged():
     ref = fast(case, told.held(case))
     wide, narrow = bounds(told, ref).bound, bounds(untold, ref).bound
     assert (wide["dv"] > narrow["dv"]).all() and (wide["y"] == narrow["y"]).all()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("batch", [(), (3,), (1, 2)])
+def test_the_query_split_term_takes_any_leading_dims(batch):
+    from exactattn.cases import Draw, build_case
+
+    case = build_case(Draw(batch, 40, 9, 4, 3, 512, dtype="float32", data_seed=1))
+    variant = targets.Variant(targets.get("sdpa"), "float32")
+    (found,) = check_case(case, [variant], Options(fast_reference=True))
+    assert found.status == "ok", found.detail
