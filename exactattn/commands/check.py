@@ -1,6 +1,7 @@
 """``exactattn check``: any attention implementation against the certified reference.
 
-    exactattn check TARGET [TARGET ...] [--examples N] [--dtypes D [D ...]] [--max-n N]
+    exactattn check TARGET [TARGET ...] [--profile smoke|default|deep] [--examples N]
+                    [--dtypes D [D ...]] [--max-n N]
                     [--grads | --no-grads] [--seed S] [--device cpu|cuda]
                     [--workers N | --scheduler ADDRESS] [--journal FILE [--resume]]
                     [--report DIR] [--save-failures DIR] [--convention C] [--claim TEXT]
@@ -12,14 +13,16 @@ TARGET is a registry name (``--list``), ``mpN``, or your own function as
 exactattn|hf``, ``--claim input=fp16,scores=fp32,stats=fp32,p=fp16,acc=fp32,block=128``,
 ``--supports masks=none+causal,gqa=no,...`` for what it takes). Prints one line per variant
 (target × dtype): cases run, skipped, failed, the forward error, the ratio to naive attention
-in the same dtype and to the FlashAttention-2 policy, the vacuous-bound share; each failure as
-a shrunk counterexample with its replay file. ``--mask-mod`` / ``--score-mod`` (``module:fn`` or
-``file.py:fn``, FlexAttention's signatures): every case runs the user's program — the
-reference evaluates the mask_mod on the whole index grid and the score_mod over arb balls —
-and the targets that run a program themselves (``flex``, exactattn's own) are judged on it;
-the others skip with the reason. ``--report DIR`` writes ``report.md`` and
-``report.json``. Exit status 0 only when nothing failed (1: a failure; 2: bad usage; 130:
-interrupted, the report then holds what was seen).
+in the same dtype and to the FlashAttention-2 policy, the vacuous-bound share; a coverage
+table (cases per calling path, n_q != n_k, decode, GQA, >= 2 and >= 8 claimed blocks,
+n_k % b != 0, largest n, vacuous share, which reference served); a known upstream bug as
+KNOWN-UPSTREAM; each failure as a shrunk counterexample with its replay file.
+``--mask-mod`` / ``--score-mod`` (``module:fn`` or ``file.py:fn``, FlexAttention's
+signatures): every case runs the user's program — the reference evaluates the mask_mod on
+the whole index grid and the score_mod over arb balls — and the targets that run a program
+themselves (``flex``, exactattn's own) are judged on it; the others skip with the reason.
+``--report DIR`` writes ``report.md`` and ``report.json``. Exit status 0 only when nothing
+failed (1: a failure; 2: bad usage; 130: interrupted, the report then holds what was seen).
 
 The cases are drawn from ``--seed`` before any is judged, then judged in this process, in
 ``--workers N`` local processes or on the Dask cluster of ``--scheduler ADDRESS`` (the

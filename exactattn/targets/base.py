@@ -22,7 +22,7 @@ from typing import Any
 from ..formats import canonical_name
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group")
+CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group", "qsplit")
 NAIVE_BLOCK = 0  # ``block=0``: one block spanning every key (naive attention)
 
 
@@ -34,6 +34,9 @@ class Claim:
     several dtypes. ``group``: the format a GQA backward sums a group's per-head dK, dV in,
     each rounded to the output format first (``input``: the input's, as torch's SDPA does;
     None: the group is summed before any rounding, :mod:`exactattn.testing.group_sums`).
+    ``qsplit``: a backward that forms dK, dV one block of ``qsplit`` query rows at a time,
+    rounds each block's part to the output format and sums the parts in it (torch's CPU
+    flash backward; None: one rounding of the whole sum).
     ``block=None`` means "not stated": the bound then assumes the worst case,
     one key per block; ``block=0`` is one block over all keys (naive attention).
     """
@@ -45,6 +48,7 @@ class Claim:
     acc: str | None = None
     block: int | None = None
     group: str | None = None
+    qsplit: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> Claim:
@@ -58,6 +62,11 @@ class Claim:
                 raise ValueError(
                     f"--claim item {item!r} is not KEY=VALUE with KEY one of {CLAIM_FIELDS}"
                 )
+            if key == "qsplit":
+                if not value.isdigit() or int(value) < 1:
+                    raise ValueError(f"--claim qsplit must be an integer >= 1; got {value!r}")
+                values[key] = int(value)
+                continue
             if key == "block":
                 if value in ("naive", "all"):
                     values[key] = NAIVE_BLOCK

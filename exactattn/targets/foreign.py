@@ -12,6 +12,11 @@ the source named; a claim that the measured error exceeds is a finding.
   ``cpu_flash_attention``): ``accum_t = opmath_type`` (fp32 for fp16/bf16) for scores,
   ``m``, ``ℓ`` and the output accumulator, ``P`` cast to the input type for reduced types
   (``qk_reduced_data``), key blocks of ``kv_split_size = 512``.
+* Its backward (``cpu_flash_attention_backward``) forms dK, dV one block of query rows at a
+  time (``qSplitSize`` 32, 64 or 256 by ``n_q``) and adds each block's part to the output
+  in the input type: ``qsplit=32`` (the most parts, so it bounds every split), charged by
+  :mod:`exactattn.testing.group_sums` (found as fp16/bf16 dV ~1.2–1.4× beyond one rounding
+  at n = 256–511, and a float32 dK half a subnormal off at n_k = 1546).
 * SDPA default dispatch on the CPU: the flash kernel when it applies, else math; the flash
   claim bounds both.
 * FlexAttention compiled on the CPU (``torch/_inductor/codegen/cpp_flex_attention_template.py``):
@@ -36,7 +41,8 @@ from typing import Any
 from .base import FLOAT_DTYPES, REVERSES, Capabilities, Claim, Options, Target
 from .flex import KV_BLOCK
 
-SDPA_CLAIM = Claim(block=512, group="input")  # with the FA-2 policy (module docstring)
+CPU_QSPLIT = 32  # the CPU flash backward's smallest query split (32, 64 or 256 rows)
+SDPA_CLAIM = Claim(block=512, group="input", qsplit=CPU_QSPLIT)  # FA-2 policy (docstring)
 OWN_DROPOUT = "own"
 NO_SOFTCAP = "the calling convention has no soft-cap"
 CAUSAL_NEGATIVE_SCALE = "sdpa-causal-negative-scale"  # exactattn.testing.known.UPSTREAM
@@ -70,7 +76,7 @@ def _sdpa(name: str, backend: str | None, description: str) -> Target:
         convention="sdpa",
         loader=_loader("torch.nn.functional", "scaled_dot_product_attention"),
         caps=caps,
-        claim=Claim(block=block, group="input"),
+        claim=Claim(block=block, group="input", qsplit=None if backend == "math" else CPU_QSPLIT),
         description=description,
         requires=("torch",),
         needs_cuda=cuda_only,

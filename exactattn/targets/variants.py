@@ -39,14 +39,16 @@ def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:
     block = dict(target.options.block_by_device).get(device, base.block)
     policy = target.options.policy
     group = dtype if base.group == "input" else base.group
+    qsplit = base.qsplit if device == "cpu" else None
     if policy == "fa2":
-        return replace(builtin.fa2_claim(dtype).resolve(dtype), block=block, group=group)
+        fa2 = builtin.fa2_claim(dtype).resolve(dtype)
+        return replace(fa2, block=block, group=group, qsplit=qsplit)
     if policy == "upcast":
         wide = dtype if dtype in ("float32", "float64") else "float32"
-        return Claim(dtype, wide, wide, wide, wide, block, group)
+        return Claim(dtype, wide, wide, wide, wide, block, group, qsplit)
     if policy == "eager":
         p = "float32" if dtype == "float64" else dtype
-        return Claim(dtype, dtype, "float32", p, dtype, NAIVE_BLOCK, group)
+        return Claim(dtype, dtype, "float32", p, dtype, NAIVE_BLOCK, group, qsplit)
     return replace(base.resolve(dtype), block=block)
 
 

@@ -1,4 +1,5 @@
-"""The tolerance of a GQA backward that rounds each head's gradient before the group's sum.
+"""The tolerance of a backward that rounds parts of dK, dV before summing them: a GQA
+group's heads, or blocks of query rows (``Claim.qsplit``, torch's CPU flash backward).
 
 A kernel that expands ``K, V`` over a group of ``g`` query heads (torch's SDPA with
 ``enable_gqa``, transformers' ``repeat_kv``, or the check itself for a function without
@@ -36,7 +37,8 @@ def head_magnitudes(case: Case, ref: Reference) -> dict[str, np.ndarray]:
     """Upper bounds on ``|dK_h|`` and ``|dV_h|`` per expanded head, ``(*batch, n_k, ·)``."""
     held, g = ref.held, case.group
     q, k, v, up = (held[x] for x in "qkvg")
-    k, v = (np.repeat(x, g, axis=-3) for x in (k, v))
+    if g > 1:
+        k, v = (np.repeat(x, g, axis=-3) for x in (k, v))
     c = case.c()
     with np.errstate(over="ignore", invalid="ignore"):
         s = c * (q @ np.swapaxes(k, -1, -2))
@@ -84,14 +86,44 @@ def extra_bound(
     return extra
 
 
+def split_bound(
+    case: Case, ref: Reference, claimed: dict[str, np.ndarray], out: Format, qsplit: int
+) -> dict[str, np.ndarray]:
+    """What a backward adds that rounds dK, dV's part of each block of ``qsplit`` query rows
+    to ``out`` and sums the ``P = ⌈n_q/qsplit⌉`` parts in ``out``: the parts' magnitudes sum
+    to at most the whole's positive-term bound ``M`` (the same terms, split by rows), so
+    ``|extra| ≤ (u_o + γ_{P−1}(1 + u_o))·(M + claimed) + P·μ_o·(1 + γ_{P−1})``."""
+    parts = -(-case.q.shape[-2] // qsplit)
+    gp = gamma(parts - 1, out.u)
+    extra = {}
+    for name, m in head_magnitudes(case, ref).items():
+        if name not in claimed:
+            continue
+        g = case.group
+        whole = m
+        if g > 1:
+            whole = m.reshape((*m.shape[:-3], m.shape[-3] // g, g, *m.shape[-2:])).sum(axis=-3)
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = whole + claimed[name]
+            extra[name] = (out.u + gp * (1 + out.u)) * total + parts * out.mu * (1 + gp)
+    return extra
+
+
 def widened(variant: Any, case: Case, ref: Reference, bound: dict[str, Any]) -> dict[str, Any]:
-    """``bound`` with the group-sum terms added when ``variant`` sums a GQA group's rounded
-    per-head gradients (:attr:`~exactattn.targets.Variant.group_sum`)."""
-    summed = variant.group_sum
-    if case.group == 1 or summed is None or "dk" not in bound:
-        return bound
+    """``bound`` with the terms of the roundings the claim states beyond one per output:
+    a GQA group's rounded per-head gradients summed (:attr:`~exactattn.targets.Variant.
+    group_sum`), and the query-split parts of dK, dV (``Claim.qsplit``)."""
     from ..formats import number_format
 
+    if "dk" not in bound:
+        return bound
     out = number_format(variant.claim.input)
-    extra = extra_bound(case, ref, bound, out, number_format(summed))
-    return {name: b + extra[name] if name in extra else b for name, b in bound.items()}
+    summed, qsplit = variant.group_sum, variant.claim.qsplit
+    extras = []
+    if case.group > 1 and summed is not None:
+        extras.append(extra_bound(case, ref, bound, out, number_format(summed)))
+    if qsplit is not None and case.q.shape[-2] > qsplit:
+        extras.append(split_bound(case, ref, bound, out, qsplit))
+    for extra in extras:
+        bound = {name: b + extra[name] if name in extra else b for name, b in bound.items()}
+    return bound

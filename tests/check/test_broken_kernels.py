@@ -24,7 +24,7 @@ from . import kernels
 SETTINGS = {
     "causal-off-by-one": ("sdpa", ("float32",), 60, 12, "y"),
     "dropped-tail-block": ("sdpa", ("float32",), 60, 12, "y"),
-    "no-max-subtraction": ("sdpa", ("float32",), 60, 12, "y"),
+    "no-max-subtraction": ("sdpa", ("float32",), 150, 12, "y"),
     "wrong-scale": ("sdpa", ("float32",), 60, 12, "y"),
     "gqa-head-mapping": ("sdpa", ("float32",), 200, 8, "y"),
     "mask-ignored-on-partial-blocks": ("sdpa", ("float32",), 60, 12, "y"),
@@ -71,4 +71,5 @@ def test_a_broken_kernel_is_killed_with_a_counterexample(bug):
     assert "case: q (" in text and "mask " in text
     if bug != "dropped-tail-block":  # its shrunk case has no key block left: y is detached
         assert re.search(rf"\b{output}\w*\[", text), text
-        assert "worst element:" in text and "certified" in text
+        if "for finite inputs" not in text:  # a NaN / inf has no worst error to locate
+            assert "worst element:" in text and "certified" in text

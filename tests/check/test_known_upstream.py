@@ -19,6 +19,7 @@ import pytest
 from exactattn import targets
 from exactattn.cases import Case
 from exactattn.commands.check import main
+from exactattn.targets import Claim
 from exactattn.testing.check import Options, check_case
 from exactattn.testing.known import UPSTREAM, reclassify
 from tests.optional import requires
@@ -30,9 +31,12 @@ GROUP_SUM = REGRESSIONS / "torch_sdpa_gqa_fp16_group_sum.json"
 NEGATIVE = REGRESSIONS / "torch_sdpa_negative_scale_causal.json"
 
 
+def _without(target: targets.Target, **fields) -> targets.Target:
+    return dataclasses.replace(target, claim=dataclasses.replace(target.claim, **fields))
+
+
 def _without_group(name: str) -> targets.Target:
-    target = targets.get(name)
-    return dataclasses.replace(target, claim=dataclasses.replace(target.claim, group=None))
+    return _without(targets.get(name), group=None)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -68,3 +72,36 @@ def test_replay_exits_zero_for_known_upstream_and_one_for_the_same_nan_elsewhere
     assert "KNOWN-UPSTREAM sdpa[float32]" in capsys.readouterr().out
     fn = "torch.nn.functional:scaled_dot_product_attention"
     assert main([fn, "--replay", str(NEGATIVE)]) == 1
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_cpu_flash_backward_query_split_is_claimed_and_charged():
+    """torch's CPU flash backward adds dK, dV per block of query rows in the input type
+    (found at n = 256-1546: fp16/bf16 dV 1.2-1.4x beyond one rounding, float32 dK half a
+    subnormal off; those replays are megabytes, not kept): qsplit=32 on the CPU only, and
+    the bound it adds is charged where n_q > 32."""
+    from exactattn.cases import Draw, build_case
+    from exactattn.cases.reference import fast
+    from exactattn.testing.tolerance import bounds
+
+    assert Claim.parse("qsplit=64").qsplit == 64
+    assert targets.claim_for(targets.get("sdpa"), "float16").qsplit == 32
+    assert targets.claim_for(targets.get("sdpa"), "float16", "cuda").qsplit is None
+    assert targets.claim_for(targets.get("sdpa-math"), "float16").qsplit is None
+    case = build_case(Draw((1, 1), 80, 40, 8, 8, 512, dtype="float16", data_seed=3))
+    told = targets.Variant(targets.get("sdpa"), "float16")
+    untold = targets.Variant(_without(told.target, qsplit=None), "float16")
+    ref = fast(case, told.held(case))
+    wide, narrow = bounds(told, ref).bound, bounds(untold, ref).bound
+    assert (wide["dv"] > narrow["dv"]).all() and (wide["y"] == narrow["y"]).all()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("batch", [(), (3,), (1, 2)])
+def test_the_query_split_term_takes_any_leading_dims(batch):
+    from exactattn.cases import Draw, build_case
+
+    case = build_case(Draw(batch, 40, 9, 4, 3, 512, dtype="float32", data_seed=1))
+    variant = targets.Variant(targets.get("sdpa"), "float32")
+    (found,) = check_case(case, [variant], Options(fast_reference=True))
+    assert found.status == "ok", found.detail
