@@ -24,7 +24,7 @@ from . import kernels
 SETTINGS = {
     "causal-off-by-one": ("sdpa", ("float32",), 60, 12, "y"),
     "dropped-tail-block": ("sdpa", ("float32",), 60, 12, "y"),
-    "no-max-subtraction": ("sdpa", ("float32",), 150, 12, "y"),
+    "no-max-subtraction": ("sdpa", ("float32",), 300, 12, "y"),
     "wrong-scale": ("sdpa", ("float32",), 60, 12, "y"),
     "gqa-head-mapping": ("sdpa", ("float32",), 200, 8, "y"),
     "mask-ignored-on-partial-blocks": ("sdpa", ("float32",), 60, 12, "y"),
