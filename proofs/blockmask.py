@@ -46,11 +46,17 @@ SPAN = "FlexBlockMask.row_span holds every row with an allowed key, in [0, n_q)"
 NAMES = (CONSTRUCTION, KIND, SPAN)
 
 
+def round_up(n: Any, size: Any) -> Any:
+    """torch's ``_round_up_to_multiple(n, Q) = (n + Q − 1) // Q · Q`` (the padded length),
+    on z3 terms (``/`` is SMT-LIB's floor division for ``Q > 0``)."""
+    return (n + size - 1) / size * size
+
+
 def construction() -> str:
     """torch's padding and block view, for every length and block size."""
     z3 = solver.load()
     n, size, p, x = z3.Ints("n Q p x")
-    rounded = (n + size - 1) / size * size  # _round_up_to_multiple(n, Q)
+    rounded = round_up(n, size)
     hyps = [n >= 1, size >= 1]
     solver.prove(
         "padded length: ≥ n, a multiple of Q, < n + Q, ⌈n/Q⌉ blocks (from_block_mask's count)",

@@ -273,7 +273,7 @@ def _smallest(z3: Any, constraints: list[Any], n: Any) -> dict[str, Any]:
 
 
 def all_n_obligations(program: Program, max_n: int) -> list[Obligation]:
-    from . import general, smt
+    from . import blockmask, general, smt
 
     if program.mask_mod is None:
         return []
@@ -291,7 +291,7 @@ def all_n_obligations(program: Program, max_n: int) -> list[Obligation]:
             "all n, square block sizes, blocks",
             _untraceable_is_undecided(_block_mod_is_sound(program)),
         ))  # fmt: skip
-    iterator = {smt.LOOP[0], smt.LOOP[1], smt.LOOP[3], smt.LOOP[4]}
+    iterator = {smt.LOOP[0], smt.LOOP[1], smt.LOOP[3], smt.LOOP[4], *blockmask.NAMES}
     out += [ob for ob in smt.obligations() if ob.name in iterator]
     out += general.obligations()
     return out
