@@ -231,7 +231,7 @@ def tiling(pb: Problem, b: int, row_block: int | None = None) -> tuple:
     mask = None if mask is None else mask.adopt(ctx)
     return tuple(
         tuple(
-            (t.rows, t.cols, t.allowed is None)
+            (t.rows.start, t.rows.stop, t.cols.start, t.cols.stop, t.allowed is None)
             for t in algorithm.tiles(ctx, mask, geometry, b, row_block, edge_first=edge)
         )
         for edge in (True, False)

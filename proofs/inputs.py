@@ -115,7 +115,7 @@ def every_block_size(
         ran = distinct(range(1, n_k + 2), tiling)
         for b in ran:
             run(b)
-        return f"{n_k + 1} block sizes, {len(ran)} distinct tilings"
+        return f"{n_k + 1} block sizes, {len(ran)} distinct tiling{'s' * (len(ran) != 1)}"
 
     return check
 
