@@ -240,6 +240,12 @@ def lines(outcomes: list[Outcome], theorems: tuple[Theorem, ...] = THEOREMS) -> 
     return out
 
 
+def of_families(families: list[str]) -> tuple[Theorem, ...]:
+    """The chains a run of ``families`` prints: the forward's and the reverse's, and the
+    interfaces' when that family ran."""
+    return tuple(t for t in THEOREMS if t is not INTERFACES or "interfaces" in families)
+
+
 def ran(families: list[str]) -> bool:
     """Whether a run of ``families`` can say anything about the chains."""
     return any(f in families for f in ("general", "smt"))
