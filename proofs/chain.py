@@ -41,6 +41,7 @@ class Theorem:
     name: str
     statement: str
     links: tuple[Link, ...]
+    chained: bool = True  # each link implies the next (⇒); else side by side results (∧)
 
 
 FORWARD = Theorem(
@@ -136,6 +137,7 @@ INTERFACES = Theorem(
             ),
         ),
     ),
+    chained=False,  # four results, each resting on the forward's and reverse's chains
 )
 
 THEOREMS = (FORWARD, REVERSE, INTERFACES)
@@ -231,7 +233,7 @@ def lines(outcomes: list[Outcome], theorems: tuple[Theorem, ...] = THEOREMS) -> 
         out.append(f"all-n theorem, {theorem.name}: {overall}")
         out.append(f"  {theorem.statement}")
         for k, (link, got) in enumerate(zip(theorem.links, verdicts), 1):
-            arrow = "   " if k == 1 else "⇒  "
+            arrow = "   " if k == 1 else "⇒  " if theorem.chained else "∧  "
             names = sorted({family for family, _ in link.needs})
             where = (
                 f"{len(link.needs)} obligation{'s' * (len(link.needs) > 1)} ({', '.join(names)})"
