@@ -182,7 +182,8 @@ PROGRAM = Theorem(
 TRUSTED_BASE = (
     "sympy's exact zero test as used (`proofs/symbolic.py`: exponentials as positive "
     "indeterminates, a polynomial identity over ℚ on python-flint or sympy's ring) and "
-    "`sympy.diff` for the derivatives the reverse's lemmas are compared with",
+    "`sympy.diff` (with the quotient rule over `sympy.fraction`'s numerator and "
+    "denominator, `spec.row_gradient`) for the derivatives the reverse is compared with",
     "z3's `unsat` answers (an `unknown` or a timeout is UNKNOWN, never PROVED)",
     "the ctx primitives on exact numbers (the sympy backend over NumPy object arrays): "
     "rowsum and matmul are the finite sums Σ_j, rowmax is the row's max (a real, or −∞ for "

@@ -108,10 +108,12 @@ class Problem:
         hit = self._spec_grads.get(row)
         if hit is None:
             y = _spec_row(self, row)
-            loss = sympy.Add(*(g[row] * y))
-            hit = [spec.gradient(loss, x) if _all_symbols(x) else None for x in self.inputs]
+            grad = [
+                spec.row_gradient(g[row], y, x) if _all_symbols(x) else None for x in self.inputs
+            ]
             if self.bias is not None:
-                hit.append(spec.gradient(loss, self.bias))
+                grad.append(spec.row_gradient(g[row], y, self.bias))
+            hit = grad
             self._spec_grads[row] = hit
         return hit
 
