@@ -165,6 +165,10 @@ class IntOps:
     def where(cond: Any, a: Any, b: Any) -> Any:
         return a if cond else b
 
+    @staticmethod
+    def floordiv(a: Any, b: Any) -> Any:
+        return a // b
+
 
 INT = IntOps()
 
@@ -760,6 +764,17 @@ BLOCK_EMPTY, BLOCK_PARTIAL, BLOCK_FULL = 0, 1, 2
 _NO_OP_BLOCK_SIZE = 1 << 30  # FlexAttention's "no mask" BlockMask (one huge block)
 
 
+def blocks_of(start: Any, stop: Any, size: Any, ops: Any = INT) -> tuple[Any, Any]:
+    """The blocks of ``size`` positions that ``[start, stop)`` (nonempty) meets:
+    ``[⌊start/size⌋, ⌊(stop − 1)/size⌋ + 1)``."""
+    return ops.floordiv(start, size), ops.floordiv(stop - 1, size) + 1
+
+
+def block_rows(first: Any, last: Any, size: Any, n_q: Any, ops: Any = INT) -> tuple[Any, Any]:
+    """The rows of query blocks ``first..last``: ``[first·size, min((last + 1)·size, n_q))``."""
+    return first * size, ops.min((last + 1) * size, n_q)
+
+
 @dataclass(frozen=True, eq=False)
 class FlexBlockMask(Mask):
     """A torch ``BlockMask`` (``create_block_mask``): its mask_mod, and its block structure.
@@ -790,9 +805,8 @@ class FlexBlockMask(Mask):
 
     def _blocks(self, rows: range, cols: range) -> tuple[slice, slice]:
         q, k = self.block
-        return (
-            slice(rows.start // q, (rows.stop - 1) // q + 1),
-            slice(cols.start // k, (cols.stop - 1) // k + 1),
+        return slice(*blocks_of(rows.start, rows.stop, q)), slice(
+            *blocks_of(cols.start, cols.stop, k)
         )
 
     def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
@@ -807,8 +821,7 @@ class FlexBlockMask(Mask):
         used = np.flatnonzero((self.classes[..., k_blocks] != BLOCK_EMPTY).any(axis=(0, 1, 3)))
         if not len(used):
             return range(0)
-        q = self.block[0]
-        return range(int(used[0]) * q, min(int(used[-1] + 1) * q, geometry.n_q))
+        return range(*block_rows(int(used[0]), int(used[-1]), self.block[0], geometry.n_q))
 
     def validate(self, geometry: Geometry) -> None:
         if self.seq_lengths != (geometry.n_q, geometry.n_k):
@@ -1018,6 +1031,17 @@ def sequence_ids(cu_seqlens: np.ndarray) -> np.ndarray:
     return np.searchsorted(cu_seqlens, positions, side="right") - 1
 
 
+def packed_tile_kind(sequences, r0, r1, a, e, offset, left, right, ops: Any = INT):
+    """``(empty, full)`` of a tile of a packed batch: ``sequences = (q0, q1, k0, k1)`` own
+    its first and last row and key; ``[r0, r1) × [a, e)`` are its rows and keys local to
+    sequence ``q0`` and ``offset`` is ``o_{q0}``. Empty when the row and key sequences do not
+    meet; full only inside one sequence whose window covers the tile."""
+    q0, q1, k0, k1 = sequences
+    one = ops.and_(ops.and_(q0 == q1, q1 == k0), k0 == k1)
+    w_empty, w_full = window_tile_kind(left, right, offset, r0, r1, a, e, ops)
+    return ops.or_(ops.or_(q1 < k0, k1 < q0), ops.and_(one, w_empty)), ops.and_(one, w_full)
+
+
 class PackedSequences(Mask):
     """Sequences packed along the position axis, each attending only to itself.
 
@@ -1072,13 +1096,11 @@ class PackedSequences(Mask):
 
     def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
         q0, q1, k0, k1 = self._sequences(rows, cols)
-        if q1 < k0 or k1 < q0:
-            return TileKind.EMPTY
-        if not q0 == q1 == k0 == k1:
-            return TileKind.PARTIAL
-        r0, r1 = rows.start - int(self.cu_q[q0]), rows.stop - int(self.cu_q[q0])
-        a, e = cols.start - int(self.cu_k[q0]), cols.stop - int(self.cu_k[q0])
-        empty, full = window_tile_kind(self.left, self.right, int(self.offsets[q0]), r0, r1, a, e)
+        base_q, base_k = int(self.cu_q[q0]), int(self.cu_k[q0])
+        empty, full = packed_tile_kind(
+            (q0, q1, k0, k1), rows.start - base_q, rows.stop - base_q,
+            cols.start - base_k, cols.stop - base_k, int(self.offsets[q0]), self.left, self.right,
+        )  # fmt: skip
         return TileKind.EMPTY if empty else TileKind.FULL if full else TileKind.PARTIAL
 
     def row_span(self, cols: range, geometry: Geometry) -> range:

@@ -52,6 +52,18 @@ def _lengths(cache_seqlens: Any, batch: int) -> np.ndarray:
     return lengths
 
 
+def cache_row(page: Any, t: Any, page_size: Any) -> Any:
+    """The row of the flattened cache ``(N·P, …)`` holding key ``t`` on ``page``:
+    ``page·P + t mod P``."""
+    return page * page_size + t % page_size
+
+
+def new_row(num_pages: Any, page_size: Any, b: Any, n_new: Any, t: Any, length: Any) -> Any:
+    """The row of ``source`` holding position ``t ≥ length`` of sequence ``b``: new key
+    ``t − length`` of ``b``, after the ``N·P`` cache rows."""
+    return num_pages * page_size + b * n_new + (t - length)
+
+
 def paged_layout(
     block_table: np.ndarray, num_pages: int, page_size: int, lengths: np.ndarray, n_new: int
 ) -> PagedLayout:
@@ -77,12 +89,12 @@ def paged_layout(
                 f"block_table[{b}, {slot}] = {int(block_table[b, slot])} is not a page of the "
                 f"cache (it has {num_pages} pages: 0..{num_pages - 1})"
             )
-        rows = pages * page_size + t % page_size
+        rows = cache_row(pages, t, page_size)
         for position, row in enumerate(rows.tolist()):
             readers.setdefault(row, []).append((b, position))
         new = t >= lengths[b]
         written.append(rows[new])
-        index.append(np.where(new, num_pages * page_size + b * n_new + (t - lengths[b]), rows))
+        index.append(np.where(new, new_row(num_pages, page_size, b, n_new, t, lengths[b]), rows))
     written = np.concatenate(written)
     for row in written.tolist():
         if len(readers[row]) > 1:

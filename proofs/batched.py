@@ -17,9 +17,10 @@ from exactattn import masks
 
 from . import spec
 from .checks import Problem
+from .checks import tiling as tiling_of
 from .coverage import Coverage
 from .engine import Obligation
-from .inputs import C, tensor
+from .inputs import C, distinct, tensor
 
 WHOLE_AND_SPLIT = (None, 2)
 
@@ -88,7 +89,7 @@ def obligations(
                 family,
                 item.what + claims[item.name],
                 item.sizes(n),
-                row_runs(n, lambda b, rows, pb=pb: check(pb, b, rows)),
+                row_runs(n, lambda b, rows, pb=pb: check(pb, b, rows), problem=pb),
                 coverage=item.coverage(family, n),
             )
         )
@@ -99,14 +100,19 @@ def row_runs(
     n_k: int,
     run: Callable[[int, int | None], None],
     row_blocks: Iterable[int | None] = WHOLE_AND_SPLIT,
+    problem: Problem | None = None,
 ) -> Callable[[], str]:
-    """A check that runs ``run(b, row_block)`` for each row split and every b = 1..n_k+1."""
+    """A check that runs ``run(b, row_block)`` for each row split and every b = 1..n_k+1
+    (given the ``problem``: one b per distinct tiling of each split)."""
     splits = tuple(row_blocks)
 
     def check() -> str:
+        count = 0
         for row_block in splits:
-            for b in range(1, n_k + 2):
+            tiling = None if problem is None else (lambda b, r=row_block: tiling_of(problem, b, r))
+            for b in distinct(range(1, n_k + 2), tiling):
                 run(b, row_block)
-        return f"{len(splits) * (n_k + 1)} runs"
+                count += 1
+        return f"{len(splits) * (n_k + 1)} (b, split)s, {count} distinct tilings"
 
     return check

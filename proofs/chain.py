@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import general, smt
+from . import blockmask, general, layouts, smt
 from .engine import PROVED, Outcome
 
 NOT_RUN = "NOT RUN"
@@ -26,6 +26,7 @@ NOT_RUN = "NOT RUN"
 ITERATOR = (
     ("smt", smt.LOOP[3]), ("smt", smt.LOOP[4]), ("smt", smt.LOOP[0]), ("smt", smt.LOOP[1]),
     *(("smt", name) for name in (*smt.WINDOW, *smt.PADDING, *smt.COMPOSITION)),
+    *(("smt", name) for name in blockmask.NAMES),
 )  # fmt: skip
 
 
@@ -40,12 +41,13 @@ class Theorem:
     name: str
     statement: str
     links: tuple[Link, ...]
+    chained: bool = True  # each link implies the next (⇒); else side by side results (∧)
 
 
 FORWARD = Theorem(
     "forward (Y and lse)",
-    "for all n_q, n_k, b, row splits and built-in masks: Y_i = Σ_{A_i} e^s ρ V / Σ_{A_i} e^s, "
-    "lse_i = log Σ_{A_i} e^s",
+    "for all n_q, n_k, b, row splits, built-in masks and BlockMasks: "
+    "Y_i = Σ_{A_i} e^s ρ V / Σ_{A_i} e^s, lse_i = log Σ_{A_i} e^s",
     (
         Link("tiles() visits every allowed (b, i, j) exactly once: U_T = A_i", ITERATOR),
         Link(
@@ -72,7 +74,8 @@ FORWARD = Theorem(
 
 REVERSE = Theorem(
     "reverse (dQ, dK, dV, dB)",
-    "for all n_q, n_k, b, row splits and built-in masks: dQ, dK, dV, dB = ∂(Σ G∘Y)/∂(Q, K, V, B)",
+    "for all n_q, n_k, b, row splits, built-in masks and BlockMasks: "
+    "dQ, dK, dV, dB = ∂(Σ G∘Y)/∂(Q, K, V, B)",
     (
         Link("tiles() visits every allowed (b, i, j) exactly once: U_T = A_i", ITERATOR),
         Link(
@@ -99,10 +102,51 @@ REVERSE = Theorem(
     ),
 )
 
-THEOREMS = (FORWARD, REVERSE)
+_IFC = "interfaces"
+INTERFACES = Theorem(
+    "interfaces (varlen, paged, split-KV merge, sinks)",
+    "for all lengths: varlen is attention per sequence, a paged cache is its contiguous "
+    "keys, a merge of any partition is the whole, a sink adds e^σ to the denominator",
+    (
+        Link(
+            "varlen: a packed batch is the block-diagonal mask; its tiles meet the contracts",
+            ((_IFC, layouts.VARLEN_MASK), (_IFC, layouts.VARLEN_STRUCTURE), *ITERATOR[:4]),
+        ),
+        Link(
+            "paged: key t of b is read at page table[b, ⌊t/P⌋], row t mod P (then varlen)",
+            ((_IFC, layouts.PAGED_GATHER), (_IFC, layouts.VARLEN_MASK)),
+        ),
+        Link(
+            "merge: a partial is the summary (lse, 1, y); the merge folds ⋆ (φ adds)",
+            (
+                (_IFC, "a partial (y, lse) is the summary (lse, 1, y) under φ"),
+                (_IFC, layouts.MERGE_FOLD),
+                (_IFC, "the merge's exponentials have arguments ≤ 0 (no overflow)"),
+                ("general", "Lemma B: φ(a ⋆_M b) = φ(a) + φ(b), any shift M"),
+                ("general", "Lemma C: Y = φ_z/φ_ℓ, e^lse = φ_ℓ; exact at ⊥"),
+            ),
+        ),
+        Link(
+            "sinks: rows start at (σ, 1, 0), φ = (e^σ, 0); dσ = −Σ_i p_σ,i δ_i",
+            (
+                (_IFC, layouts.SINK_START),
+                (_IFC, layouts.SINK_GRADIENT),
+                ("general", "Lemma B: φ(a ⋆_M b) = φ(a) + φ(b), any shift M"),
+                ("general", "Lemma C: Y = φ_z/φ_ℓ, e^lse = φ_ℓ; exact at ⊥"),
+                ("general", "Lemma P: p·ℓe^m = e^s for any frozen m, ℓ"),
+            ),
+        ),
+    ),
+    chained=False,  # four results, each resting on the forward's and reverse's chains
+)
+
+THEOREMS = (FORWARD, REVERSE, INTERFACES)
 
 _ARITHMETIC = tuple(
-    link for theorem in THEOREMS for link in theorem.links[1:] if "score" not in link.claim
+    link
+    for theorem in (FORWARD, REVERSE)
+    for link in theorem.links[1:]
+    if "score" not in link.claim
 )
 PROGRAM = Theorem(
     "a user's mask_mod (--all-n)",
@@ -125,6 +169,10 @@ PROGRAM = Theorem(
             tuple(dict.fromkeys(key for link in _ARITHMETIC for key in link.needs)),
         ),
         Link(
+            "a BlockMask create_block_mask builds from it is sound; its tiles follow it",
+            tuple(("smt", name) for name in blockmask.NAMES),
+        ),
+        Link(
             "its block structure (--block-mod) is sound, when one is given",
             (("program", "all n: the block structure is sound"),),
         ),
@@ -134,7 +182,8 @@ PROGRAM = Theorem(
 TRUSTED_BASE = (
     "sympy's exact zero test as used (`proofs/symbolic.py`: exponentials as positive "
     "indeterminates, a polynomial identity over ℚ on python-flint or sympy's ring) and "
-    "`sympy.diff` for the derivatives the reverse's lemmas are compared with",
+    "`sympy.diff` (with the quotient rule over `sympy.fraction`'s numerator and "
+    "denominator, `spec.row_gradient`) for the derivatives the reverse is compared with",
     "z3's `unsat` answers (an `unknown` or a timeout is UNKNOWN, never PROVED)",
     "the ctx primitives on exact numbers (the sympy backend over NumPy object arrays): "
     "rowsum and matmul are the finite sums Σ_j, rowmax is the row's max (a real, or −∞ for "
@@ -142,10 +191,18 @@ TRUSTED_BASE = (
     "a tile step reads its tile only through them and elementwise operations, so one "
     "generic key j of a symbolic width w stands for every key of every width",
     "Python's semantics: the iterator's one loop `algorithm.runs` (start, then each run's "
-    "end, while below the stop), and a tile's dispatch reading only its kind and allowed tile",
+    "end, while below the stop), a tile's dispatch reading only its kind and allowed tile, "
+    "`merge.fold`'s loop, and the public API passing b to `algorithm.forward`/`backward` "
+    "unchanged (which read it only through `tiles()`, an obligation)",
 )
 
 ENUMERATED = (
+    "the interfaces end to end (`interfaces`): varlen at the packings it names, paged "
+    "caches over every block table of its pools, merges of every partition of n ≤ 4 keys, "
+    "sinks at n ≤ 2; `merge_partials` itself at k ≤ 4 free partials (all k by Lemma B); "
+    "`PackedSequences`' index maps as restated from their construction (`searchsorted`)",
+    "a BlockMask: torch's `create_block_mask` as restated (padding with False, a block FULL "
+    "iff its sum is Q·K), and `from_block_mask`'s decoding of its index lists",
     "that `tiles()` equals the stated loop and its previous twin end to end (kinds, order, "
     f"allowed tiles): n_q, n_k ≤ {smt.LOOP_N} (the all-n proof is of its formulas)",
     "the whole iterator against the definition (`tiles`): the sizes that family names",
@@ -177,13 +234,19 @@ def lines(outcomes: list[Outcome], theorems: tuple[Theorem, ...] = THEOREMS) -> 
         out.append(f"all-n theorem, {theorem.name}: {overall}")
         out.append(f"  {theorem.statement}")
         for k, (link, got) in enumerate(zip(theorem.links, verdicts), 1):
-            arrow = "   " if k == 1 else "⇒  "
+            arrow = "   " if k == 1 else "⇒  " if theorem.chained else "∧  "
             names = sorted({family for family, _ in link.needs})
             where = (
                 f"{len(link.needs)} obligation{'s' * (len(link.needs) > 1)} ({', '.join(names)})"
             )
             out.append(f"  {arrow}{k}. {link.claim:<78} {got:<9} {where}")
     return out
+
+
+def of_families(families: list[str]) -> tuple[Theorem, ...]:
+    """The chains a run of ``families`` prints: the forward's and the reverse's, and the
+    interfaces' when that family ran."""
+    return tuple(t for t in THEOREMS if t is not INTERFACES or "interfaces" in families)
 
 
 def ran(families: list[str]) -> bool:

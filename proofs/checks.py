@@ -20,6 +20,7 @@ import sympy
 
 import exactattn
 from exactattn import algorithm, masks, scores
+from exactattn.backends import NumpyContext
 from exactattn.dropout import make_dropout
 
 from . import spec
@@ -46,6 +47,7 @@ class Problem:
     bias: np.ndarray | None = None  # B_ij, broadcastable to (*batch, n_q, n_k): an input
     softcap: Any = None  # cap in cap·tanh(s/cap)
     _spec_grads: dict = field(default_factory=dict, repr=False)
+    _spec: dict = field(default_factory=dict, repr=False)  # Y and e^lse, for every b
 
     @property
     def batch(self) -> tuple[int, ...]:
@@ -81,18 +83,24 @@ class Problem:
         return None
 
     def spec_output(self) -> np.ndarray:
-        c, cap = self.c, self.softcap
-        return spec.batched(
-            lambda q, k, v, a, r, bias: spec.naive_output(q, k, v, c, a, r, bias, cap),
-            self.batch, *self.spec_inputs, self.allowed_grid(), self.rho_grid(), self.bias,
-        )  # fmt: skip
+        """The definition's Y (computed once per problem: it does not depend on b)."""
+        if "y" not in self._spec:
+            c, cap = self.c, self.softcap
+            self._spec["y"] = spec.batched(
+                lambda q, k, v, a, r, bias: spec.naive_output(q, k, v, c, a, r, bias, cap),
+                self.batch, *self.spec_inputs, self.allowed_grid(), self.rho_grid(), self.bias,
+            )  # fmt: skip
+        return self._spec["y"]
 
     def spec_exp_lse(self) -> np.ndarray:
-        c, cap = self.c, self.softcap
-        return spec.batched(
-            lambda q, k, a, bias: spec.naive_exp_lse(q, k, c, a, bias, cap),
-            self.batch, *self.spec_inputs[:2], self.allowed_grid(), self.bias,
-        )  # fmt: skip
+        """The definition's e^lse (computed once per problem)."""
+        if "e^lse" not in self._spec:
+            c, cap = self.c, self.softcap
+            self._spec["e^lse"] = spec.batched(
+                lambda q, k, a, bias: spec.naive_exp_lse(q, k, c, a, bias, cap),
+                self.batch, *self.spec_inputs[:2], self.allowed_grid(), self.bias,
+            )  # fmt: skip
+        return self._spec["e^lse"]
 
     def spec_gradients(self, row: tuple[int, ...], g: np.ndarray) -> list[np.ndarray | None]:
         """``∂(G_row·Y_row)/∂X`` for X = Q, K, V (None where X is not all symbols) and, with
@@ -100,10 +108,12 @@ class Problem:
         hit = self._spec_grads.get(row)
         if hit is None:
             y = _spec_row(self, row)
-            loss = sympy.Add(*(g[row] * y))
-            hit = [spec.gradient(loss, x) if _all_symbols(x) else None for x in self.inputs]
+            grad = [
+                spec.row_gradient(g[row], y, x) if _all_symbols(x) else None for x in self.inputs
+            ]
             if self.bias is not None:
-                hit.append(spec.gradient(loss, self.bias))
+                grad.append(spec.row_gradient(g[row], y, self.bias))
+            hit = grad
             self._spec_grads[row] = hit
         return hit
 
@@ -209,6 +219,25 @@ def library_backward(
         enable_gqa=pb.enable_gqa, score_mod=pb.score_mod(ctx), mod_grads=grads,
     )  # fmt: skip
     return (*out, *grads.values())
+
+
+def tiling(pb: Problem, b: int, row_block: int | None = None) -> tuple:
+    """What ``tiles()`` yields for ``b``: each tile's rows, keys and kind, in the forward's
+    order (``edge_first``) and the reverse's. Two block sizes with the same tiling run the
+    same arithmetic, since the forward and the reverse read ``b`` only through ``tiles()``
+    (the general family's obligation :data:`general.B_THROUGH_TILES`); an allowed tile is
+    a function of its rows and keys."""
+    ctx = NumpyContext()
+    geometry = algorithm.geometry_of(*pb.inputs, pb.enable_gqa)
+    mask = masks.as_mask(pb.mask)
+    mask = None if mask is None else mask.adopt(ctx)
+    return tuple(
+        tuple(
+            (t.rows.start, t.rows.stop, t.cols.start, t.cols.stop, t.allowed is None)
+            for t in algorithm.tiles(ctx, mask, geometry, b, row_block, edge_first=edge)
+        )
+        for edge in (True, False)
+    )
 
 
 # --- comparisons ---------------------------------------------------------------------------

@@ -40,7 +40,7 @@ import numpy as np
 
 from . import batched, spec
 from .batched import row_runs
-from .checks import Problem, check_forward
+from .checks import Problem, check_forward, tiling
 from .coverage import Coverage
 from .engine import Obligation
 from .grid import BY_NAME, CASES, EMPTY_ROWS, MaskCase, score_problem, symbolic_dropout_problem
@@ -63,7 +63,7 @@ def self_attention(n: int) -> Obligation:
         FAMILY,
         "self-attention Y = naive, lse = log Σ e^s (symbolic c)",
         f"n={n} d=v=2 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_forward(pb, b)),
+        every_block_size(n, lambda b: check_forward(pb, b), lambda b: tiling(pb, b)),
         coverage=(Coverage("forward", n=n),),
     )
 
@@ -74,7 +74,7 @@ def cross_attention(n: int) -> Obligation:
         FAMILY,
         "cross-attention Y = naive, lse = log Σ e^s (symbolic c)",
         f"n_q={n + 1} n_k={n} d=2 v=3 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_forward(pb, b)),
+        every_block_size(n, lambda b: check_forward(pb, b), lambda b: tiling(pb, b)),
         coverage=(Coverage("forward", n=n, cross=True),),
     )
 
@@ -82,15 +82,21 @@ def cross_attention(n: int) -> Obligation:
 def every_mask(n: int) -> Obligation:
     q, k, v = score_inputs(n, n, 2)
 
+    problems: dict[bytes, Problem] = {}  # one per mask: its definition's Y serves every b
+
     def run(allowed: np.ndarray, b: int) -> None:
-        check_forward(Problem(q, k, v, 1, allowed, spec.dense(allowed)), b)
+        key = allowed.tobytes()
+        if key not in problems:
+            problems.clear()
+            problems[key] = Problem(q, k, v, 1, allowed, spec.dense(allowed))
+        check_forward(problems[key], b)
 
     count = (2**n - 1) ** n
     return Obligation(
         FAMILY,
         f"every nonempty-row mask ({count} masks), scores free",
         f"n={n} b=1..{n + 1}",
-        every_mask_check(n, run),
+        every_mask_check(n, run, lambda allowed, b: tiling(Problem(q, k, v, 1, allowed), b)),
         coverage=(Coverage("forward", "every table", n=n),),
     )
 
@@ -101,7 +107,7 @@ def structured(case: MaskCase, n: int) -> Obligation:
         FAMILY,
         f"{case.name}, scores free",
         f"{case.sizes(n)} b=1..{n + 1}",
-        every_block_size(n, lambda b: check_forward(pb, b)),
+        every_block_size(n, lambda b: check_forward(pb, b), lambda b: tiling(pb, b)),
         coverage=(case.coverage("forward", n),),
     )
 
@@ -114,13 +120,13 @@ def split_rows(case: MaskCase, n: int = ROW_BLOCK_N) -> Obligation:
         FAMILY,
         f"{case.name}, rows split (row_block 1, 2), scores free",
         f"{case.sizes(n)} b=1..{n + 1}",
-        row_runs(n, lambda b, rows: check_forward(pb, b, rows), (1, 2)),
+        row_runs(n, lambda b, rows: check_forward(pb, b, rows), (1, 2), pb),
         coverage=(case.coverage("forward", n, row_block=True),),
     )
 
 
 def _whole_and_split(pb: Problem, n: int) -> Callable[[], str]:
-    return row_runs(n, lambda b, rows: check_forward(pb, b, rows))
+    return row_runs(n, lambda b, rows: check_forward(pb, b, rows), problem=pb)
 
 
 BATCHED_CLAIMS = {
@@ -148,7 +154,7 @@ def symbolic_dropout(n: int) -> Obligation:
         FAMILY,
         "dropout, symbolic replayed ρ_ij: Y = Σ e^s ρ V / Σ e^s",
         f"n={n} d=v=2 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_forward(pb, b)),
+        every_block_size(n, lambda b: check_forward(pb, b), lambda b: tiling(pb, b)),
         coverage=(Coverage("forward", n=n, dropout=True),),
     )
 

@@ -63,7 +63,10 @@ of families 2, 3 and 5.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import itertools
+import textwrap
 
 import numpy as np
 import sympy
@@ -322,9 +325,11 @@ def obligations(max_n: int = 4) -> list[Obligation]:
         ),
         Obligation(FAMILY, STEP_ANY_WIDTH, "any width w, any allowed keys, ρ", step_any_width),
         Obligation(FAMILY, VISIT_ANY_WIDTH, "any width w, any allowed keys, ρ", visit_any_width),
+        Obligation(FAMILY, B_THROUGH_TILES, "forward, backward (source)", b_through_tiles),
     ]
 
 
+B_THROUGH_TILES = "the forward and reverse read b only through tiles()"
 STEP_ANY_WIDTH = "induction step, tile of symbolic width w: adds its terms to φ"
 VISIT_ANY_WIDTH = "reverse visit, tile of symbolic width w: the terms of ∂L"
 
@@ -409,3 +414,33 @@ def visit_any_width() -> str:
         )
         runs += 1
     return f"{runs} visits, any w"
+
+
+# --- b is read only through tiles() ----------------------------------------------------------
+def _block_size_uses(fn: object) -> list[str]:
+    """Every read of the parameter ``block_size`` in ``fn``'s source that is not an argument
+    of a call of ``tiles`` (described by its line)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    through_tiles: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "tiles":
+            args = [*node.args, *(k.value for k in node.keywords)]
+            through_tiles |= {id(a) for a in args if getattr(a, "id", None) == "block_size"}
+    return [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and node.id == "block_size"
+        and isinstance(node.ctx, ast.Load) and id(node) not in through_tiles
+    ]  # fmt: skip
+
+
+def b_through_tiles() -> str:
+    """``algorithm.forward`` and ``algorithm.backward`` read ``b`` only as ``tiles()``'s
+    argument, so two block sizes whose tilings are equal run the same arithmetic: the
+    enumerated families check one ``b`` of each distinct tiling and this carries the
+    verdict to the others (:func:`proofs.inputs.distinct`)."""
+    for fn in (algorithm.forward, algorithm.backward):
+        other = _block_size_uses(fn)
+        if other or "block_size" not in inspect.signature(fn).parameters:
+            raise Undecided(f"{fn.__name__} reads block_size outside tiles(): {other}")
+    return "2 functions"

@@ -14,7 +14,7 @@ The specification these are checked against is :mod:`.spec`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,24 +90,49 @@ class SymbolicDropout:
         return self.rho[..., np.asarray(i), np.asarray(j)]
 
 
-def every_block_size(n_k: int, run: Callable[[int], None]) -> Callable[[], str]:
-    """A check that runs ``run(b)`` for every block size ``b = 1..n_k+1``."""
+def distinct(bs: Iterable[Any], tiling: Callable[[Any], Any] | None) -> list[Any]:
+    """The block sizes ``bs`` whose tiling (:func:`proofs.checks.tiling`) none before them
+    has: the others run the same arithmetic (the all-n obligation that ``b`` is read only
+    through ``tiles()``), so checking these checks all ``bs``."""
+    if tiling is None:
+        return list(bs)
+    seen, out = set(), []
+    for b in bs:
+        key = tiling(b)
+        if key not in seen:
+            seen.add(key)
+            out.append(b)
+    return out
+
+
+def every_block_size(
+    n_k: int, run: Callable[[int], None], tiling: Callable[[int], Any] | None = None
+) -> Callable[[], str]:
+    """A check that runs ``run(b)`` for every block size ``b = 1..n_k+1`` (with a
+    ``tiling``: for one ``b`` of each distinct tiling)."""
 
     def check() -> str:
-        for b in range(1, n_k + 2):
+        ran = distinct(range(1, n_k + 2), tiling)
+        for b in ran:
             run(b)
-        return f"{n_k + 1} block sizes"
+        return f"{n_k + 1} block sizes, {len(ran)} distinct tiling{'s' * (len(ran) != 1)}"
 
     return check
 
 
-def every_mask_check(n: int, run: Callable[[np.ndarray, int], None]) -> Callable[[], str]:
-    """A check that runs ``run(allowed, b)`` for every nonempty-row n×n mask and every b."""
+def every_mask_check(
+    n: int,
+    run: Callable[[np.ndarray, int], None],
+    tiling: Callable[[np.ndarray, int], Any] | None = None,
+) -> Callable[[], str]:
+    """A check that runs ``run(allowed, b)`` for every nonempty-row n×n mask and every b
+    (one b per distinct tiling, given ``tiling``)."""
 
     def check() -> str:
         count = 0
         for allowed in nonempty_row_masks(n, n):
-            for b in range(1, n + 2):
+            key = None if tiling is None else (lambda b, a=allowed: tiling(a, b))
+            for b in distinct(range(1, n + 2), key):
                 run(allowed, b)
                 count += 1
         return f"{count} runs"

@@ -50,6 +50,7 @@ import sympy
 import exactattn
 from exactattn import algorithm, merge, sinks
 
+from . import layouts
 from .engine import Obligation, check_equal, check_nonpositive
 from .inputs import tensor
 
@@ -367,4 +368,4 @@ def obligations(max_n: int = 4) -> list[Obligation]:
         out += [merge_partition(n, p) for p in _set_partitions(list(range(n)))]
     out += [partial_is_a_summary(), merge_without_overflow(), merge_without_overflow(True)]
     out += [sinks_exact(1, 2), sinks_exact(2, 2), sinks_exact(1, 2, broken=True)]
-    return out
+    return out + layouts.obligations()

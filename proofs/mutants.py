@@ -521,8 +521,52 @@ def _a(step: str) -> tuple[str, ...]:
     return (f"{ALGORITHM}:{step}",)
 
 
+def _b_read_outside_tiles(original: Callable) -> Callable:
+    """A forward that clamps b itself before the loop (harmless, but b is read outside
+    ``tiles()``, which the block-size deduplication of the enumerated families relies on)."""
+
+    def forward(ctx, q, k, v, *, block_size, **keywords):
+        block_size = min(block_size, k.shape[-2])
+        return original(ctx, q, k, v, block_size=block_size, **keywords)
+
+    return forward
+
+
+def _keys_one_right(original: Callable) -> Callable:
+    return lambda self, i, j, geometry: original(self, i, j + 1, geometry)
+
+
+def _key_sequences_late(original: Callable) -> Callable:
+    """``packed_tile_kind`` reading the keys' sequences one later (EMPTY where they meet)."""
+
+    def broken(sequences, *rest, **keywords):
+        q0, q1, k0, k1 = sequences
+        return original((q0, q1, k0 + 1, k1 + 1), *rest, **keywords)
+
+    return broken
+
+
+def _last_block_dropped(original: Callable) -> Callable:
+    def broken(start, stop, size, *ops):
+        first, end = original(start, stop, size, *ops)
+        return first, end - 1
+
+    return broken
+
+
+def _sink_value_one(original: Callable) -> Callable:
+    """The sink's summary ``(σ, 1, 1)``: ``e^σ`` enters the numerator."""
+
+    def broken(ctx, sinks, geometry, v_dim):
+        start = original(ctx, sinks, geometry, v_dim)
+        return type(start)(start.m, start.l, start.z + 1)
+
+    return broken
+
+
 FWD, REV, GEN, OVF, TIL, DRP = "forward", "reverse", "general", "overflow", "tiles", "dropout"
-SMT, SCO, PRG = "smt", "scores", "program"
+SMT, SCO, PRG, IFC = "smt", "scores", "program", "interfaces"
+PAGED, MERGE, SINKS = "exactattn.paged", "exactattn.merge", "exactattn.sinks"
 
 MUTANTS: list[Mutant] = [
     # the forward
@@ -658,6 +702,40 @@ MUTANTS: list[Mutant] = [
     Mutant("MaskMod.classify: every tile FULL", "MaskMod.classify (all n)",
            (f"{MASKS}:MaskMod.classify",), _keep(lambda self, rows, cols, geometry: _FULL),
            (f"{PRG}/its structure is the default",)),
+    # the block size, read only through tiles()
+    Mutant("forward: b clamped before the loop (read outside tiles())", "algorithm.forward",
+           _a("forward"), _b_read_outside_tiles, (f"{GEN}/read b only through tiles",)),
+    # a torch BlockMask, for every length
+    Mutant("create_block_mask restated: the padding rounds down", "the construction (restated)",
+           (f"{PROOFS}.blockmask:round_up",), _keep(lambda n, size: n / size * size),
+           (f"{SMT}/create_block_mask's classes are sound",)),
+    Mutant("blocks_of: a tile's last block dropped", "blocks_of (FlexBlockMask.classify)",
+           (f"{MASKS}:blocks_of",), _last_block_dropped, (f"{SMT}/FlexBlockMask.classify",)),
+    Mutant("block_rows: the span stops one block early", "block_rows (FlexBlockMask.row_span)",
+           (f"{MASKS}:block_rows",),
+           lambda o: lambda first, last, size, n_q, *ops: o(first, last - 1, size, n_q, *ops),
+           (f"{SMT}/FlexBlockMask.row_span",)),
+    # the interfaces, for every length
+    Mutant("PackedSequences.tile: keys read one position right", "PackedSequences.tile",
+           (f"{MASKS}:PackedSequences.tile",), _keys_one_right,
+           (f"{IFC}/a packed batch is the block-diagonal mask",)),
+    Mutant("packed_tile_kind: the keys' sequences read one late", "packed_tile_kind",
+           (f"{MASKS}:packed_tile_kind",), _key_sequences_late,
+           (f"{IFC}/packed_tile_kind and the packed row span",)),
+    Mutant("cache_row: key t at row (t + 1) mod P of its page", "cache_row (paged gather)",
+           (f"{PAGED}:cache_row",), _keep(lambda page, t, size: page * size + (t + 1) % size),
+           (f"{IFC}/the paged gather reads key t",)),
+    Mutant("new_row: appended keys read one row early", "new_row (paged gather)",
+           (f"{PAGED}:new_row",), lambda o: lambda *args: o(*args) - 1,
+           (f"{IFC}/the paged gather reads key t",)),
+    Mutant("merge.fold: the last part dropped", "merge.fold (merge_partials)",
+           (f"{MERGE}:fold",), lambda o: lambda ctx, parts: o(ctx, parts[:-1] or parts),
+           (f"{IFC}/merge_partials of k free partials",)),
+    Mutant("sinks.initial_summary: the sink's value 1", "sinks.initial_summary",
+           (f"{SINKS}:initial_summary",), _sink_value_one, (f"{IFC}/a sink's row starts",)),
+    Mutant("sinks.sink_gradient: sign flipped", "sinks.sink_gradient",
+           (f"{SINKS}:sink_gradient",), lambda o: lambda *a, **kw: -o(*a, **kw),
+           (f"{IFC}/dσ = −Σ_i",)),
     # dropout
     Mutant("Dropout.factors: 1/(1+p) instead of 1/(1−p)", "Dropout.factors",
            (f"{DROPOUT}:Dropout.factors",), _factor_one_plus_p, (DRP, FWD)),
@@ -678,12 +756,12 @@ class MinContext(overflow.RecordingContext):
 # --- killing a mutant with the proofs ------------------------------------------------------
 def probe_obligations(max_n: int) -> dict[str, list[engine.Obligation]]:
     """The default families' obligations, by family (the mutants' judges)."""
-    from . import dropout, forward, general, monoid, reverse, scores, smt, tiles
+    from . import dropout, forward, general, interfaces, monoid, reverse, scores, smt, tiles
     from .program import example_obligations
 
     families = {
         GEN: general, SMT: smt, TIL: tiles, FWD: forward, REV: reverse, SCO: scores,
-        OVF: overflow, DRP: dropout, "monoid": monoid,
+        OVF: overflow, DRP: dropout, "monoid": monoid, IFC: interfaces,
     }  # fmt: skip
     probes = {name: module.obligations(max_n) for name, module in families.items()}
     return {**probes, PRG: example_obligations()}

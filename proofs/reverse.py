@@ -34,7 +34,7 @@ import exactattn
 
 from . import batched, spec
 from .batched import row_runs
-from .checks import Problem, check_reverse
+from .checks import Problem, check_reverse, tiling
 from .context import ProofContext
 from .coverage import Coverage
 from .engine import Obligation, check_equal
@@ -65,7 +65,7 @@ def cross_attention(n: int) -> Obligation:
         FAMILY,
         "dQ, dK, dV = ∂(Σ G∘Y)/∂(Q, K, V), symbolic c",
         f"n_q={n + 1} n_k={n} d=2 v=3 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_reverse(pb, b)),
+        every_block_size(n, lambda b: check_reverse(pb, b), lambda b: tiling(pb, b)),
         coverage=(Coverage("reverse", n=n, cross=True),),
     )
 
@@ -80,8 +80,7 @@ def check_self(x: np.ndarray, c: object, b: int, cache: dict) -> None:
             x, y, stats, g, scale=c, block_size=b, backend=ProofContext()
         )
         if row not in cache:
-            loss = sum(g[row] * spec.naive_output(x, x, x, c)[row])
-            cache[row] = spec.gradient(loss, x)
+            cache[row] = spec.row_gradient(g[row], spec.naive_output(x, x, x, c)[row], x)
         check_equal(f"b={b} row {row}: dQ + dK + dV vs ∂L/∂X", dx, cache[row])
 
 
@@ -91,7 +90,9 @@ def self_attention(n: int) -> Obligation:
         FAMILY,
         "self-attention dX = dQ + dK + dV = ∂(Σ G∘Y)/∂X",
         f"n={n} d=2 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_self(x, C, b, cache)),
+        every_block_size(
+            n, lambda b: check_self(x, C, b, cache), lambda b: tiling(Problem(x, x, x), b)
+        ),
         coverage=(Coverage("reverse", n=n),),
     )
 
@@ -99,14 +100,20 @@ def self_attention(n: int) -> Obligation:
 def every_mask(n: int) -> Obligation:
     q, k, v = matrix("q", n, 2), matrix("k", n, 2), matrix("v", n, 1)
 
+    problems: dict[bytes, Problem] = {}  # one per mask: its gradients serve every b
+
     def run(allowed: np.ndarray, b: int) -> None:
-        check_reverse(Problem(q, k, v, C, allowed, spec.dense(allowed)), b)
+        key = allowed.tobytes()
+        if key not in problems:
+            problems.clear()
+            problems[key] = Problem(q, k, v, C, allowed, spec.dense(allowed))
+        check_reverse(problems[key], b)
 
     return Obligation(
         FAMILY,
         f"every nonempty-row mask ({(2**n - 1) ** n} masks), full inputs",
         f"n={n} d=2 v=1 b=1..{n + 1}",
-        every_mask_check(n, run),
+        every_mask_check(n, run, lambda allowed, b: tiling(Problem(q, k, v, C, allowed), b)),
         coverage=(Coverage("reverse", "every table", n=n),),
     )
 
@@ -117,7 +124,7 @@ def structured(case: MaskCase, n: int) -> Obligation:
         FAMILY,
         f"{case.name}, full inputs (dQ too)",
         f"{case.sizes(n)} d=v=2 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_reverse(pb, b)),
+        every_block_size(n, lambda b: check_reverse(pb, b), lambda b: tiling(pb, b)),
         coverage=(case.coverage("reverse", n),),
     )
 
@@ -128,7 +135,7 @@ def split_rows(case: MaskCase, n: int = ROW_BLOCK_N) -> Obligation:
         FAMILY,
         f"{case.name}, rows split (row_block 1, 2), full inputs",
         f"{case.sizes(n)} d=2 v=1 b=1..{n + 1}",
-        row_runs(n, lambda b, rows: check_reverse(pb, b, rows), (1, 2)),
+        row_runs(n, lambda b, rows: check_reverse(pb, b, rows), (1, 2), pb),
         coverage=(case.coverage("reverse", n, row_block=True),),
     )
 
@@ -140,13 +147,13 @@ def torch_statistics(n: int = ROW_BLOCK_N) -> Obligation:
         FAMILY,
         "causal, frozen m = lse, ℓ = 1 (torch path), rows split, full inputs",
         f"n={n} d=2 v=1 b=1..{n + 1}",
-        row_runs(n, lambda b, rows: check_reverse(pb, b, rows, lse_only=True), (1, 2)),
+        row_runs(n, lambda b, rows: check_reverse(pb, b, rows, lse_only=True), (1, 2), pb),
         coverage=(CAUSAL.coverage("reverse", n, row_block=True),),
     )
 
 
 def _whole_and_split(pb: Problem, n: int) -> Callable[[], str]:
-    return row_runs(n, lambda b, rows: check_reverse(pb, b, rows))
+    return row_runs(n, lambda b, rows: check_reverse(pb, b, rows), problem=pb)
 
 
 BATCHED_CLAIMS = {
@@ -162,7 +169,7 @@ def symbolic_dropout(n: int) -> Obligation:
         FAMILY,
         "dropout, symbolic replayed ρ_ij: exact gradient",
         f"n={n} d=v=2 b=1..{n + 1}",
-        every_block_size(n, lambda b: check_reverse(pb, b)),
+        every_block_size(n, lambda b: check_reverse(pb, b), lambda b: tiling(pb, b)),
         coverage=(Coverage("reverse", n=n, dropout=True),),
     )
 

@@ -52,6 +52,7 @@ from . import program as program_family
 from .certificate import certificate
 from .chain import PROGRAM as PROGRAM_THEOREM
 from .chain import lines as chain_lines
+from .chain import of_families as chain_theorems
 from .chain import ran as chain_ran
 
 FAMILIES: dict[str, ModuleType] = {
@@ -241,7 +242,7 @@ def run(
     seconds = time.perf_counter() - start
     print(engine.summary(outcomes, seconds))
     if program is None and chain_ran(families):
-        print("\n".join(chain_lines(outcomes)))
+        print("\n".join(chain_lines(outcomes, chain_theorems(families))))
     elif program is not None and program.all_n:
         theorem = PROGRAM_THEOREM
         if program.block_mod is None:  # no structure given: its link does not apply

@@ -36,10 +36,10 @@ import sympy
 from exactattn import masks
 
 from . import spec
-from .checks import Problem, check_forward, check_reverse
+from .checks import Problem, check_forward, check_reverse, tiling
 from .coverage import Coverage
 from .engine import Obligation
-from .inputs import C, tensor
+from .inputs import C, distinct, tensor
 
 FAMILY = "scores"
 CAP = sympy.Symbol("cap", positive=True)
@@ -138,11 +138,14 @@ BY_NAME = {case.name: case for case in CASES}
 
 
 def _runs(check: Callable[..., Any], pb: Problem, split: tuple[int, ...]) -> str:
-    """Every block size with the rows whole; the block sizes ``split`` with row_block 2."""
-    runs = [(b, None) for b in range(1, pb.n_k + 2)] + [(b, 2) for b in split]
+    """Every block size with the rows whole; the block sizes ``split`` with row_block 2 (one
+    b per distinct tiling of each: :func:`proofs.inputs.distinct`)."""
+    whole = distinct(range(1, pb.n_k + 2), lambda b: tiling(pb, b))
+    halves = distinct(split, lambda b: tiling(pb, b, 2))
+    runs = [(b, None) for b in whole] + [(b, 2) for b in halves]
     for b, row_block in runs:
         check(pb, b, row_block)
-    return f"{len(runs)} runs"
+    return f"{pb.n_k + 1 + len(split)} runs, {len(runs)} distinct tilings"
 
 
 def forward(case: Case) -> Obligation:

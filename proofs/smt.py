@@ -67,7 +67,7 @@ from exactattn import algorithm, masks
 from exactattn.backends import NumpyContext
 from exactattn.masks import Geometry, TileKind
 
-from . import spec
+from . import blockmask, spec
 from .engine import Obligation, Refuted
 from .numeric import Counterexample
 from .solver import Z3, Paths, SymInt, boolean, implies, ints, load, prove, term
@@ -702,4 +702,5 @@ def obligations(max_n: int = 4) -> list[Obligation]:
         LOWERING: lowering, LOOP[2]: code_is_the_stated_loop,
         LOOP[3]: key_blocks_are_stated, LOOP[4]: row_runs_are_stated,
     }  # fmt: skip
-    return [Obligation(FAMILY, name, sizes[name], check) for name, check in checks.items()]
+    out = [Obligation(FAMILY, name, sizes[name], check) for name, check in checks.items()]
+    return out + blockmask.obligations()

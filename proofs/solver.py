@@ -74,6 +74,11 @@ class Z3Ops:
     def where(cond: Any, a: Any, b: Any) -> Any:
         return load().If(cond, a, b)
 
+    @staticmethod
+    def floordiv(a: Any, b: Any) -> Any:
+        """``⌊a/b⌋`` for ``b > 0`` (SMT-LIB's ``div``, which the callers' hypotheses make so)."""
+        return a / b
+
 
 Z3 = Z3Ops()
 

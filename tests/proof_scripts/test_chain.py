@@ -3,10 +3,10 @@ all of them are, and an UNKNOWN (or missing) verdict shows in the chain, never P
 
 from __future__ import annotations
 
-from exactattn.proofs import chain, engine, general, smt
+from exactattn.proofs import blockmask, chain, engine, general, interfaces, smt
 from exactattn.proofs.certificate import certificate
 
-FAMILIES = {"general": general, "smt": smt}
+FAMILIES = {"general": general, "smt": smt, "interfaces": interfaces}
 
 
 def _outcomes(status_of=lambda ob: engine.PROVED) -> list[engine.Outcome]:
@@ -23,8 +23,24 @@ def test_every_link_names_obligations_of_its_families():
 
 def test_the_chains_are_proved_when_their_obligations_are():
     text = "\n".join(chain.lines(_outcomes()))
-    assert text.count(": PROVED") == 2 and "NOT" not in text
+    assert text.count(": PROVED") == 3 and "NOT" not in text
     assert "reverse (dQ, dK, dV, dB)" in text and "forward (Y and lse)" in text
+    assert "interfaces (varlen, paged, split-KV merge, sinks)" in text
+
+
+def test_a_blockmask_or_interface_obligation_not_proved_shows_in_its_chains():
+    def status_of(ob: engine.Obligation) -> str:
+        return (
+            engine.UNKNOWN
+            if ob.name in (blockmask.KIND, interfaces.layouts.PAGED_GATHER)
+            else engine.PROVED
+        )
+
+    text = chain.lines(_outcomes(status_of))
+    theorems = [line for line in text if line.startswith("all-n theorem")]
+    assert all(line.endswith("NOT PROVED") for line in theorems), theorems
+    (paged,) = [line for line in text if "paged: key t" in line]
+    assert " UNKNOWN " in paged
 
 
 def test_an_unknown_solver_answer_leaves_the_chain_unproved():

@@ -131,4 +131,5 @@ def test_the_all_n_example_the_mutants_are_judged_by_is_proved():
     assert {m.name for m in mutants.MUTANTS if m.of_the_proofs} == {
         "trace: q_idx ≥ kv_idx traced as q_idx > kv_idx",
         "block structure: the diagonal (partial) blocks marked FULL",
+        "create_block_mask restated: the padding rounds down",
     }

@@ -231,3 +231,23 @@ def test_the_mutation_harness_runs_the_tests_against_a_mutant():
         tests=("tests/core/test_dropout.py", "tests/core/test_dropout_statistics.py"),
     )
     assert tested.killed is True and "test_dropout_statistics.py" in tested.detail
+
+
+def test_one_block_size_per_distinct_tiling_and_b_is_read_only_through_tiles():
+    from exactattn.proofs import checks, general
+    from exactattn.proofs.inputs import distinct, score_inputs
+
+    pb = checks.Problem(*score_inputs(3, 3, 1), 1)
+    assert distinct(range(1, 5), lambda b: checks.tiling(pb, b)) == [1, 2, 3]  # b = 4 is b = 3
+    (ok,) = engine.run([_general(general.B_THROUGH_TILES)], stream=None)
+    assert ok.status == engine.PROVED, ok.detail
+    with mutants.BY_NAME["forward: b clamped before the loop (read outside tiles())"].applied():
+        (broken,) = engine.run([_general(general.B_THROUGH_TILES)], stream=None)
+    assert broken.status == engine.UNDECIDED and "block_size" in broken.detail
+
+
+def _general(name: str) -> engine.Obligation:
+    from exactattn.proofs import general
+
+    (ob,) = [ob for ob in general.obligations() if ob.name == name]
+    return ob

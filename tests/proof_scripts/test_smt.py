@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from exactattn import masks
-from exactattn.proofs import engine, mutants, smt, solver
+from exactattn.proofs import blockmask, engine, mutants, smt, solver
 from tests.optional import requires
 
 BY_NAME = {ob.name: ob for ob in smt.obligations()}
@@ -45,6 +45,9 @@ KILLS = [
     ("key_block: the last key block runs past n_k", smt.LOOP[3]),
     ("row_run: runs after the first start one row late", smt.LOOP[4]),
     ("runs: the loop resumes one past each run's end", smt.LOOP[3]),
+    ("create_block_mask restated: the padding rounds down", blockmask.CONSTRUCTION),
+    ("blocks_of: a tile's last block dropped", blockmask.KIND),
+    ("block_rows: the span stops one block early", blockmask.SPAN),
 ]
 
 
