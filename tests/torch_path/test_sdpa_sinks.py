@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.optional import requires
+
+torch = requires("torch")
 
 from torch.nn.attention.bias import causal_lower_right
 
