@@ -6,11 +6,14 @@
   configuration's arithmetic, measured against the reference, each error divided by the
   elementwise bound of :mod:`exactattn.bounds` for the configuration's arithmetic
   (``bound_ratio`` for Y, ``grad_bound_ratio`` the worst of dQ, dK, dV; ≤ 1 where the
-  bound holds); returns two CSV rows.
+  bound holds); returns two CSV rows. With ``splits > 1`` the tiled run is split-KV
+  (:class:`_Split`): partials over key ranges, merged by their lse, bounded by the parts'
+  bounds carried through the merge and :func:`exactattn.bounds.merge_bounds`.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from typing import Any
@@ -18,12 +21,13 @@ from typing import Any
 import numpy as np
 
 from .. import api, bounds
-from ..cases import Case
+from ..cases import Case, hold
 from ..cases.inputs import input_seed
 from ..cases.reference import Reference, certified
+from ..merge import merge_partials
 from ..metrics import METRICS, deviation, error_metrics
 from .configs import Config, get_config, to_float64
-from .grid import Point, Problem
+from .grid import MERGES, Point, Problem
 
 SWEPT = ("y", "dq", "dk", "dv")  # the outputs the sweep measures (its CSV's columns)
 
@@ -154,17 +158,136 @@ class Skipped(Exception):
     """The target does not take this point (its capabilities say why)."""
 
 
-def unit_of(name: str) -> _Configured | _Foreign:
-    """What runs for the ``config`` knob ``name``: a configuration, else a registry target."""
+def unit_of(name: str, splits: int = 1, merge: str = "fp32") -> _Configured | _Foreign | _Split:
+    """What runs for the ``config`` knob ``name``: a configuration, else a registry target;
+    split-KV (:class:`_Split`) when ``splits > 1``."""
     try:
-        return _Configured(get_config(name))
+        unit: Any = _Configured(get_config(name))
     except ValueError:
-        return _Foreign(name)
+        unit = _Foreign(name)
+    if splits > 1:
+        if not isinstance(unit, _Configured) or unit.config.quantize:
+            raise ValueError(f"splits > 1 runs exactattn's unquantised configurations; not {name}")
+        return _Split(unit, merge)
+    return unit
+
+
+class _Split:
+    """Split-KV in a configuration's arithmetic (the ``tiled`` run; ``naive`` is unsplit).
+
+    The keys are cut at the case's ``splits`` boundaries ``e_0 < … < e_S``; part ``t`` runs
+    the tiled algorithm on keys ``e_{t−1} ≤ j < e_t`` alone (its own blocks from ``e_{t−1}``,
+    as a split-KV kernel does) and returns ``(ŷ_t, lse_t)``: ``ŷ_t`` in the input format,
+    ``lse_t`` in the compute format. :func:`exactattn.merge_partials` merges them in the
+    ``merge`` arithmetic (``fp32``: NumPy float32; ``input``: the input format, the lse
+    rounded to it too) and the result is rounded to the input format. Forward only.
+
+    The bound (rigorous, entrywise): with ``B^y_t, B^lse_t`` the bounds of part ``t``
+    (:func:`exactattn.bounds.bounds` on its keys), ``E = max_t (B^lse_t + |lse'_t − lse_t|)``
+    (``lse'_t`` the lse as merged), ``w_t = e^{lse_t − lse}`` the exact weights,
+    ``|ŷ − y| ≤ M + e^{2E} Σ_t w_t B^y_t + (e^{2E} − 1) Σ_t w_t |y_t − y|`` plus the final
+    rounding ``ū_in(|y| + ·)`` when the merge is wider than the input; ``M`` is
+    :func:`exactattn.bounds.merge_bounds` of the partials as merged (perturbing each lse by
+    ``ε_t``, ``|ε_t| ≤ E``, moves each normalised weight within ``w_t(e^{2E} − 1)``, and the
+    weights' changes sum to 0). The exact partials ``(y_t, lse_t)`` are float64 runs.
+    """
+
+    def __init__(self, unit: _Configured, merge: str):
+        if merge not in MERGES:
+            raise ValueError(f"merge must be one of {MERGES}; got {merge!r}")
+        self.unit, self.merge = unit, merge
+        self.columns, self.ulp_format = unit.columns, unit.ulp_format
+        config = unit.config
+        wide = merge == "fp32"
+        self.merge_ctx = get_config("np-fp32" if wide else NAIVE_OF[config.storage]).make_ctx()
+        self.u_merge = get_config("np-fp32" if wide else NAIVE_OF[config.storage]).compute_format.u
+        self.last: list[tuple[np.ndarray, np.ndarray]] = []  # the partials as merged
+
+    @staticmethod
+    def _parts(case: Case, arrays: dict[str, np.ndarray]):
+        """Each part's inputs, keywords (a dense mask: positions stay the case's) and range."""
+        allowed = case.allowed()
+        for start, stop in itertools.pairwise(case.splits):
+            keys = slice(start, stop)
+            part = {
+                "q": arrays["q"],
+                "k": arrays["k"][..., keys, :],
+                "v": arrays["v"][..., keys, :],
+            }
+            keywords = dict(
+                scale=case.scale,
+                mask=allowed[..., keys],
+                bias=None if case.bias is None else case.bias[..., keys],
+                softcap=case.softcap,
+                block_size=case.block_size,
+                empty_rows="zero",
+            )
+            yield part, keywords
+
+    def run(self, impl: str, case: Case, grads: bool) -> dict:
+        if impl == "naive":
+            return self.unit.run(impl, case, grads)
+        config, ctx = self.unit.config, self.unit.ctx
+        arrays = {x: config.prepare(getattr(case, x)) for x in "qkv"}
+        merged_in = []
+        for part, keywords in self._parts(case, arrays):
+            y_t, stats = api.attention(*part.values(), backend=ctx, return_stats=True, **keywords)
+            merged_in.append((to_float64(y_t), to_float64(stats.lse)))
+        y, _ = merge_partials(merged_in, backend=self.merge_ctx)
+        # what the merge held: y_t exactly (the input format fits), lse_t in its compute format
+        self.last = [(y_t, to_float64(self.merge_ctx.as_compute(lse))) for y_t, lse in merged_in]
+        self.computed_lse = [lse for _, lse in merged_in]
+        return {"y": hold(to_float64(y), config.storage)}
+
+    def bound(self, impl: str, case: Case, grads: bool) -> dict:
+        if impl == "naive":
+            return self.unit.bound(impl, case, grads)
+        config = self.unit.config
+        original = {x: getattr(case, x) for x in "qkv"}
+        ys, lses, by, blse = [], [], [], []
+        for part, keywords in self._parts(case, original):
+            y_t, stats = api.attention(*part.values(), return_stats=True, **keywords)
+            ys.append(np.asarray(y_t, dtype=np.float64))
+            lses.append(np.asarray(stats.lse, dtype=np.float64))
+            found = bounds.bounds(
+                config.arith(part, case.block_size),
+                *part.values(),
+                None,
+                scale=case.scale,
+                allowed=keywords["mask"],
+                bias=keywords["bias"],
+                softcap=case.softcap,
+                delta="gy",
+                row_block=case.sizes["n_q"],
+                input_rounding=True,
+            )
+            by.append(found["y"])
+            blse.append(found["lse"])
+        lse_exact = np.stack(lses)
+        top = lse_exact.max(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            w = np.where(np.isneginf(lse_exact), 0.0, np.exp(lse_exact - top))
+            w = w / np.where(w.sum(axis=0) > 0, w.sum(axis=0), 1.0)
+            moved = [
+                np.where(np.isneginf(a), 0.0, np.abs(a - b))
+                for (_, a), b in zip(self.last, self.computed_lse)
+            ]
+        reach = np.max([np.where(w_t > 0, b + m, 0.0) for w_t, b, m in zip(w, blse, moved)], axis=0)
+        y = np.einsum("t...,t...v->...v", w, np.stack(ys))
+        spread = np.einsum("t...,t...v->...v", w, np.abs(np.stack(ys) - y))
+        parts_term = np.einsum("t...,t...v->...v", w, np.stack(by))
+        grow = np.exp(2 * reach)[..., None]
+        total = bounds.merge_bounds(self.last, self.u_merge)["y"]
+        total = total + grow * parts_term + (grow - 1) * spread
+        if self.merge == "fp32":  # the merged y rounded to the input format
+            u_in = config.input_format.u / (1 - config.input_format.u)
+            total = total + u_in * (np.abs(y) + total)
+        return {"y": total}
 
 
 def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
     """Two rows (``impl`` = tiled, naive) of knobs, metrics, deviation and bound ratios."""
-    unit = unit_of(point.config)
+    unit = unit_of(point.config, point.splits, point.merge)
     case = point.case()
     results, status, seconds = {}, {}, {}
     for impl in ("tiled", "naive"):
@@ -246,7 +369,7 @@ def _bound_columns(
     out["bound_ratio"] = ratio("y")
     if len(names) > 1:
         out["grad_bound_ratio"] = max(ratio(name) for name in names[1:])
-    out["bound_max"] = float(found["y"].max())
+    out["bound_max"] = float(np.max(found["y"], initial=0.0))
     out["bound_vacuous"] = float(
         sum(np.isinf(found[x]).sum() for x in names) / sum(found[x].size for x in names)
     )
