@@ -25,8 +25,9 @@ MASKS = ("none", "causal", "window")
 
 KNOBS = (
     "config", "n", "d", "block", "dist", "scale", "mask", "score", "seed", "grads", "splits",
-    "merge",
+    "merge", "sink",
 )  # fmt: skip
+OLDER = {"score": "none", "splits": 1, "merge": "fp32", "sink": "none"}  # later knobs' defaults
 MERGES = ("fp32", "input")  # the arithmetic split-KV partials are merged in
 
 
@@ -123,6 +124,7 @@ class Point:
     score: str = "none"  # a score modification (exactattn.precision.grid.score_terms)
     splits: int = 1  # split-KV: the keys in this many equal parts, merged by their lse
     merge: str = "fp32"  # the merge's arithmetic: float32, or the input format ("input")
+    sink: str = "none"  # a sink's offset δ from the smallest lse (cases.interface), or none
 
     @property
     def problem(self) -> Problem:
@@ -136,6 +138,8 @@ class Point:
         case = self.problem.case(self.block)
         if self.splits > 1:
             case.splits = np.linspace(0, self.n, self.splits + 1).round().astype(int).tolist()
+        if self.sink != "none":
+            case.sinks = [float(self.sink)]
         return case
 
     @property
@@ -147,8 +151,11 @@ class Point:
 def key_of(row: dict[str, Any]) -> str:
     parts = []
     for name in KNOBS:
-        older = {"score": "none", "splits": 1, "merge": "fp32"}  # knobs older CSVs lack
-        value = (row.get(name) or older[name]) if name in older else row[name]
+        value = row.get(name)
+        if name in OLDER and (value is None or value == "" or value != value):  # NaN
+            value = OLDER[name]  # a knob older CSVs lack
+        if name == "sink" and value != "none":
+            value = repr(float(value))
         if name == "scale":
             value = repr(float(value))
         elif name == "grads":

@@ -7,7 +7,9 @@ a sliding window of ``n/8`` keys to the left), ``seed`` and ``grads`` (measure d
 dV too), ``splits`` (split-KV: the keys in that many equal parts, each part's ``(y_t,
 lse_t)`` computed by the configuration and returned in its input format, merged by
 :func:`exactattn.merge_partials`; forward only) and ``merge`` (the merge's arithmetic:
-``fp32``, or ``input``, the configuration's input format). A preset may add
+``fp32``, or ``input``, the configuration's input format), ``sink`` (``none``, or a sink's
+offset ``δ`` from the smallest lse: ``σ = δ + min_i lse_i``, :mod:`exactattn.cases.interface`;
+forward only). A preset may add
 ``reference_prec`` (bits of the certified reference) and ``description``. Add a preset by
 adding a dict here; no library code changes.
 
@@ -34,6 +36,7 @@ DEFAULTS: dict[str, list[Any]] = {
     "grads": [True],
     "splits": [1],
     "merge": ["fp32"],
+    "sink": ["none"],
 }
 
 FULL_CONFIGS = (
@@ -172,6 +175,22 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "grads": [False],
                 "splits": [2, 4, 8, 16],
                 "merge": ["fp32", "input"],
+            },
+        ],
+    },
+    "sinks": {
+        "description": "an attention sink of offset -20 to 6 from the smallest lse, FA-2 "
+        "policy fp16 and bf16 and fp32 (forward; a few minutes on 2 cores)",
+        "seeds": [0, 1],
+        "grids": [
+            {
+                "config": ["np-fa2-fp16", "torch-fa2-bf16", "np-fp32"],
+                "n": [512],
+                "d": [64],
+                "block": [64],
+                "mask": ["none", "causal"],
+                "grads": [False],
+                "sink": ["none", "-20", "-2", "0", "2", "6"],
             },
         ],
     },

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,14 @@ def reference_task(problem: Problem, prec: int | None, workers: int = 1) -> Refe
     return certified(problem.case(), grads=problem.grads, prec=prec, workers=workers)
 
 
-def _run(impl: str, case: Case, grads: bool, ctx: Any, inputs: dict[str, np.ndarray]):
+def _run(
+    impl: str,
+    case: Case,
+    grads: bool,
+    ctx: Any,
+    inputs: dict[str, np.ndarray],
+    sinks: np.ndarray | None = None,
+):
     q, k, v, g = inputs["q"], inputs["k"], inputs["v"], inputs["g"]
     keywords = dict(
         scale=case.scale,
@@ -46,6 +54,7 @@ def _run(impl: str, case: Case, grads: bool, ctx: Any, inputs: dict[str, np.ndar
         backend=ctx,
         bias=case.bias,
         softcap=case.softcap,
+        sinks=sinks,
     )
     if impl == "tiled":
         keywords["block_size"] = case.block_size
@@ -87,9 +96,9 @@ class _Configured:
         }
         self.ulp_format = config.ulp_format
 
-    def run(self, impl: str, case: Case, grads: bool) -> dict:
+    def run(self, impl: str, case: Case, grads: bool, sinks: np.ndarray | None = None) -> dict:
         inputs = {x: self.config.prepare(getattr(case, x)) for x in "qkv"}
-        return _run(impl, case, grads, self.ctx, {**inputs, "g": case.g})
+        return _run(impl, case, grads, self.ctx, {**inputs, "g": case.g}, sinks)
 
     def bound(self, impl: str, case: Case, grads: bool) -> dict:
         """The tiled reverse freezes ``m, ℓ`` and reads ``δ = G·Y``; naive attention is one
@@ -285,10 +294,88 @@ class _Split:
         return {"y": total}
 
 
+class _Sink:
+    """A configuration with one sink logit ``σ`` (one head): the tiled and the naive run with
+    ``sinks=[σ]``. The bound, to first order in ``u``: the sink-free bound damped by the
+    sink, ``w·B^y`` (``w = 1/(1 + e^{σ−lse})``), plus :func:`exactattn.bounds.sink_bounds`
+    in the compute format with the pass's ``⌈n_k/b⌉ + 1`` steps (2 for naive attention)
+    and the row maxima ``m``. Forward only."""
+
+    def __init__(self, unit: Any, sigma: float, free: Reference):
+        if not isinstance(unit, _Configured):
+            raise ValueError("a sink runs exactattn's configurations, unsplit")
+        self.unit, self.sigma, self.free = unit, np.array([sigma]), free
+        self.columns, self.ulp_format = unit.columns, unit.ulp_format
+
+    def run(self, impl: str, case: Case, grads: bool) -> dict:
+        return self.unit.run(impl, case, False, self.sigma)
+
+    def bound(self, impl: str, case: Case, grads: bool) -> dict:
+        free = self.unit.bound(impl, case, False)
+        y, lse = (self.free.hi[x] + self.free.lo[x] for x in ("y", "lse"))
+        n_k = case.sizes["n_k"]
+        steps = (-(-n_k // case.block_size) if impl == "tiled" else 1) + 1
+        scores = case.scale * case.q @ case.k.T
+        if case.bias is not None:
+            scores = scores + case.bias
+        if case.softcap is not None:
+            scores = case.softcap * np.tanh(scores / case.softcap)
+        m = np.where(case.allowed(), scores, -np.inf).max(axis=-1)
+        u = self.unit.config.compute_format.u
+        # one head: sink_bounds reads (H, n) rows
+        sink = bounds.sink_bounds(y[None], lse[None], self.sigma, u, steps=steps, m=m[None])
+        damping = 1 / (1 + np.exp(self.sigma[0] - lse))
+        return {"y": damping[..., None] * free["y"] + sink["y"][0]}
+
+
+@dataclass
+class _SinkReference:
+    """The certified values of a case's attention with a sink ``σ``, from the sink-free
+    reference's ``Y`` and ``lse``: ``Y_σ = Y/(1 + e^{σ−lse})``, ``lse_σ = lse + log(1 +
+    e^{σ−lse})`` (:mod:`exactattn.sinks`), in float64 with their radii carried through
+    (``|∂Y_σ/∂lse| ≤ |Y_σ|``, ``|∂lse_σ/∂lse| ≤ 1``) plus 4 float64 roundings."""
+
+    hi: dict[str, np.ndarray]
+    lo: dict[str, np.ndarray]
+    rad: dict[str, np.ndarray]
+    prec: Any
+    seconds: float
+
+    @classmethod
+    def of(cls, reference: Reference, sigma: float) -> _SinkReference:
+        y, lse = (reference.hi[x] + reference.lo[x] for x in ("y", "lse"))
+        factor = 1 / (1 + np.exp(sigma - lse))
+        y_sink = y * factor[..., None]
+        lse_sink = np.logaddexp(lse, sigma)
+        eps = 4 * 2.0**-52
+        rad_y = reference.rad["y"] * factor[..., None] + np.abs(y_sink) * (
+            reference.rad["lse"][..., None] + eps
+        )
+        rad_lse = reference.rad["lse"] + eps * np.abs(lse_sink)
+        zero = {"y": np.zeros_like(y_sink), "lse": np.zeros_like(lse_sink)}
+        hi, rad = {"y": y_sink, "lse": lse_sink}, {"y": rad_y, "lse": rad_lse}
+        return cls(hi, zero, rad, reference.prec, reference.seconds)
+
+    def largest_radius(self, names: tuple[str, ...]) -> float:
+        return max(float(np.max(self.rad[x], initial=0.0)) for x in names if x in self.rad)
+
+
+def sink_logit(case: Case, reference: Reference) -> float | None:
+    """``σ = δ + min_i lse_i`` of a case with a sink offset ``δ`` (None without one)."""
+    if case.sinks is None:
+        return None
+    lse = reference.hi["lse"] + reference.lo["lse"]
+    return float(case.sinks[0] + np.min(lse[np.isfinite(lse)], initial=0.0))
+
+
 def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
     """Two rows (``impl`` = tiled, naive) of knobs, metrics, deviation and bound ratios."""
-    unit = unit_of(point.config, point.splits, point.merge)
     case = point.case()
+    unit = unit_of(point.config, point.splits, point.merge)
+    sigma = sink_logit(case, reference)
+    if sigma is not None:
+        unit = _Sink(unit, sigma, reference)
+        reference = _SinkReference.of(reference, sigma)
     results, status, seconds = {}, {}, {}
     for impl in ("tiled", "naive"):
         start = time.perf_counter()
