@@ -956,6 +956,7 @@ def sink_bounds(
     *,
     steps: int = 2,
     m: Any = None,
+    lse_error: Any = None,
 ) -> dict[str, Any]:
     """The sink term's share: the bounds of merging a result ``(y, lse)`` (``(*batch, H, n,
     v)``, ``(*batch, H, n)``) held exactly with each head's sink ``(0, σ_h)``, the partial the
@@ -966,20 +967,25 @@ def sink_bounds(
     block) and ``m``, the row maxima of the scores (``(*batch, H, n)``): the running maximum
     is then ``max(m_i, σ_h)``, so each score's exponent argument grows by ``(σ_h − m_i)₊``,
     charged ``EXP_ARG_ROUNDINGS·ū·(σ_h − m_i)₊`` on the result's term. The sink's own
-    argument ``σ_h − max(m_i, σ_h)`` is within ``lse_i − σ_h``, the gap charged here. To first
-    order in ``u`` this bound adds to the sink-free pass's: the two budgets act on disjoint
-    perturbations (the result's terms, the sink's term), so a sink-free case's bound plus this
-    one covers the pass with the sink.
+    argument ``σ_h − max(m_i, σ_h)`` is within ``lse_i − σ_h``, the gap charged here.
+    ``lse_error`` (``(*batch, H, n)``): the bound on the sink-free pass's ``lse``
+    (:func:`bounds`), by which the keys' weight ``e^{lse}`` moves against the sink's (the
+    sink-free ``Y`` normalises it away; with the sink the share ``p_σ`` moves with it),
+    added to the result's budget. To first order in ``u`` this bound adds to the sink-free
+    pass's.
     """
     lse = np.asarray(lse, dtype=np.float64)
     sink = np.broadcast_to(np.asarray(sinks, dtype=np.float64)[:, None], lse.shape)
-    extra = None
+    ub = u / (1 - u)
+    budget = np.zeros(lse.shape)
     if m is not None:
         m = np.asarray(m, dtype=np.float64)
         with np.errstate(invalid="ignore"):
-            shift = np.where(np.isneginf(m), 0.0, np.maximum(sink - m, 0.0))
-        ub = u / (1 - u)
-        extra = [EXP_ARG_ROUNDINGS * ub * shift, np.zeros(lse.shape)]
+            budget = budget + np.where(np.isneginf(m), 0.0, np.maximum(sink - m, 0.0))
+    budget = EXP_ARG_ROUNDINGS * ub * budget
+    if lse_error is not None:
+        budget = budget + np.asarray(lse_error, dtype=np.float64)
+    extra = [budget, np.zeros(lse.shape)]
     return merge_bounds(
         [(y, lse), (np.zeros_like(np.asarray(y, dtype=np.float64)), sink)],
         u,

@@ -298,8 +298,8 @@ class _Sink:
     """A configuration with one sink logit ``σ`` (one head): the tiled and the naive run with
     ``sinks=[σ]``. The bound, to first order in ``u``: the sink-free bound damped by the
     sink, ``w·B^y`` (``w = 1/(1 + e^{σ−lse})``), plus :func:`exactattn.bounds.sink_bounds`
-    in the compute format with the pass's ``⌈n_k/b⌉ + 1`` steps (2 for naive attention)
-    and the row maxima ``m``. Forward only."""
+    in the compute format with the pass's ``⌈n_k/b⌉ + 1`` steps (2 for naive attention),
+    the row maxima ``m`` and the sink-free bound on the lse. Forward only."""
 
     def __init__(self, unit: Any, sigma: float, free: Reference):
         if not isinstance(unit, _Configured):
@@ -322,8 +322,9 @@ class _Sink:
             scores = case.softcap * np.tanh(scores / case.softcap)
         m = np.where(case.allowed(), scores, -np.inf).max(axis=-1)
         u = self.unit.config.compute_format.u
-        # one head: sink_bounds reads (H, n) rows
-        sink = bounds.sink_bounds(y[None], lse[None], self.sigma, u, steps=steps, m=m[None])
+        sink = bounds.sink_bounds(  # one head: sink_bounds reads (H, n) rows
+            y[None], lse[None], self.sigma, u, steps=steps, m=m[None], lse_error=free["lse"][None]
+        )
         damping = 1 / (1 + np.exp(self.sigma[0] - lse))
         return {"y": damping[..., None] * free["y"] + sink["y"][0]}
 

@@ -418,7 +418,7 @@ class Sinks(Convention):
             y_case = np.where(empty[..., None], 0.0, y_np * rescale[..., None])
             p_sink = np.exp(sigma[None, :, None] - lse_np)  # the target's own lse, judged
             lse_case = np.where(empty, -np.inf, lse_np + np.log1p(-p_sink))
-        radius = _sink_radius(target, case, y64, stats, sigma)
+        radius = _sink_radius(target, case, held, y64, stats, sigma)
         out = {"y": (y_case.reshape(held["g"].shape), radius["y"].reshape(held["g"].shape))}
         out["_dtype"] = dtype_name(y)
         if target.caps.lse is True:
@@ -427,17 +427,28 @@ class Sinks(Convention):
         return out
 
 
-def _sink_radius(target: Any, case: Case, y64, stats, sigma) -> dict[str, np.ndarray]:
+def _sink_radius(target: Any, case: Case, held, y64, stats, sigma) -> dict[str, np.ndarray]:
     """:func:`exactattn.bounds.sink_bounds` of the target's claimed arithmetic on the case
-    (the statistics format; ``steps``: the claimed key blocks + 1), on the case's scale."""
-    from ..bounds import sink_bounds
+    (the statistics format; ``steps``: the claimed key blocks + 1; the sink-free pass's lse
+    bound, :func:`exactattn.bounds.bounds` in the claimed arithmetic), on the case's scale."""
+    from ..bounds import bounds, sink_bounds
     from ..formats import get_format
+    from .variants import Variant
 
     claim, n_k = target.claim, case.sizes["n_k"]
     u = get_format(claim.stats or claim.scores or case.dtype).u
     blocks = n_k if claim.block is None else 1 if claim.block == 0 else -(-n_k // claim.block)
+    variant = Variant(target, case.dtype)
+    free = bounds(
+        variant.arith(variant.bound_block(case), held), held["q"], held["k"], held["v"], None,
+        scale=case.scale, allowed=case.allowed(), bias=held.get("bias"), softcap=case.softcap,
+        enable_gqa=case.group > 1,
+    )["lse"]  # fmt: skip
     lse = np.asarray(stats.lse, dtype=np.float64)
-    bound = sink_bounds(y64, lse, sigma, u, steps=max(1, blocks) + 1, m=stats.m)
+    bound = sink_bounds(
+        y64, lse, sigma, u, steps=max(1, blocks) + 1, m=stats.m,
+        lse_error=free.reshape(lse.shape),
+    )  # fmt: skip
     empty = np.isneginf(lse)
     with np.errstate(over="ignore", invalid="ignore"):
         grow = 1 + np.where(empty, 0.0, np.exp(sigma[None, :, None] - np.where(empty, 0.0, lse)))
