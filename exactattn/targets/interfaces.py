@@ -428,19 +428,18 @@ class Sinks(Convention):
 
 
 def _sink_radius(target: Any, case: Case, held, y64, stats, sigma) -> dict[str, np.ndarray]:
-    """:func:`exactattn.bounds.sink_bounds` of the target's claimed arithmetic on the case
-    (the statistics format; ``steps``: the claimed key blocks + 1; the sink-free pass's lse
-    bound, :func:`exactattn.bounds.bounds` in the claimed arithmetic), on the case's scale."""
+    """:func:`exactattn.bounds.sink_bounds` of the target's stated claim on the case (its
+    compute format; ``steps``: the claimed key blocks + 1; the sink-free pass's lse bound,
+    :func:`exactattn.bounds.bounds` in the claimed arithmetic), on the case's scale."""
     from ..bounds import bounds, sink_bounds
-    from ..formats import get_format
-    from .variants import Variant
 
-    claim, n_k = target.claim, case.sizes["n_k"]
-    u = get_format(claim.stats or claim.scores or case.dtype).u
-    blocks = n_k if claim.block is None else 1 if claim.block == 0 else -(-n_k // claim.block)
-    variant = Variant(target, case.dtype)
+    claim, n_k = target.claim.resolve(case.dtype), case.sizes["n_k"]
+    block = claim.bound_block(n_k)
+    arith = claim.arith(block)
+    u = arith.compute.u
+    blocks = n_k if block is None else -(-n_k // max(block, 1))
     free = bounds(
-        variant.arith(variant.bound_block(case), held), held["q"], held["k"], held["v"], None,
+        arith, held["q"], held["k"], held["v"], None,
         scale=case.scale, allowed=case.allowed(), bias=held.get("bias"), softcap=case.softcap,
         enable_gqa=case.group > 1,
     )["lse"]  # fmt: skip
