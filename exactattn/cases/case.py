@@ -320,8 +320,8 @@ class Case:
 def _describe_pages(pages: dict[str, Any] | None) -> str:
     if pages is None:
         return ""
-    shared = f", {pages['shared']} shared" if pages["shared"] else ""
-    return f"pages of {pages['size']} (table {pages['table']}{shared})"
+    shared = f", the first {pages['shared']} shared" if pages["shared"] else ""
+    return f"pages of {pages['size']} (pool {pages['pool']}{shared})"  # the table is in the file
 
 
 def _torch() -> Any:
