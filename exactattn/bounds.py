@@ -894,7 +894,12 @@ def ratio(error: Any, bound: Any) -> float:
 
 # --- merging partial results, and the sink term -------------------------------------------
 def merge_bounds(
-    partials: list[tuple[Any, Any]], u: float, funcs: float = 1.0
+    partials: list[tuple[Any, Any]],
+    u: float,
+    funcs: float = 1.0,
+    *,
+    steps: int | None = None,
+    extra: list[Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """Bounds on ``|computed − exact|`` of :func:`exactattn.merge_partials` run in an
     arithmetic of unit roundoff ``u`` (elementary functions within ``funcs`` units), from the
@@ -910,11 +915,14 @@ def merge_bounds(
     ``|Δlse| ≤ β̂ + funcs·ū·|log ℓ| + ū|lse|`` (``ℓ`` perturbed by at most ``e^{±β̂}``, the
     log and the sum ``M + log ℓ`` rounded once each). Parts at ``lse = −∞`` contribute
     nothing; a row with every part empty has bound 0 (the merge returns exactly ``(0, −∞)``).
+    ``steps`` (default: the number of parts) is ``S``, the ⋆ steps a term is carried
+    through; ``extra`` adds a further budget per part (arrays broadcastable to ``lse_t``) to
+    its ``β_t`` (:func:`sink_bounds`).
     """
     ub = u / (1 - u)
     ys = np.stack([np.asarray(y, dtype=np.float64) for y, _ in partials])
     lses = np.stack([np.asarray(lse, dtype=np.float64) for _, lse in partials])
-    steps = len(partials)
+    steps = len(partials) if steps is None else steps
     top = lses.max(axis=0)
     empty = np.isneginf(top)
     shift = np.where(empty, 0.0, top)
@@ -925,6 +933,10 @@ def merge_bounds(
         y = np.where(empty[..., None], 0.0, (norm[..., None] * ys).sum(axis=0))
         gap = np.where(np.isneginf(lses), 0.0, shift - lses)
     beta = EXP_ARG_ROUNDINGS * ub * gap + steps * (funcs + 2) * ub
+    if extra is not None:
+        beta = beta + np.stack(
+            [np.broadcast_to(np.asarray(e, np.float64), top.shape) for e in extra]
+        )
     worst = np.where(norm > 0, beta, 0.0).max(axis=0)
     grow = np.expm1(beta)[..., None] * (np.abs(ys) + np.abs(y))
     denominator = 1 - np.expm1(worst)[..., None]
@@ -935,12 +947,49 @@ def merge_bounds(
     return {"y": np.where(empty[..., None], 0.0, dy), "lse": np.where(empty, 0.0, dlse)}
 
 
-def sink_bounds(y: Any, lse: Any, sinks: Any, u: float, funcs: float = 1.0) -> dict[str, Any]:
+def sink_bounds(
+    y: Any,
+    lse: Any,
+    sinks: Any,
+    u: float,
+    funcs: float = 1.0,
+    *,
+    steps: int = 2,
+    m: Any = None,
+    lse_error: Any = None,
+) -> dict[str, Any]:
     """The sink term's share: the bounds of merging a result ``(y, lse)`` (``(*batch, H, n,
     v)``, ``(*batch, H, n)``) held exactly with each head's sink ``(0, σ_h)``, the partial the
-    sink is (:mod:`exactattn.sinks`), in unit roundoff ``u``."""
+    sink is (:mod:`exactattn.sinks`), in unit roundoff ``u``.
+
+    For the tiled pass that starts each row at ``(σ_h, 1, 0)`` (:func:`exactattn.algorithm.
+    forward`'s ``initial``) give ``steps`` = its key blocks + 1 (the sink is rescaled at every
+    block) and ``m``, the row maxima of the scores (``(*batch, H, n)``): the running maximum
+    is then ``max(m_i, σ_h)``, so each score's exponent argument grows by ``(σ_h − m_i)₊``,
+    charged ``EXP_ARG_ROUNDINGS·ū·(σ_h − m_i)₊`` on the result's term. The sink's own
+    argument ``σ_h − max(m_i, σ_h)`` is within ``lse_i − σ_h``, the gap charged here.
+    ``lse_error`` (``(*batch, H, n)``): the bound on the sink-free pass's ``lse``
+    (:func:`bounds`), by which the keys' weight ``e^{lse}`` moves against the sink's (the
+    sink-free ``Y`` normalises it away; with the sink the share ``p_σ`` moves with it),
+    added to the result's budget. To first order in ``u`` this bound adds to the sink-free
+    pass's.
+    """
     lse = np.asarray(lse, dtype=np.float64)
     sink = np.broadcast_to(np.asarray(sinks, dtype=np.float64)[:, None], lse.shape)
+    ub = u / (1 - u)
+    budget = np.zeros(lse.shape)
+    if m is not None:
+        m = np.asarray(m, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            budget = budget + np.where(np.isneginf(m), 0.0, np.maximum(sink - m, 0.0))
+    budget = EXP_ARG_ROUNDINGS * ub * budget
+    if lse_error is not None:
+        budget = budget + np.asarray(lse_error, dtype=np.float64)
+    extra = [budget, np.zeros(lse.shape)]
     return merge_bounds(
-        [(y, lse), (np.zeros_like(np.asarray(y, dtype=np.float64)), sink)], u, funcs
+        [(y, lse), (np.zeros_like(np.asarray(y, dtype=np.float64)), sink)],
+        u,
+        funcs,
+        steps=steps,
+        extra=extra,
     )

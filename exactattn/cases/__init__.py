@@ -12,7 +12,10 @@ it is JSON round-trippable (:meth:`Case.to_json`), so a failure replays anywhere
 * :mod:`.inputs`: the named input distributions (the sweep's and the check's);
 * :mod:`.case`: :class:`Case`, :class:`Draw` (what hypothesis draws) and
   :func:`build_case`, :func:`hold` (rounding to a target's format);
-* :mod:`.strategies`: the hypothesis strategies over :class:`Draw` (imports hypothesis).
+* :mod:`.strategies`: the hypothesis strategies over :class:`Draw` (imports hypothesis);
+* :mod:`.interface`: the interface fields (``seqlens``, ``splits``, ``pages``, ``sinks``:
+  how a packed varlen batch, a paged cache, split-KV partials and a sink lay out the case),
+  drawn by :func:`.paths.interface_fields` for the interface conventions.
 
 **Adding a case field** (a new kind of problem: packed variable-length sequences, a paged
 KV cache, split-KV partitions, sinks): add the field to :class:`Case` with a default that

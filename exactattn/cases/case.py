@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import loading, masks
+from . import interface
 from . import spec as maskspec
 from .inputs import fill
 
@@ -51,6 +52,12 @@ class Draw:
     of ``−∞`` entries (``empty_row: true``: row 0 all ``−∞``). ``softcap``: the cap.
     ``score_mod``: a user's ``module:function`` every case runs (``exactattn check
     --score-mod``).
+
+    The interface fields (:mod:`exactattn.cases.interface`; None: absent): ``seqlens`` the
+    key length of each sequence (the mask becomes that key padding), ``splits`` the split-KV
+    boundaries, ``pages`` a page template ``{"size", "shared", "order"}`` (filled into a
+    block table; shared pages make the sequences' first keys equal), ``sinks`` each query
+    head's sink offset.
     """
 
     batch: tuple[int, ...]
@@ -73,6 +80,10 @@ class Draw:
     softcap: float | None = None
     score_mod: str | None = None
     note: str = ""  # what the case is drawn as (a path, "ill-conditioned: ..."): Case.note
+    seqlens: tuple[int, ...] | None = None
+    splits: tuple[int, ...] | None = None
+    pages: dict[str, Any] | None = None
+    sinks: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -96,6 +107,11 @@ class Case:
     softcap: float | None = None
     score: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})  # bias's spec
     score_mod: str | None = None  # a user's score_mod(score, b, h, q_idx, kv_idx)
+    # the interface fields (exactattn.cases.interface; None: absent)
+    seqlens: list[int] | None = None  # key length per sequence (the mask is that padding)
+    splits: list[int] | None = None  # split-KV key boundaries 0 = e_0 <= ... <= e_S = n_k
+    pages: dict[str, Any] | None = None  # {"size", "pool", "table", "shared"}
+    sinks: list[float] | None = None  # per query head: sigma_h - min_{b,i} lse_{b,h,i}
 
     # --- derived --------------------------------------------------------------------
     @property
@@ -271,6 +287,10 @@ class Case:
             f"layout {self.layout}" if self.layout != "contiguous" else "",
             "empty rows -> 0" if self.empty_rows == "zero" else "",
             "n_q != n_k" if n["n_q"] != n["n_k"] else "",
+            f"seqlens {self.seqlens}" if self.seqlens is not None else "",
+            f"splits {self.splits}" if self.splits is not None else "",
+            _describe_pages(self.pages),
+            f"sink offsets {self.sinks}" if self.sinks is not None else "",
         ]
         return "; ".join(p for p in parts if p)
 
@@ -295,6 +315,13 @@ class Case:
         for extra in ("expect", "finding"):
             data.pop(extra, None)
         return cls(**data)
+
+
+def _describe_pages(pages: dict[str, Any] | None) -> str:
+    if pages is None:
+        return ""
+    shared = f", the first {pages['shared']} shared" if pages["shared"] else ""
+    return f"pages of {pages['size']} (pool {pages['pool']}{shared})"  # the table is in the file
 
 
 def _torch() -> Any:
@@ -377,6 +404,14 @@ def build_case(draw: Draw) -> Case:
     elif draw.explicit_scale:
         scale = float(rng.choice([0.5, 2.0, -1.0, 1 / 3]))
     mask = _fill_mask(draw.mask, rng, b, draw.n_q, draw.n_k)
+    if draw.seqlens is not None:  # a varlen batch: the key padding of its lengths
+        mask = {"kind": "padding", "lengths": list(draw.seqlens)}
+    pages = None
+    if draw.pages is not None:
+        B = b[0] if b else 1
+        pages = interface.fill_pages(draw.pages, B, draw.n_k)
+        for x in (k, v):
+            interface.share_prefix(x, B, min(draw.n_k, pages["shared"] * pages["size"]))
     case = Case(
         q,
         k,
@@ -390,6 +425,10 @@ def build_case(draw: Draw) -> Case:
         dtype=draw.dtype,
         layout=draw.layout,
         note=draw.note,
+        seqlens=None if draw.seqlens is None else list(draw.seqlens),
+        splits=None if draw.splits is None else list(draw.splits),
+        pages=pages,
+        sinks=None if draw.sinks is None else list(draw.sinks),
     )
     score, bias = _fill_score(draw.score, rng, b, draw.n_q, draw.n_k)
     case.score, case.bias, case.softcap, case.score_mod = score, bias, draw.softcap, draw.score_mod

@@ -111,11 +111,14 @@ def check_draws(
     layouts: tuple[str, ...] = ("contiguous",),
     dropout: bool = False,
     modify: bool = False,
+    interface: bool = False,
 ) -> Draw:
     """A check case (see the module docstring): ``blocks`` the key-block sizes the targets
     claim, ``max_n`` the size cap, ``budget`` the largest ``B·H·n_q·n_k``, ``max_d`` a cap
     on the head dims (None: the field's), ``dropout`` / ``modify`` whether some target
-    replays exactattn's keep-bits / takes a bias or a soft-cap."""
+    replays exactattn's keep-bits / takes a bias or a soft-cap; ``interface``: some target
+    is called through an interface convention, so the case also draws the interface fields
+    (:func:`interface_fields`, drawn last: the other draws keep their seeds)."""
     dtype = draw(st.sampled_from(dtypes)) if dtypes else None
     cap = min(max_n, FLOAT64_MAX_N) if dtype == "float64" else max_n
     path = _weighted(draw, PATHS)
@@ -140,6 +143,11 @@ def check_draws(
         distribution = "large_logits"
         logit = draw(st.sampled_from((1e3, 1e4))) if ill else draw(st.sampled_from((10.0, 100.0)))
     dropout_p = draw(st.sampled_from((0.1, 0.5))) if dropout and _percent(draw, 10) else 0.0
+    explicit_scale = _percent(draw, 14)
+    seed = draw(st.integers(0, 2**64 - 1)) if dropout_p else 0
+    data_seed = draw(st.integers(0, 2**32 - 1))
+    layout = draw(st.sampled_from(layouts))  # the draws above keep their order: seeds replay
+    fields = draw(interface_fields(batch, n_k, b, mask["kind"])) if interface else {}
     return Draw(
         batch=batch,
         n_q=n_q,
@@ -149,17 +157,18 @@ def check_draws(
         block_size=b,
         distribution=distribution,
         logit=logit,
-        explicit_scale=_percent(draw, 14),
+        explicit_scale=explicit_scale,
         mask=mask,
         dropout_p=dropout_p,
-        seed=draw(st.integers(0, 2**64 - 1)) if dropout_p else 0,
-        data_seed=draw(st.integers(0, 2**32 - 1)),
+        seed=seed,
+        data_seed=data_seed,
         group=group,
         dtype=dtype,
-        layout=draw(st.sampled_from(layouts)),
+        layout=layout,
         score=score,
         softcap=softcap,
         note=ILL_LABEL.format(logit) if ill else f"path {path}",
+        **fields,
     )
 
 
@@ -268,3 +277,73 @@ def _mask_and_score(draw: st.DrawFn, path: str, modify: bool):
         score, softcap = draw(scores()) if modify else (none, None)
         return draw(compositions()), score, softcap
     return none, none, None
+
+
+# --- the interface fields (exactattn.cases.interface), drawn last ----------------------
+SPLIT_KINDS = {"block-edges": 30, "empty-part": 20, "single-keys": 15, "random": 35}
+PAGE_SIZES = {1: 20, 2: 8, 3: 15, 5: 12, 7: 10, 16: 10, "b": 15, "n_k": 10}
+SINK_OFFSETS = {-20.0: 10, -2.0: 30, -0.5: 15, 0.0: 15, 1.0: 15, 2.0: 15}
+MAX_SPLITS = 8
+
+
+@st.composite
+def interface_fields(
+    draw: st.DrawFn, batch: tuple[int, ...], n_k: int, b: int, mask_kind: str
+) -> dict[str, Any]:
+    """The interface fields of a :class:`~exactattn.cases.Draw` (:mod:`.interface`);
+    ``seqlens`` only where the mask is none or key padding (what a varlen call expresses)."""
+    B = batch[0] if batch else 1
+    heads = batch[-1] if len(batch) == 2 else 1
+    out: dict[str, Any] = {"splits": _splits(draw, n_k, b), "pages": _pages(draw, B, n_k, b)}
+    if batch and mask_kind in ("none", "padding") and _percent(draw, 60):
+        out["seqlens"] = tuple(_length(draw, n_k, b) for _ in range(B))
+    out["sinks"] = tuple(_weighted(draw, SINK_OFFSETS) for _ in range(heads))
+    return out
+
+
+def _length(draw: st.DrawFn, n_k: int, b: int) -> int:
+    """A sequence's key length: 0 (a zero-length sequence) in a fifth, ``n_k`` in a fifth,
+    ``b − 1, b, b + 1`` in a fifth, else uniform."""
+    kind = _weighted(draw, {"zero": 20, "full": 20, "edge": 20, "any": 40})
+    if kind == "zero":
+        return 0
+    if kind == "full":
+        return n_k
+    if kind == "edge":
+        return min(n_k, max(0, b + draw(st.sampled_from((-1, 0, 1)))))
+    return draw(st.integers(0, n_k))
+
+
+def _splits(draw: st.DrawFn, n_k: int, b: int) -> tuple[int, ...]:
+    """Split-KV boundaries ``(0, …, n_k)``: two parts or more (one part is no merge)."""
+    kind = _weighted(draw, SPLIT_KINDS)
+    cuts = 1 + int(_uniform(draw) * (MAX_SPLITS - 1))  # inner boundaries: cuts + 1 parts
+    edges_at_blocks = list(range(b, n_k, b))
+    if kind == "block-edges" and edges_at_blocks:
+        inner = draw(
+            st.lists(
+                st.sampled_from(edges_at_blocks),
+                min_size=min(cuts, len(edges_at_blocks)),
+                max_size=cuts,
+                unique=True,
+            )
+        )
+    elif kind == "empty-part":
+        inner = draw(st.lists(st.integers(0, n_k), min_size=cuts, max_size=cuts))
+        inner.append(draw(st.sampled_from([0, n_k, *inner])))  # a boundary twice: an empty part
+    elif kind == "single-keys":
+        inner = list(range(1, min(cuts, n_k) + 1))  # the first parts one key each
+    else:
+        inner = draw(st.lists(st.integers(0, n_k), min_size=cuts, max_size=cuts))
+    return (0, *sorted(inner), n_k)
+
+
+def _pages(draw: st.DrawFn, B: int, n_k: int, b: int) -> dict[str, Any]:
+    size = _weighted(draw, PAGE_SIZES)
+    size = {"b": b, "n_k": n_k}.get(size, size)
+    size = max(1, int(size))
+    whole = n_k // size
+    shared = 0
+    if B > 1 and whole and _percent(draw, 40):
+        shared = draw(st.integers(1, whole))
+    return {"size": size, "shared": shared, "order": draw(st.integers(0, 2**32 - 1))}

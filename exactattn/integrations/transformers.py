@@ -13,7 +13,7 @@ The attention function makes the decisions transformers' ``sdpa`` integration ma
 only when there is no mask and more than one query; grouped key/value heads) and runs
 :func:`exactattn.torch.sdpa.sdpa_call`, so a model computes what it computes with
 ``attn_implementation="sdpa"``, exactly, with logit soft-capping (Gemma 2's ``softcap``)
-as well.
+and attention sinks (gpt-oss's ``s_aux``, one logit per query head) as well.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ with needs("exactattn.integrations.transformers"):
 from ..torch.sdpa import sdpa_call
 
 NAME = "exactattn"
-UNSUPPORTED = ("s_aux", "position_bias")  # attention sinks, T5-style bias: not wired yet
+UNSUPPORTED = ("position_bias",)  # T5-style bias: not wired yet
 
 
 def attention_forward(
@@ -56,6 +56,7 @@ def attention_forward(
     y = sdpa_call(
         query, key, value, attention_mask, dropout, is_causal,
         scale=scaling, enable_gqa=query.shape[1] != key.shape[1], softcap=softcap,
+        sinks=kwargs.get("s_aux"),
     )  # fmt: skip
     return y.transpose(1, 2).contiguous(), None
 

@@ -23,7 +23,12 @@ from .presets import DEFAULTS, SCORES
 
 MASKS = ("none", "causal", "window")
 
-KNOBS = ("config", "n", "d", "block", "dist", "scale", "mask", "score", "seed", "grads")
+KNOBS = (
+    "config", "n", "d", "block", "dist", "scale", "mask", "score", "seed", "grads", "splits",
+    "merge", "sink",
+)  # fmt: skip
+OLDER = {"score": "none", "splits": 1, "merge": "fp32", "sink": "none"}  # later knobs' defaults
+MERGES = ("fp32", "input")  # the arithmetic split-KV partials are merged in
 
 
 @dataclass(frozen=True, order=True)
@@ -117,6 +122,9 @@ class Point:
     seed: int
     grads: bool
     score: str = "none"  # a score modification (exactattn.precision.grid.score_terms)
+    splits: int = 1  # split-KV: the keys in this many equal parts, merged by their lse
+    merge: str = "fp32"  # the merge's arithmetic: float32, or the input format ("input")
+    sink: str = "none"  # a sink's offset δ from the smallest lse (cases.interface), or none
 
     @property
     def problem(self) -> Problem:
@@ -125,8 +133,14 @@ class Point:
         )
 
     def case(self) -> Case:
-        """The case of this run: its problem's, at the point's block size."""
-        return self.problem.case(self.block)
+        """The case of this run: its problem's, at the point's block size (with its split
+        boundaries when ``splits > 1``)."""
+        case = self.problem.case(self.block)
+        if self.splits > 1:
+            case.splits = np.linspace(0, self.n, self.splits + 1).round().astype(int).tolist()
+        if self.sink != "none":
+            case.sinks = [float(self.sink)]
+        return case
 
     @property
     def key(self) -> str:
@@ -137,12 +151,16 @@ class Point:
 def key_of(row: dict[str, Any]) -> str:
     parts = []
     for name in KNOBS:
-        value = (row.get(name) or "none") if name == "score" else row[name]  # older CSVs: none
+        value = row.get(name)
+        if name in OLDER and (value is None or value == "" or value != value):  # NaN
+            value = OLDER[name]  # a knob older CSVs lack
+        if name == "sink" and value != "none":
+            value = repr(float(value))
         if name == "scale":
             value = repr(float(value))
         elif name == "grads":
             value = str(value).lower() in ("true", "1")
-        elif name in ("n", "d", "block", "seed"):
+        elif name in ("n", "d", "block", "seed", "splits"):
             value = int(value)
         parts.append(f"{name}={value}")
     return "|".join(parts)

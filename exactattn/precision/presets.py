@@ -4,8 +4,14 @@ Knobs of a grid point: ``config`` (see :mod:`.configs`), ``n`` (n_q = n_k), ``d`
 dim, v = d), ``block`` (key-block size ``b``), ``dist`` (:mod:`.inputs`), ``scale`` (the
 score scale as a multiple of ``1/sqrt(d)``), ``mask`` (``none``, ``causal``, ``window``:
 a sliding window of ``n/8`` keys to the left), ``seed`` and ``grads`` (measure dQ, dK,
-dV too). A preset may add ``reference_prec`` (bits of the certified reference) and
-``description``. Add a preset by adding a dict here; no library code changes.
+dV too), ``splits`` (split-KV: the keys in that many equal parts, each part's ``(y_t,
+lse_t)`` computed by the configuration and returned in its input format, merged by
+:func:`exactattn.merge_partials`; forward only) and ``merge`` (the merge's arithmetic:
+``fp32``, or ``input``, the configuration's input format), ``sink`` (``none``, or a sink's
+offset ``δ`` from the smallest lse: ``σ = δ + min_i lse_i``, :mod:`exactattn.cases.interface`;
+forward only). A preset may add
+``reference_prec`` (bits of the certified reference) and ``description``. Add a preset by
+adding a dict here; no library code changes.
 
 Scaling to a 2-core CPU: the certified reference costs about ``1.2 s · (n/1024)² · d/64``
 forward, ``3 s`` with the gradients (one core, 96 bits); mpmath runs cost ~1 µs per
@@ -28,6 +34,9 @@ DEFAULTS: dict[str, list[Any]] = {
     "mask": ["none"],
     "score": ["none"],
     "grads": [True],
+    "splits": [1],
+    "merge": ["fp32"],
+    "sink": ["none"],
 }
 
 FULL_CONFIGS = (
@@ -140,6 +149,48 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "mask": ["none", "causal"],
                 "dist": ["normal", "large-logits"],
                 "score": list(SCORES),
+            },
+        ],
+    },
+    "splitkv": {
+        "description": "split-KV: the keys in 1-16 parts merged by their lse, in float32 or "
+        "in the input format, FA-2 policy fp16 and bf16 (forward; ~10 min on 2 cores)",
+        "seeds": [0, 1],
+        "grids": [
+            {
+                "config": ["np-fa2-fp16", "torch-fa2-bf16"],
+                "n": [512],
+                "d": [64],
+                "block": [64],
+                "mask": ["none", "causal"],
+                "grads": [False],
+                "splits": [1],
+            },
+            {
+                "config": ["np-fa2-fp16", "torch-fa2-bf16"],
+                "n": [512],
+                "d": [64],
+                "block": [64],
+                "mask": ["none", "causal"],
+                "grads": [False],
+                "splits": [2, 4, 8, 16],
+                "merge": ["fp32", "input"],
+            },
+        ],
+    },
+    "sinks": {
+        "description": "an attention sink of offset -20 to 6 from the smallest lse, FA-2 "
+        "policy fp16 and bf16 and fp32 (forward; a few minutes on 2 cores)",
+        "seeds": [0, 1],
+        "grids": [
+            {
+                "config": ["np-fa2-fp16", "torch-fa2-bf16", "np-fp32"],
+                "n": [512],
+                "d": [64],
+                "block": [64],
+                "mask": ["none", "causal"],
+                "grads": [False],
+                "sink": ["none", "-20", "-2", "0", "2", "6"],
             },
         ],
     },

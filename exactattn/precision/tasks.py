@@ -6,24 +6,29 @@
   configuration's arithmetic, measured against the reference, each error divided by the
   elementwise bound of :mod:`exactattn.bounds` for the configuration's arithmetic
   (``bound_ratio`` for Y, ``grad_bound_ratio`` the worst of dQ, dK, dV; ≤ 1 where the
-  bound holds); returns two CSV rows.
+  bound holds); returns two CSV rows. With ``splits > 1`` the tiled run is split-KV
+  (:class:`_Split`): partials over key ranges, merged by their lse, bounded by the parts'
+  bounds carried through the merge and :func:`exactattn.bounds.merge_bounds`.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import api, bounds
-from ..cases import Case
+from ..cases import Case, hold
 from ..cases.inputs import input_seed
 from ..cases.reference import Reference, certified
+from ..merge import merge_partials
 from ..metrics import METRICS, deviation, error_metrics
 from .configs import Config, get_config, to_float64
-from .grid import Point, Problem
+from .grid import MERGES, Point, Problem
 
 SWEPT = ("y", "dq", "dk", "dv")  # the outputs the sweep measures (its CSV's columns)
 
@@ -34,7 +39,14 @@ def reference_task(problem: Problem, prec: int | None, workers: int = 1) -> Refe
     return certified(problem.case(), grads=problem.grads, prec=prec, workers=workers)
 
 
-def _run(impl: str, case: Case, grads: bool, ctx: Any, inputs: dict[str, np.ndarray]):
+def _run(
+    impl: str,
+    case: Case,
+    grads: bool,
+    ctx: Any,
+    inputs: dict[str, np.ndarray],
+    sinks: np.ndarray | None = None,
+):
     q, k, v, g = inputs["q"], inputs["k"], inputs["v"], inputs["g"]
     keywords = dict(
         scale=case.scale,
@@ -42,6 +54,7 @@ def _run(impl: str, case: Case, grads: bool, ctx: Any, inputs: dict[str, np.ndar
         backend=ctx,
         bias=case.bias,
         softcap=case.softcap,
+        sinks=sinks,
     )
     if impl == "tiled":
         keywords["block_size"] = case.block_size
@@ -83,9 +96,9 @@ class _Configured:
         }
         self.ulp_format = config.ulp_format
 
-    def run(self, impl: str, case: Case, grads: bool) -> dict:
+    def run(self, impl: str, case: Case, grads: bool, sinks: np.ndarray | None = None) -> dict:
         inputs = {x: self.config.prepare(getattr(case, x)) for x in "qkv"}
-        return _run(impl, case, grads, self.ctx, {**inputs, "g": case.g})
+        return _run(impl, case, grads, self.ctx, {**inputs, "g": case.g}, sinks)
 
     def bound(self, impl: str, case: Case, grads: bool) -> dict:
         """The tiled reverse freezes ``m, ℓ`` and reads ``δ = G·Y``; naive attention is one
@@ -154,18 +167,216 @@ class Skipped(Exception):
     """The target does not take this point (its capabilities say why)."""
 
 
-def unit_of(name: str) -> _Configured | _Foreign:
-    """What runs for the ``config`` knob ``name``: a configuration, else a registry target."""
+def unit_of(name: str, splits: int = 1, merge: str = "fp32") -> _Configured | _Foreign | _Split:
+    """What runs for the ``config`` knob ``name``: a configuration, else a registry target;
+    split-KV (:class:`_Split`) when ``splits > 1``."""
     try:
-        return _Configured(get_config(name))
+        unit: Any = _Configured(get_config(name))
     except ValueError:
-        return _Foreign(name)
+        unit = _Foreign(name)
+    if splits > 1:
+        if not isinstance(unit, _Configured) or unit.config.quantize:
+            raise ValueError(f"splits > 1 runs exactattn's unquantised configurations; not {name}")
+        return _Split(unit, merge)
+    return unit
+
+
+class _Split:
+    """Split-KV in a configuration's arithmetic (the ``tiled`` run; ``naive`` is unsplit).
+
+    The keys are cut at the case's ``splits`` boundaries ``e_0 < … < e_S``; part ``t`` runs
+    the tiled algorithm on keys ``e_{t−1} ≤ j < e_t`` alone (its own blocks from ``e_{t−1}``,
+    as a split-KV kernel does) and returns ``(ŷ_t, lse_t)``: ``ŷ_t`` in the input format,
+    ``lse_t`` in the compute format. :func:`exactattn.merge_partials` merges them in the
+    ``merge`` arithmetic (``fp32``: NumPy float32; ``input``: the input format, the lse
+    rounded to it too) and the result is rounded to the input format. Forward only.
+
+    The bound (rigorous, entrywise): with ``B^y_t, B^lse_t`` the bounds of part ``t``
+    (:func:`exactattn.bounds.bounds` on its keys), ``E = max_t (B^lse_t + |lse'_t − lse_t|)``
+    (``lse'_t`` the lse as merged), ``w_t = e^{lse_t − lse}`` the exact weights,
+    ``|ŷ − y| ≤ M + e^{2E} Σ_t w_t B^y_t + (e^{2E} − 1) Σ_t w_t |y_t − y|`` plus the final
+    rounding ``ū_in(|y| + ·)`` when the merge is wider than the input; ``M`` is
+    :func:`exactattn.bounds.merge_bounds` of the partials as merged (perturbing each lse by
+    ``ε_t``, ``|ε_t| ≤ E``, moves each normalised weight within ``w_t(e^{2E} − 1)``, and the
+    weights' changes sum to 0). The exact partials ``(y_t, lse_t)`` are float64 runs.
+    """
+
+    def __init__(self, unit: _Configured, merge: str):
+        if merge not in MERGES:
+            raise ValueError(f"merge must be one of {MERGES}; got {merge!r}")
+        self.unit, self.merge = unit, merge
+        self.columns, self.ulp_format = unit.columns, unit.ulp_format
+        config = unit.config
+        wide = merge == "fp32"
+        self.merge_ctx = get_config("np-fp32" if wide else NAIVE_OF[config.storage]).make_ctx()
+        self.u_merge = get_config("np-fp32" if wide else NAIVE_OF[config.storage]).compute_format.u
+        self.last: list[tuple[np.ndarray, np.ndarray]] = []  # the partials as merged
+
+    @staticmethod
+    def _parts(case: Case, arrays: dict[str, np.ndarray]):
+        """Each part's inputs, keywords (a dense mask: positions stay the case's) and range."""
+        allowed = case.allowed()
+        for start, stop in itertools.pairwise(case.splits):
+            keys = slice(start, stop)
+            part = {
+                "q": arrays["q"],
+                "k": arrays["k"][..., keys, :],
+                "v": arrays["v"][..., keys, :],
+            }
+            keywords = dict(
+                scale=case.scale,
+                mask=allowed[..., keys],
+                bias=None if case.bias is None else case.bias[..., keys],
+                softcap=case.softcap,
+                block_size=case.block_size,
+                empty_rows="zero",
+            )
+            yield part, keywords
+
+    def run(self, impl: str, case: Case, grads: bool) -> dict:
+        if impl == "naive":
+            return self.unit.run(impl, case, grads)
+        config, ctx = self.unit.config, self.unit.ctx
+        arrays = {x: config.prepare(getattr(case, x)) for x in "qkv"}
+        merged_in = []
+        for part, keywords in self._parts(case, arrays):
+            y_t, stats = api.attention(*part.values(), backend=ctx, return_stats=True, **keywords)
+            merged_in.append((to_float64(y_t), to_float64(stats.lse)))
+        y, _ = merge_partials(merged_in, backend=self.merge_ctx)
+        # what the merge held: y_t exactly (the input format fits), lse_t in its compute format
+        self.last = [(y_t, to_float64(self.merge_ctx.as_compute(lse))) for y_t, lse in merged_in]
+        self.computed_lse = [lse for _, lse in merged_in]
+        return {"y": hold(to_float64(y), config.storage)}
+
+    def bound(self, impl: str, case: Case, grads: bool) -> dict:
+        if impl == "naive":
+            return self.unit.bound(impl, case, grads)
+        config = self.unit.config
+        original = {x: getattr(case, x) for x in "qkv"}
+        ys, lses, by, blse = [], [], [], []
+        for part, keywords in self._parts(case, original):
+            y_t, stats = api.attention(*part.values(), return_stats=True, **keywords)
+            ys.append(np.asarray(y_t, dtype=np.float64))
+            lses.append(np.asarray(stats.lse, dtype=np.float64))
+            found = bounds.bounds(
+                config.arith(part, case.block_size),
+                *part.values(),
+                None,
+                scale=case.scale,
+                allowed=keywords["mask"],
+                bias=keywords["bias"],
+                softcap=case.softcap,
+                delta="gy",
+                row_block=case.sizes["n_q"],
+                input_rounding=True,
+            )
+            by.append(found["y"])
+            blse.append(found["lse"])
+        lse_exact = np.stack(lses)
+        top = lse_exact.max(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            w = np.where(np.isneginf(lse_exact), 0.0, np.exp(lse_exact - top))
+            w = w / np.where(w.sum(axis=0) > 0, w.sum(axis=0), 1.0)
+            moved = [
+                np.where(np.isneginf(a), 0.0, np.abs(a - b))
+                for (_, a), b in zip(self.last, self.computed_lse)
+            ]
+        reach = np.max([np.where(w_t > 0, b + m, 0.0) for w_t, b, m in zip(w, blse, moved)], axis=0)
+        y = np.einsum("t...,t...v->...v", w, np.stack(ys))
+        spread = np.einsum("t...,t...v->...v", w, np.abs(np.stack(ys) - y))
+        parts_term = np.einsum("t...,t...v->...v", w, np.stack(by))
+        grow = np.exp(2 * reach)[..., None]
+        total = bounds.merge_bounds(self.last, self.u_merge)["y"]
+        total = total + grow * parts_term + (grow - 1) * spread
+        if self.merge == "fp32":  # the merged y rounded to the input format
+            u_in = config.input_format.u / (1 - config.input_format.u)
+            total = total + u_in * (np.abs(y) + total)
+        return {"y": total}
+
+
+class _Sink:
+    """A configuration with one sink logit ``σ`` (one head): the tiled and the naive run with
+    ``sinks=[σ]``. The bound, to first order in ``u``: the sink-free bound damped by the
+    sink, ``w·B^y`` (``w = 1/(1 + e^{σ−lse})``), plus :func:`exactattn.bounds.sink_bounds`
+    in the compute format with the pass's ``⌈n_k/b⌉ + 1`` steps (2 for naive attention),
+    the row maxima ``m`` and the sink-free bound on the lse. Forward only."""
+
+    def __init__(self, unit: Any, sigma: float, free: Reference):
+        if not isinstance(unit, _Configured):
+            raise ValueError("a sink runs exactattn's configurations, unsplit")
+        self.unit, self.sigma, self.free = unit, np.array([sigma]), free
+        self.columns, self.ulp_format = unit.columns, unit.ulp_format
+
+    def run(self, impl: str, case: Case, grads: bool) -> dict:
+        return self.unit.run(impl, case, False, self.sigma)
+
+    def bound(self, impl: str, case: Case, grads: bool) -> dict:
+        free = self.unit.bound(impl, case, False)
+        y, lse = (self.free.hi[x] + self.free.lo[x] for x in ("y", "lse"))
+        n_k = case.sizes["n_k"]
+        steps = (-(-n_k // case.block_size) if impl == "tiled" else 1) + 1
+        scores = case.scale * case.q @ case.k.T
+        if case.bias is not None:
+            scores = scores + case.bias
+        if case.softcap is not None:
+            scores = case.softcap * np.tanh(scores / case.softcap)
+        m = np.where(case.allowed(), scores, -np.inf).max(axis=-1)
+        u = self.unit.config.compute_format.u
+        sink = bounds.sink_bounds(  # one head: sink_bounds reads (H, n) rows
+            y[None], lse[None], self.sigma, u, steps=steps, m=m[None], lse_error=free["lse"][None]
+        )
+        damping = 1 / (1 + np.exp(self.sigma[0] - lse))
+        return {"y": damping[..., None] * free["y"] + sink["y"][0]}
+
+
+@dataclass
+class _SinkReference:
+    """The certified values of a case's attention with a sink ``σ``, from the sink-free
+    reference's ``Y`` and ``lse``: ``Y_σ = Y/(1 + e^{σ−lse})``, ``lse_σ = lse + log(1 +
+    e^{σ−lse})`` (:mod:`exactattn.sinks`), in float64 with their radii carried through
+    (``|∂Y_σ/∂lse| ≤ |Y_σ|``, ``|∂lse_σ/∂lse| ≤ 1``) plus 4 float64 roundings."""
+
+    hi: dict[str, np.ndarray]
+    lo: dict[str, np.ndarray]
+    rad: dict[str, np.ndarray]
+    prec: Any
+    seconds: float
+
+    @classmethod
+    def of(cls, reference: Reference, sigma: float) -> _SinkReference:
+        y, lse = (reference.hi[x] + reference.lo[x] for x in ("y", "lse"))
+        factor = 1 / (1 + np.exp(sigma - lse))
+        y_sink = y * factor[..., None]
+        lse_sink = np.logaddexp(lse, sigma)
+        eps = 4 * 2.0**-52
+        rad_y = reference.rad["y"] * factor[..., None] + np.abs(y_sink) * (
+            reference.rad["lse"][..., None] + eps
+        )
+        rad_lse = reference.rad["lse"] + eps * np.abs(lse_sink)
+        zero = {"y": np.zeros_like(y_sink), "lse": np.zeros_like(lse_sink)}
+        hi, rad = {"y": y_sink, "lse": lse_sink}, {"y": rad_y, "lse": rad_lse}
+        return cls(hi, zero, rad, reference.prec, reference.seconds)
+
+    def largest_radius(self, names: tuple[str, ...]) -> float:
+        return max(float(np.max(self.rad[x], initial=0.0)) for x in names if x in self.rad)
+
+
+def sink_logit(case: Case, reference: Reference) -> float | None:
+    """``σ = δ + min_i lse_i`` of a case with a sink offset ``δ`` (None without one)."""
+    if case.sinks is None:
+        return None
+    lse = reference.hi["lse"] + reference.lo["lse"]
+    return float(case.sinks[0] + np.min(lse[np.isfinite(lse)], initial=0.0))
 
 
 def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
     """Two rows (``impl`` = tiled, naive) of knobs, metrics, deviation and bound ratios."""
-    unit = unit_of(point.config)
     case = point.case()
+    unit = unit_of(point.config, point.splits, point.merge)
+    sigma = sink_logit(case, reference)
+    if sigma is not None:
+        unit = _Sink(unit, sigma, reference)
+        reference = _SinkReference.of(reference, sigma)
     results, status, seconds = {}, {}, {}
     for impl in ("tiled", "naive"):
         start = time.perf_counter()
@@ -246,7 +457,7 @@ def _bound_columns(
     out["bound_ratio"] = ratio("y")
     if len(names) > 1:
         out["grad_bound_ratio"] = max(ratio(name) for name in names[1:])
-    out["bound_max"] = float(found["y"].max())
+    out["bound_max"] = float(np.max(found["y"], initial=0.0))
     out["bound_vacuous"] = float(
         sum(np.isinf(found[x]).sum() for x in names) / sum(found[x].size for x in names)
     )

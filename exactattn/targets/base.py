@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..formats import canonical_name
+from ..bounds import Arith
+from ..formats import canonical_name, number_format
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group", "qsplit")
@@ -79,6 +80,24 @@ class Claim:
             else:
                 values[key] = canonical_name(value)
         return cls(**values)
+
+    def arith(self, block: int | None) -> Arith:
+        """The arithmetic of this (resolved) claim at key-block size ``block``: the coarser
+        of the score and statistics formats computes, ``p`` — and in the reverse ``p`` and
+        ``γ`` — is cast when it is coarser (FlashAttention-2's kernels), outputs are in the
+        input format."""
+        fmt = number_format
+        compute = max((fmt(self.scores), fmt(self.stats)), key=lambda f: f.u)
+        p = fmt(self.p) if fmt(self.p).u > compute.u else None
+        return Arith(
+            input=fmt(self.input),
+            compute=compute,
+            acc=fmt(self.acc) if fmt(self.acc).u >= compute.u else compute,
+            output=fmt(self.input),
+            p=p,
+            grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs
+            block=block,
+        )
 
     def resolve(self, dtype: str) -> Claim:
         """Every format filled in for inputs of ``dtype`` (unstated ones follow the input)."""

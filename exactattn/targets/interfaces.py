@@ -22,9 +22,11 @@ the interface, so the case's certified reference judges the result unchanged:
 * ``exactattn-sinks``: a sink-capable attention returning ``(y, lse)``
   (:class:`Sinks`: the sink given and taken out again). Forward only.
 
-:class:`InterfaceDraw` is the one place the interface parameters of a case live (the number
-of splits, the page size, the page order): derived from the case's contents, so a replayed
-case gets the same ones.
+Each reads the case's interface fields (:mod:`exactattn.cases.interface`: ``seqlens``,
+``splits``, ``pages``, ``sinks``), which ``exactattn check`` draws whenever a target runs
+through one of these conventions. A case without them (drawn for another convention, or
+replayed from an older file) gets a layout derived from its contents,
+:meth:`InterfaceDraw.of`, so a replay gets the same one.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cases import Case
+from ..cases import Case, interface
 from .conventions import (
     Convention,
     autograd,
@@ -52,13 +54,12 @@ from .conventions import (
 
 PAGE_SIZES = (1, 2, 3, 5, 16)
 LOG2_E = 1 / math.log(2)
-MAX_SINK_SCORE = 4.0  # larger scores put the sink's rounding beyond a sink-free case's budget
 
 
 @dataclass(frozen=True)
 class InterfaceDraw:
-    """A case's interface parameters: ``splits`` parts of the keys, ``page_size``, ``seed``
-    (the page order)."""
+    """The layout of a case without interface fields: ``splits`` equal parts of the keys,
+    pages of ``page_size`` in the order ``seed`` draws."""
 
     splits: int
     page_size: int
@@ -75,10 +76,30 @@ class InterfaceDraw:
             seed=seed,
         )
 
+    @staticmethod
+    def edges(case: Case) -> list[int]:
+        """The split-KV key boundaries: the case's ``splits``, else equal parts."""
+        if case.splits is not None:
+            return list(case.splits)
+        splits = InterfaceDraw.of(case).splits
+        return np.linspace(0, case.sizes["n_k"], splits + 1).round().astype(int).tolist()
+
+    @staticmethod
+    def pages(case: Case, B: int) -> dict[str, Any]:
+        """The paged cache's block table: the case's ``pages``, else unshared pages."""
+        if case.pages is not None:
+            return case.pages
+        derived = InterfaceDraw.of(case)
+        template = {"size": derived.page_size, "shared": 0, "order": derived.seed}
+        return interface.fill_pages(template, B, case.sizes["n_k"])
+
 
 def _key_lengths(case: Case, B: int) -> tuple[np.ndarray, str | None]:
-    """Per-sequence key lengths: the padding lengths for a pure key-padding mask, else n_k."""
+    """Per-sequence key lengths: the case's ``seqlens`` (its mask is their key padding), the
+    padding lengths for a pure key-padding mask, else n_k."""
     n_k = case.sizes["n_k"]
+    if case.seqlens is not None:
+        return np.asarray(case.seqlens, dtype=np.int64), None
     if case.mask["kind"] != "padding":
         return np.full(B, n_k), None
     lengths = np.asarray(case.mask["lengths"]).reshape(-1)
@@ -194,17 +215,14 @@ class FlashKvcache(_Flash):
         n = case.sizes
         bnhd = _bnhd(held, B)
         lengths, _ = _key_lengths(case, B)
-        draw = InterfaceDraw.of(case)
-        per_sequence = max(1, -(-n["n_k"] // draw.page_size))
-        pool = B * per_sequence + 1  # one page no sequence reads
-        order = np.random.default_rng(draw.seed).permutation(pool)[: B * per_sequence]
-        table = order.reshape(B, per_sequence)
+        pages = InterfaceDraw.pages(case, B)
+        size, table = pages["size"], np.asarray(pages["table"])
         caches = {}
         for x in "kv":
-            cache = np.zeros((pool, draw.page_size, *bnhd[x].shape[2:]))
-            for b in range(B):
+            cache = np.zeros((pages["pool"], size, *bnhd[x].shape[2:]))
+            for b in range(B):  # a shared page is written by each sequence with the same keys
                 for t in range(n["n_k"]):
-                    cache[table[b, t // draw.page_size], t % draw.page_size] = bnhd[x][b, t]
+                    cache[table[b, t // size], t % size] = bnhd[x][b, t]
             caches[x] = tensor(cache, case.dtype, device, "contiguous", False)
         q = tensor(bnhd["q"], case.dtype, device, case.layout, False)
         want_lse = target.caps.lse is True
@@ -226,13 +244,12 @@ class FlashKvcache(_Flash):
         return out
 
 
-def partials(case: Case, held: dict[str, np.ndarray], splits: int) -> list[tuple[Any, Any]]:
-    """The case's keys in ``splits`` contiguous parts, each part's ``(y_t, lse_t)`` in float64
-    (``(*batch, n_q, v)``, ``(*batch, n_q)``): rows with no key in a part are ``(0, −∞)``."""
+def partials(case: Case, held: dict[str, np.ndarray], edges: list[int]) -> list[tuple[Any, Any]]:
+    """The case's keys in the contiguous parts between ``edges``, each part's ``(y_t,
+    lse_t)`` in float64 (``(*batch, n_q, v)``, ``(*batch, n_q)``): rows with no key in a part
+    (an empty part included) are ``(0, −∞)``."""
     from .. import api
 
-    n_k = case.sizes["n_k"]
-    edges = np.linspace(0, n_k, splits + 1).round().astype(int)
     out = []
     for start, stop in itertools.pairwise(edges):
         y, stats = api.attention(
@@ -267,7 +284,7 @@ class _Merge(Convention):
 
         B, H = lift(case.batch)
         n = case.sizes
-        parts = partials(case, held, InterfaceDraw.of(case).splits)
+        parts = partials(case, held, InterfaceDraw.edges(case))
         ys = np.stack([y.reshape(B, H, n["n_q"], n["v"]) for y, _ in parts])
         lses = np.stack([lse.reshape(B, H, n["n_q"]) for _, lse in parts])
         dtype = getattr(torch, case.dtype)
@@ -329,13 +346,24 @@ class Sinks(Convention):
     enable_gqa, empty_rows) -> (y, lse)`` on ``(B, H, n, ·)`` tensors, as
     :func:`exactattn.torch.attention_with_lse` (FA4's ``learnable_sink``, gpt-oss).
 
-    The case has no sink, so the convention gives the target one and takes it out again: with
-    ``σ_h`` two below the head's smallest lse (from a float64 run, so ``p_σ = e^{σ−lse} ≤
-    e^{−2}`` in every row), the target's ``(y, lse)`` give the case's as
+    The case's maths has no sink, so the convention gives the target one and takes it out
+    again: ``σ_h = δ_h + min_{b,i} lse_{b,h,i}`` with the case's sink offset ``δ_h``
+    (:mod:`exactattn.cases.interface`; −2 for a case without the field) and the lse of a
+    float64 run; the target's ``(y, lse)`` give the case's as
     ``y·(1 + e^{σ−lse₆₄})`` (``lse₆₄`` from that float64 run: the target's rounded lse would
     move the factor by ``u·|lse|``) and ``lse + log(1 − e^{σ−lse})`` with the target's lse.
     A sink in the numerator, a sink missing from the lse or the wrong head's sink leave an
     error of order ``p_σ``.
+
+    The case's bound has no sink term, so the sink's own rounding is charged as a radius on
+    each output (the judge adds it to the bound): :func:`exactattn.bounds.sink_bounds` in the
+    claim's statistics format, with the float64 run's ``(y, lse)`` and row maxima ``m``, and
+    the sink carried through the claimed number of key blocks (one key per block when the
+    claim states none), carried to the case's scale: both outputs' errors are multiplied by
+    ``1 + e^{σ−lse}`` (``y`` by the rescale; ``lse`` by ``1/(1 − p_σ)``, ``p_σ = e^{σ−lse_σ}``
+    the sink's weight in the target's row, which is that factor). To first order the
+    target's own sink-free error comes back unchanged (the rescale undoes the sink's
+    damping).
     """
 
     name = "exactattn-sinks"
@@ -343,13 +371,6 @@ class Sinks(Convention):
     def unsupported(self, target, case, device, grads):
         if case.dropout_p or case.score_mod is not None:
             return "the sink convention runs without dropout and user score_mods"
-        scores = case.c() * np.einsum("...id,...jd->...ij", case.q, np.repeat(
-            case.k, case.group, axis=-3) if case.group > 1 else case.k)  # fmt: skip
-        if np.abs(scores).max(initial=0) > MAX_SINK_SCORE:
-            return (
-                f"scores beyond ±{MAX_SINK_SCORE}: the sink's own rounding (u·|σ − m|) is "
-                "outside the case's error budget, which has no sink term"
-            )
         return None
 
     def run(self, target, case, held, device, grads):
@@ -371,9 +392,12 @@ class Sinks(Convention):
             enable_gqa=case.group > 1,
             empty_rows="zero",
         )
-        _, stats = api.attention(*four.values(), return_stats=True, check_finite=False, **keywords)
+        y64, stats = api.attention(
+            *four.values(), return_stats=True, check_finite=False, **keywords
+        )
         finite = np.where(np.isneginf(stats.lse), np.inf, stats.lse)
-        sigma = np.nan_to_num(finite.min(axis=(0, 2)) - 2, posinf=0.0)  # (H,)
+        offsets = np.full(H, -2.0) if case.sinks is None else np.asarray(case.sinks, np.float64)
+        sigma = np.nan_to_num(finite.min(axis=(0, 2)), posinf=0.0) + offsets  # (H,)
         sinks = torch.from_numpy(sigma).to(getattr(torch, case.dtype))
         sigma = sinks.double().numpy()  # the sink as the target holds it
         views = [tensor(four[x], case.dtype, device, case.layout, False) for x in "qkv"]
@@ -394,10 +418,43 @@ class Sinks(Convention):
             y_case = np.where(empty[..., None], 0.0, y_np * rescale[..., None])
             p_sink = np.exp(sigma[None, :, None] - lse_np)  # the target's own lse, judged
             lse_case = np.where(empty, -np.inf, lse_np + np.log1p(-p_sink))
-        out = {"y": y_case.reshape(held["g"].shape), "_dtype": dtype_name(y)}
+        radius = _sink_radius(target, case, held, y64, stats, sigma)
+        out = {"y": (y_case.reshape(held["g"].shape), radius["y"].reshape(held["g"].shape))}
+        out["_dtype"] = dtype_name(y)
         if target.caps.lse is True:
-            out["lse"] = lse_case.reshape(held["g"].shape[:-1])
+            lse_radius = radius["lse"].reshape(held["g"].shape[:-1])
+            out["lse"] = (lse_case.reshape(held["g"].shape[:-1]), lse_radius)
         return out
+
+
+def _sink_radius(target: Any, case: Case, held, y64, stats, sigma) -> dict[str, np.ndarray]:
+    """:func:`exactattn.bounds.sink_bounds` of the target's stated claim on the case (its
+    compute format; ``steps``: the claimed key blocks + 1; the sink-free pass's lse bound,
+    :func:`exactattn.bounds.bounds` in the claimed arithmetic), on the case's scale."""
+    from ..bounds import bounds, sink_bounds
+
+    claim, n_k = target.claim.resolve(case.dtype), case.sizes["n_k"]
+    block = claim.bound_block(n_k)
+    arith = claim.arith(block)
+    u = arith.compute.u
+    blocks = n_k if block is None else -(-n_k // max(block, 1))
+    free = bounds(
+        arith, held["q"], held["k"], held["v"], None,
+        scale=case.scale, allowed=case.allowed(), bias=held.get("bias"), softcap=case.softcap,
+        enable_gqa=case.group > 1,
+    )["lse"]  # fmt: skip
+    lse = np.asarray(stats.lse, dtype=np.float64)
+    bound = sink_bounds(
+        y64, lse, sigma, u, steps=max(1, blocks) + 1, m=stats.m,
+        lse_error=free.reshape(lse.shape),
+    )  # fmt: skip
+    empty = np.isneginf(lse)
+    with np.errstate(over="ignore", invalid="ignore"):
+        grow = 1 + np.where(empty, 0.0, np.exp(sigma[None, :, None] - np.where(empty, 0.0, lse)))
+    return {
+        "y": np.where(empty[..., None], 0.0, bound["y"] * grow[..., None]),
+        "lse": np.where(empty, 0.0, bound["lse"] * grow),
+    }
 
 
 CONVENTIONS = (

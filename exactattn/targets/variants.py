@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..bounds import Arith
-from ..formats import Format, get_format, number_format
+from ..formats import Format, get_format
 from . import builtin
 from .base import NAIVE_BLOCK, Claim, Target, size_of
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
@@ -143,19 +143,7 @@ class Variant:
             s = max(fp8.tensor_scale(inputs[x], options.quantize) for x in "qkv")
             e_min = base.e_min + math.ceil(math.log2(s)) + 1  # 2^(e_min − p) ≥ 2·s·μ_fp8
             return replace(arith, input=Format(f"{options.quantize}*s", base.p, e_min))
-        claim = self.claim
-        fmt = number_format
-        compute = max((fmt(claim.scores), fmt(claim.stats)), key=lambda f: f.u)
-        p = fmt(claim.p) if fmt(claim.p).u > compute.u else None
-        return Arith(
-            input=fmt(claim.input),
-            compute=compute,
-            acc=fmt(claim.acc) if fmt(claim.acc).u >= compute.u else compute,
-            output=fmt(claim.input),
-            p=p,
-            grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs
-            block=block,
-        )
+        return self.claim.arith(block)
 
     def grads_unsupported(self) -> str | None:
         caps = self.target.caps

@@ -6,7 +6,10 @@ judged (not skipped) case, its calling path (:mod:`exactattn.cases.paths`), ``n_
 decode (``n_q = 1``), GQA, cases with at least 2 and at least 8 key blocks of the claimed
 size ``b`` (the bound's; the case's own block size when the claim states none), a partial
 tail block (``n_k mod b ≠ 0``), the largest ``n``, the vacuous bounds and which reference
-served; :func:`table` prints it beside the verdicts (and ``report.md``).
+served, and for cases with interface fields what they covered (sequences per batch,
+zero-length sequences, number of splits, empty splits and splits on a block edge, page
+sizes, shared pages, sinks above the lse: :func:`exactattn.cases.interface.coverage`);
+:func:`table` prints it beside the verdicts (and ``report.md``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from typing import Any
+
+from ..cases import interface
 
 COLUMNS = (
     ("judged", "judged"),
@@ -63,6 +68,8 @@ def tally(counts: dict[str, Counter], finding: Any, draw: Any) -> None:
     c["largest"] = max(c["largest"], draw.n_q, draw.n_k)
     c["vacuous"] += bool(finding.vacuous)
     c["float64"] += finding.reference == "float64"
+    for key in interface.coverage(draw):
+        c[f"iface {key}"] += 1
 
 
 def rows(counts: dict[str, Counter], variants: list[str]) -> list[dict[str, Any]]:
@@ -75,12 +82,15 @@ def rows(counts: dict[str, Counter], variants: list[str]) -> list[dict[str, Any]
         for key in ("vacuous", "float64"):
             row[key] = c[key] / n if n else math.nan
         row["paths"] = {k.removeprefix("path "): v for k, v in c.items() if k.startswith("path ")}
+        row["interfaces"] = {
+            k.removeprefix("iface "): v for k, v in c.items() if k.startswith("iface ")
+        }
         out.append(row)
     return out
 
 
-def _paths(row: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(row["paths"].items(), key=lambda kv: -kv[1]))
+def _paths(row: dict[str, Any], key: str = "paths") -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(row[key].items(), key=lambda kv: -kv[1]))
 
 
 def _cell(x: Any) -> str:
@@ -98,6 +108,8 @@ def table(counts: dict[str, Counter], variants: list[str]) -> list[str]:
         paths = _paths(row)
         if paths:
             lines.append(f"  {'':<26} paths: {paths}")
+        if row["interfaces"]:
+            lines.append(f"  {'':<26} interfaces: {_paths(row, 'interfaces')}")
     lines.append(f"  {LEGEND}")
     return lines
 
@@ -108,6 +120,8 @@ def markdown(counts: dict[str, Counter], variants: list[str]) -> list[str]:
     lines.append("|" + " --- |" * (len(COLUMNS) + 2))
     for row in rows(counts, variants):
         paths = _paths(row)
+        if row["interfaces"]:
+            paths += f"; interfaces: {_paths(row, 'interfaces')}"
         cells = " | ".join(_cell(row[key]) for _, key in COLUMNS)
         lines.append(f"| {row['variant']} | {cells} | {paths} |")
     return [*lines, "", LEGEND + "."]

@@ -23,6 +23,7 @@ from ..executors import make_executor
 from ..journal import Journal
 from ..targets import Target, Variant
 from ..targets.flex import STATS
+from ..targets.interfaces import NAMES as INTERFACES
 from .check import Options, check_case
 from .judge import Finding
 from .known import reclassify
@@ -189,6 +190,7 @@ def _strategy(variants: list[Variant], settings: Settings) -> Any:
     dtypes = tuple(sorted({v.dtype for v in variants}, key=_dtype_order))
     dropout = any(v.target.caps.dropout is True for v in variants)
     modify = any(True in (v.target.caps.bias, v.target.caps.softcap) for v in variants)
+    interface = any(v.target.convention in INTERFACES for v in variants)
     if settings.program is not None:
         return strategies.draws(
             max_n=settings.max_n,
@@ -210,6 +212,7 @@ def _strategy(variants: list[Variant], settings: Settings) -> Any:
         layouts=LAYOUTS,
         dropout=dropout,
         modify=modify,
+        interface=interface,
     )
 
 

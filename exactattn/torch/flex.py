@@ -7,15 +7,21 @@ kv_idx)``, then the ``block_mask`` (−∞ where its mask_mod is False); rows wi
 key give output 0 and lse −∞; ``enable_gqa`` lets ``H`` query heads share ``H_kv``
 key/value heads (head ``h`` reads ``h // (H/H_kv)``); the log-sum-exp is natural-log, shape
 ``(B, H, L)``, returned through ``return_aux=AuxRequest(lse=True)`` or the deprecated
-``return_lse=True``. So a FlexAttention program moves here by changing its import.
+``return_lse=True``; ``AuxRequest(max_scores=True)`` gives ``m_i = max_{j∈A_i} s_ij`` of the
+modified, masked scores (natural units, ``(B, H, L)``, −∞ for a row with no allowed key; in
+the compute dtype, float32 for half inputs, as FlexAttention's reference ``math_attention``
+takes ``torch.max`` of its working-precision ``post_mod_scores``), the running maximum ``m``
+the tiled pass ends with, and like FlexAttention's not differentiable. So a FlexAttention
+program moves here by changing its import.
 
 What differs: nothing is compiled (mods are evaluated per tile, in eager torch), the
 backward runs on the CPU as on CUDA, and a ``BlockMask`` whose block structure disagrees
 with its mask_mod is an error instead of a silent answer (:class:`exactattn.masks.FlexBlockMask`).
 ``kernel_options`` tune FlexAttention's kernels and are accepted and ignored (the tiles
-never change the result). ``AuxRequest(max_scores=True)`` is not supported (as on
-FlexAttention's CPU path). Beyond FlexAttention's signature, ``block_mask`` may be any mask
-exactattn takes (a ``mask_mod`` itself, an :class:`exactattn.masks.Mask`).
+never change the result). ``AuxRequest(max_scores=True)`` works on the CPU too (where
+FlexAttention raises) and runs the generic pass. Beyond FlexAttention's signature,
+``block_mask`` may be any mask exactattn takes (a ``mask_mod`` itself, an
+:class:`exactattn.masks.Mask`).
 
 Gradients reach ``query``, ``key``, ``value`` and the tensors a score_mod reads that require
 grad (a learned bias table): those found through its closure, default arguments, the
@@ -59,13 +65,14 @@ def flex_attention(
     """FlexAttention, exact: ``softmax(mask(score_mod(scale·QKᵀ))) V``, differentiable.
 
     Returns the output ``(B, H, L, E_v)``; with ``return_aux`` also an ``AuxOutput`` whose
-    ``lse`` (natural log, ``(B, H, L)``) is set when requested; with ``return_lse=True``
+    ``lse`` (natural log, ``(B, H, L)``) and ``max_scores`` (``max_{j∈A_i} s_ij``,
+    ``(B, H, L)``) are set when requested; with ``return_lse=True``
     (deprecated in FlexAttention, as here) ``(output, lse)``.
     """
     _check_inputs(query, key, value, block_mask, enable_gqa)
     if kernel_options is not None and not isinstance(kernel_options, Mapping):
         raise TypeError(f"kernel_options must be a dict or None; got {kernel_options!r}")
-    want_lse = _check_outputs(return_lse, return_aux)
+    want_lse, want_max = _check_outputs(return_lse, return_aux)
     mod = None
     if score_mod is not None:
         mod = score_fn(score_mod, captured_tensors(score_mod) if callable(score_mod) else ())
@@ -76,43 +83,48 @@ def flex_attention(
     )  # fmt: skip
     block_size = _block_size(call.mask, call.geometry, query.device)
     band = passes.lower(call.mask, call.geometry)  # the call's one lowering
-    plan = passes.plan_for(dataclasses.replace(call, block_size=block_size), band, impl="auto")
+    impl = "generic" if want_max else "auto"  # m is the generic pass's running maximum
+    plan = passes.plan_for(dataclasses.replace(call, block_size=block_size), band, impl=impl)
     params = mod.params if isinstance(mod, ScoreFn) else ()
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value, *params)):
-        out, lse = FlexFunction.apply(query, key, value, plan, *params)
+        out, lse, m = FlexFunction.apply(query, key, value, plan, want_max, *params)
     else:
-        out, lse = passes.forward(plan, query, key, value)
+        out, lse, *m = passes.forward(plan, query, key, value, with_max=want_max)
+        m = m[0] if m else None
     if return_aux is not None:
-        return out, _aux_output()(lse=lse if want_lse else None, max_scores=None)
+        return out, _aux_output()(lse=lse if want_lse else None, max_scores=m)
     return (out, lse) if return_lse else out
 
 
 class FlexFunction(torch.autograd.Function):
-    """``(Y, lse)`` of a :class:`~exactattn.torch.passes.Plan`, and its block-recomputed VJP,
-    including the gradients of the score_mod's parameter tensors (inputs after the plan)."""
+    """``(Y, lse, m)`` of a :class:`~exactattn.torch.passes.Plan` (``m`` the row maxima when
+    ``with_max``, else None), and its block-recomputed VJP, including the gradients of the
+    score_mod's parameter tensors (inputs after the plan and the flag)."""
 
     @staticmethod
-    def forward(q, k, v, plan: passes.Plan, *params):
-        return passes.forward(plan, q, k, v)
+    def forward(q, k, v, plan: passes.Plan, with_max: bool, *params):
+        if with_max:
+            return passes.forward(plan, q, k, v, with_max=True)
+        return (*passes.forward(plan, q, k, v), None)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
         q, k, v, plan = inputs[:4]
-        y, lse = output
+        y, lse, m = output
         ctx.save_for_backward(q, k, v, y, lse)
         ctx.plan = plan
-        ctx.mark_non_differentiable(lse)
+        ctx.mark_non_differentiable(*(x for x in (lse, m) if x is not None))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_y: torch.Tensor, grad_lse: Any):
+    def backward(ctx: Any, grad_y: torch.Tensor, grad_lse: Any, grad_m: Any):
         q, k, v, y, lse = ctx.saved_tensors
         plan = ctx.plan
         params = plan.score_mod.params if isinstance(plan.score_mod, ScoreFn) else ()
-        wanted = [n for n in range(len(params)) if ctx.needs_input_grad[4 + n]]
+        wanted = [n for n in range(len(params)) if ctx.needs_input_grad[5 + n]]
         if not wanted:
             dq, dk, dv, _ = passes.backward(plan, q, k, v, y, lse, grad_y, False)
-            return dq, dk, dv, None, *(None,) * len(params)
+            return dq, dk, dv, None, None, *(None,) * len(params)
         grads = {param_name(n): plan.ctx.zeros(tuple(params[n].shape)) for n in wanted}
         with torch.no_grad():
             one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse.shape)
@@ -127,7 +139,7 @@ class FlexFunction(torch.autograd.Function):
             grads[param_name(n)].to(p.dtype) if n in wanted else None for n, p in enumerate(params)
         ]
         out = (plan.ctx.output(x).contiguous() for x in (dq, dk, dv))
-        return *out, None, *dparams
+        return *out, None, None, *dparams
 
 
 def _block_size(mask: Any, geometry: Any, device: torch.device) -> int:
@@ -248,8 +260,9 @@ def _check_inputs(query, key, value, block_mask, enable_gqa) -> None:
             )
 
 
-def _check_outputs(return_lse: bool, return_aux: Any) -> bool:
-    """Whether the lse is wanted; FlexAttention's rules for ``return_lse``/``return_aux``."""
+def _check_outputs(return_lse: bool, return_aux: Any) -> tuple[bool, bool]:
+    """Whether the lse and the row maxima are wanted; FlexAttention's rules for
+    ``return_lse``/``return_aux``."""
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
     if return_lse and return_aux is not None:
@@ -263,17 +276,12 @@ def _check_outputs(return_lse: bool, return_aux: Any) -> bool:
             FutureWarning,
             stacklevel=3,
         )
-        return True
+        return True, False
     if return_aux is None:
-        return False
-    if getattr(return_aux, "max_scores", False):
-        raise NotImplementedError(
-            "return_aux=AuxRequest(max_scores=True) is not supported by exactattn's "
-            "flex_attention; request lse only"
-        )
-    if not hasattr(return_aux, "lse"):
+        return False, False
+    if not (hasattr(return_aux, "lse") and hasattr(return_aux, "max_scores")):
         raise TypeError(f"return_aux must be an AuxRequest; got {return_aux!r}")
-    return bool(return_aux.lse)
+    return bool(return_aux.lse), bool(return_aux.max_scores)
 
 
 def _aux_output() -> Any:

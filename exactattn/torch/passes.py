@@ -307,38 +307,46 @@ def run_pieces(work: Callable[[Piece], None], parts: list[Piece], threads: int) 
         pass
 
 
-def forward(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """``(Y, lse)``: ``Y`` in the inputs' dtype, ``lse`` (*batch, n_q) in the compute dtype."""
+def forward(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, with_max=False):
+    """``(Y, lse)``: ``Y`` in the inputs' dtype, ``lse`` (*batch, n_q) in the compute dtype;
+    ``with_max``: ``(Y, lse, m)`` with ``m_i = max_{j∈A_i} s_ij`` (−∞ for an empty row), the
+    running maximum the generic pass ends with (a plan without a kernel only)."""
+    if with_max and plan.kernel is not None:
+        raise ValueError("the row maxima m come from the generic pass; plan it with impl='generic'")
     with torch.no_grad():  # no graph inside the block loop
         if plan.kernel is not None:
             y, lse = dispatch.triton().triton_forward(
                 q, k, v, scale=float(plan.scale), **plan.kernel_keywords()
             )
         else:
-            y, lse = _generic_forward(plan, q, k, v)
+            y, lse, m = _generic_forward(plan, q, k, v)
     if plan.drop_all:
         y = torch.zeros_like(y)
+    if with_max:
+        return y.contiguous(), lse.contiguous(), m.contiguous()
     return y.contiguous(), lse.contiguous()
 
 
 def _generic_forward(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """``(Y, lse, m)`` of the algorithm, whole or in pieces."""
     ctx, threads = plan.ctx, torch.get_num_threads()
     parts = pieces(plan, q, k, v, threads)
     if parts == [WHOLE]:
         y, state = algorithm.forward(ctx, q, k, v, **_generic_keywords(plan, plan.geometry))
-        return ctx.output(y), algorithm.log_sum_exp(ctx, state.m, state.l)
+        return ctx.output(y), algorithm.log_sum_exp(ctx, state.m, state.l), state.m
     batch, n_q = plan.geometry.batch, plan.geometry.n_q
     y = torch.empty((*batch, n_q, v.shape[-1]), dtype=q.dtype, device=q.device)
-    lse = torch.empty((*batch, n_q), dtype=ctx.compute_dtype, device=q.device)
+    lse, m = (torch.empty((*batch, n_q), dtype=ctx.compute_dtype, device=q.device) for _ in "lm")
 
     def work(part: Piece) -> None:
         qp, kp, vp = q[part.q], k[part.kv], v[part.kv]
         y_p, state = algorithm.forward(ctx, qp, kp, vp, **_piece_keywords(plan, qp, kp, vp))
         y[part.q] = y_p
         lse[part.q] = algorithm.log_sum_exp(ctx, state.m, state.l)
+        m[part.q] = state.m
 
     run_pieces(work, parts, threads)
-    return y, lse
+    return y, lse, m
 
 
 def backward(

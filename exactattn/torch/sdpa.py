@@ -1,7 +1,7 @@
 """``exactattn.torch.scaled_dot_product_attention``: torch's SDPA signature and contract.
 
 ``scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-is_causal=False, *, scale=None, enable_gqa=False)`` computes what
+is_causal=False, *, scale=None, enable_gqa=False, sinks=None)`` computes what
 ``torch.nn.functional.scaled_dot_product_attention`` computes, with the library's exact
 tiled algorithm, through the operator ``exactattn::attention``:
 
@@ -17,6 +17,12 @@ tiled algorithm, through the operator ``exactattn::attention``:
   between, the keep-bits' seed is drawn from torch's default CPU generator as the call
   starts, so ``torch.manual_seed`` reproduces a call and the backward replays its bits.
 * ``scale``: a number or a 0-dim tensor (read as a number); default ``1/sqrt(E)``.
+* ``sinks`` (exactattn's keyword, not SDPA's): one logit ``σ_h`` per query head, a floating
+  tensor of shape ``(Hq,)``, one more term ``e^{σ_h}`` of every row's denominator only
+  (gpt-oss's sink, FA4's ``learnable_sink``: :mod:`exactattn.sinks`); ``sinks.grad`` is
+  ``∂L/∂σ``. A row with no allowed key then gives 0. Such a call runs the generic pass
+  (:func:`exactattn.torch.partials.attention_with_lse`), so a floating ``attn_mask`` that
+  requires grad is refused with it.
 
 Bad input is refused as SDPA refuses it, with :class:`SDPAInputError` (a ``ValueError``
 and a ``RuntimeError``, so code written against SDPA's ``RuntimeError`` still catches it)
@@ -31,8 +37,8 @@ from typing import Any
 
 import torch
 
-from ..masks import Band
-from . import op
+from ..masks import Band, Dense, causal
+from . import op, partials
 
 SEED_HIGH = 1 << 62  # keep-bit seeds are drawn uniformly from [0, 2^62)
 
@@ -51,15 +57,18 @@ def scaled_dot_product_attention(
     *,
     scale: float | None = None,
     enable_gqa: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact ``softmax(Q Kᵀ·scale + mask) V`` with SDPA's signature, shapes and semantics.
 
     ``query (N, ..., Hq, L, E)``, ``key (N, ..., H, S, E)``, ``value (N, ..., H, S, Ev)``
-    -> ``(N, ..., Hq, L, Ev)``. See the module docstring for each argument.
+    -> ``(N, ..., Hq, L, Ev)``; ``sinks (Hq,)`` adds ``e^{σ_h}`` to each row's denominator.
+    See the module docstring for each argument.
     """
     return sdpa_call(
-        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
-    )
+        query, key, value, attn_mask, dropout_p, is_causal,
+        scale=scale, enable_gqa=enable_gqa, sinks=sinks,
+    )  # fmt: skip
 
 
 def sdpa_call(
@@ -73,6 +82,7 @@ def sdpa_call(
     scale: Any = None,
     enable_gqa: bool = False,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`scaled_dot_product_attention` plus ``softcap`` (``cap·tanh(s/cap)``, Gemma 2)."""
     check_inputs(query, key, value, enable_gqa)
@@ -98,10 +108,37 @@ def sdpa_call(
     seed = None
     if 0.0 < p < 1.0:  # the keep-bits' seed, from torch's default generator
         seed = torch.randint(0, SEED_HIGH, (), dtype=torch.int64)
+    if sinks is not None:
+        check_sinks(sinks, query)
+        return _with_sinks(
+            query, key, value, sinks, allowed, bias, band, seed, scale, p, softcap, enable_gqa
+        )
     y, _ = op.attention(
         query, key, value, allowed=allowed, bias=bias, seed=seed, scale=scale, band=band,
         dropout_p=p, softcap=softcap, enable_gqa=enable_gqa,
     )  # fmt: skip
+    return y
+
+
+def _with_sinks(query, key, value, sinks, allowed, bias, band, seed, scale, p, softcap, gqa):
+    """The call with the sink as each row's initial summary ``(σ_h, 1, 0)``, on the
+    generic pass (its reverse gives ``dsinks``); SDPA's unchecked contract (empty rows 0)."""
+    if bias is not None and bias.requires_grad:
+        raise SDPAInputError(
+            "sinks with a floating attn_mask that requires grad: the sink path computes no "
+            "attn_mask gradient; detach attn_mask (or pass a boolean mask)"
+        )
+    mask = None if allowed is None else Dense(allowed)
+    if band is not None:
+        mask = causal(band.alignment) if mask is None else mask & causal(band.alignment)
+    drop_all = p >= 1.0
+    y, _ = partials.attention_with_lse(
+        query, key, value, sinks=sinks, mask=mask, bias=bias, softcap=softcap, scale=scale,
+        dropout_p=0.0 if drop_all else p, seed=None if seed is None else int(seed),
+        enable_gqa=gqa, empty_rows="zero", check_finite=False,
+    )  # fmt: skip
+    if drop_all:  # every weight dropped: Y = 0 and every gradient 0 (masked_fill's reverse)
+        y = y.masked_fill(torch.ones((), dtype=torch.bool, device=y.device), 0.0)
     return y
 
 
@@ -155,6 +192,22 @@ def check_inputs(query: Any, key: Any, value: Any, enable_gqa: bool) -> None:
         raise SDPAInputError(
             f"the batch dims of query, key and value do not broadcast: {shapes}"
         ) from None
+
+
+def check_sinks(sinks: Any, query: torch.Tensor) -> None:
+    """A floating tensor of shape ``(Hq,)`` on query's device: one sink logit per query head."""
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor or None; got {type(sinks).__name__}")
+    if not sinks.dtype.is_floating_point:
+        raise SDPAInputError(f"sinks must be floating point; got {sinks.dtype}")
+    if sinks.device != query.device:
+        raise SDPAInputError(f"sinks is on {sinks.device} but query is on {query.device}; move it")
+    heads = query.shape[-3] if query.dim() >= 3 else 1
+    if tuple(sinks.shape) != (heads,):
+        raise SDPAInputError(
+            f"sinks has shape {tuple(sinks.shape)}; give one logit per query head, shape "
+            f"({heads},) for query {tuple(query.shape)} (Hq is axis -3)"
+        )
 
 
 def check_mask(attn_mask: Any, query, key, value, enable_gqa: bool) -> None:

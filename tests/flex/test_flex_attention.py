@@ -104,8 +104,8 @@ def test_return_lse_is_deprecated_but_works():
     )
     with pytest.raises(ValueError, match="Cannot specify both return_lse and return_aux"):
         flex_attention(q, k, v, return_lse=True, return_aux=AuxRequest(lse=True))
-    with pytest.raises(NotImplementedError, match="max_scores"):
-        flex_attention(q, k, v, return_aux=AuxRequest(lse=True, max_scores=True))
+    with pytest.raises(TypeError, match="return_aux must be an AuxRequest"):
+        flex_attention(q, k, v, return_aux=True)
 
 
 def test_kernel_options_are_accepted_and_change_nothing():

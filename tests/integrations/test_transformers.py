@@ -96,5 +96,18 @@ def test_exact_sdpa_routes_a_models_sdpa_calls():
 
 def test_unsupported_keywords_are_refused():
     q = torch.zeros(1, 2, 3, 4)
-    with pytest.raises(NotImplementedError, match="s_aux"):
-        hf_exact.attention_forward(torch.nn.Module(), q, q, q, None, s_aux=torch.zeros(2))
+    with pytest.raises(NotImplementedError, match="position_bias"):
+        hf_exact.attention_forward(torch.nn.Module(), q, q, q, None, position_bias=q)
+
+
+def test_s_aux_is_gpt_oss_sink():
+    """gpt-oss's eager attention: the sink as one more column of the scores, then dropped."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 5, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    sinks = torch.randn(4, generator=g, dtype=torch.float64)
+    y, _ = hf_exact.attention_forward(torch.nn.Module(), q, k, v, None, scaling=0.5, s_aux=sinks)
+    kr, vr = (x.repeat_interleave(2, dim=1) for x in (k, v))
+    s = 0.5 * q @ kr.transpose(2, 3) + torch.full((5, 5), -torch.inf).triu(1)
+    w = torch.cat([s, sinks.reshape(1, -1, 1, 1).expand(1, 4, 5, 1)], -1).softmax(-1)[..., :-1]
+    torch.testing.assert_close(y, (w @ vr).transpose(1, 2), rtol=0, atol=1e-14)

@@ -26,6 +26,16 @@ PART = (RNG.normal(size=(3, 2)), RNG.normal(size=3))
 DENSE = (RNG.normal(size=(2, 3, 4)), RNG.normal(size=(2, 5, 4)), RNG.normal(size=(2, 5, 2)))
 
 
+def _sdpa_sinks(heads: int, grad: bool):
+    import torch
+
+    from exactattn.torch import scaled_dot_product_attention
+
+    q, k, v = (torch.as_tensor(x)[None] for x in DENSE)
+    bias = torch.zeros(3, 5, dtype=q.dtype, requires_grad=grad)
+    return scaled_dot_product_attention(q, k, v, bias, sinks=torch.zeros(heads, dtype=q.dtype))
+
+
 @dataclass(frozen=True)
 class Row:
     id: str
@@ -286,6 +296,20 @@ ROWS = [
         lambda: ea.attention(*DENSE, sinks=np.array([0.0, np.inf])),
         ValueError,
         "sinks has NaN or infinite entries",
+    ),
+    Row(
+        "sdpa.sinks-shape",
+        "sinks of the SDPA drop-in not one logit per query head",
+        lambda: _sdpa_sinks(3, grad=False),
+        ValueError,
+        r"sinks has shape \(3,\); give one logit per query head, shape \(2,\)",
+    ),
+    Row(
+        "sdpa.sinks-mask-grad",
+        "sinks with a floating attn_mask that requires grad",
+        lambda: _sdpa_sinks(2, grad=True),
+        ValueError,
+        "sinks with a floating attn_mask that requires grad",
     ),
     Row(
         "key-range.bounds",

@@ -16,7 +16,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "bad_inputs.md"
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
 def test_row(row):
-    if row.id.startswith("flash_attn."):
+    if row.id.startswith(("flash_attn.", "sdpa.")):
         requires("torch")
     if row.error is not None:
         with pytest.raises(row.error, match=row.pattern):

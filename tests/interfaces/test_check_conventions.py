@@ -15,8 +15,10 @@ from exactattn.testing import assert_attention_close
 from . import broken_interfaces as broken
 
 CLAIM = "scores=fp32,stats=fp32,acc=fp32"
-FLASH = "masks=none+causal+window+padding+and,dropout=no,lse=yes,bias=yes,softcap=yes"
-MERGE = "dropout=no,lse=yes,bias=yes,softcap=yes"
+FLASH = (
+    "masks=none+causal+window+padding+and,dropout=no,lse=yes,bias=yes,softcap=yes,empty_rows=yes"
+)
+MERGE = "dropout=no,lse=yes,bias=yes,softcap=yes,empty_rows=yes"
 
 CORRECT = {
     "flash-varlen": (fa.flash_attn_varlen_func, FLASH),

@@ -1,0 +1,142 @@
+"""The interface fields of the case model: drawn where kernels break, read by the conventions.
+
+``seqlens``, ``splits``, ``pages`` and ``sinks`` (:mod:`exactattn.cases.interface`): the
+check's strategy draws them only for interface conventions and last (the other draws keep
+their seeds); a block table from its definition; shared pages hold equal keys; the
+conventions read the fields and the certified reference judges them (zero-length
+sequences, empty splits, shared pages, sinks above the row's lse).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from exactattn.cases import Case, Draw, build_case, interface, paths
+from exactattn.testing.runner import seed_only
+from tests.optional import requires
+
+
+def _draws(n: int, **keywords) -> list[Draw]:
+    out: list[Draw] = []
+
+    @settings(max_examples=n, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(paths.check_draws(max_n=12, dtypes=("float32",), modify=True, **keywords))
+    def collect(draw):
+        out.append(draw)
+
+    with seed_only():  # the draws depend on the seed alone, not on what was imported
+        collect()
+    return out
+
+
+def test_the_fields_are_drawn_only_for_interface_conventions():
+    assert all(d.splits is d.pages is d.seqlens is d.sinks is None for d in _draws(30))
+    assert all(d.splits is not None and d.pages is not None for d in _draws(30, interface=True))
+
+
+def test_the_shares_aim_where_kernels_break():
+    drawn = _draws(300, interface=True)
+    seen = Counter(key for d in drawn for key in interface.coverage(build_case(d)))
+    sizes = Counter(d.pages["size"] for d in drawn)
+    share = {key: seen[key] / len(drawn) for key in seen}
+    assert share["zero-length seq"] >= 0.03
+    assert share["empty split"] >= 0.03 and share["split at block edge"] >= 0.1
+    assert share["shared pages"] >= 0.03 and share["sink above lse"] >= 0.1
+    assert sizes[1] / len(drawn) >= 0.05
+    assert sum(n for size, n in sizes.items() if size & (size - 1)) / len(drawn) >= 0.2
+    assert max(len(d.splits) - 1 for d in drawn) >= 6 and min(len(d.splits) for d in drawn) >= 3
+
+
+def test_a_block_table_from_its_definition():
+    pages = interface.fill_pages({"size": 3, "shared": 2, "order": 7}, B=3, n_k=10)
+    table = np.asarray(pages["table"])
+    assert table.shape == (3, 4)  # ceil(10 / 3) pages per sequence
+    assert (table[1:, :2] == table[0, :2]).all()  # the shared prefix is sequence 0's pages
+    own = table[:, 2:].reshape(-1).tolist() + table[0, :2].tolist()
+    assert len(set(own)) == len(own)  # every other page is one sequence's alone
+    assert pages["pool"] == len(own) + 1 and max(own) < pages["pool"]  # one spare page
+
+
+def test_shared_pages_hold_equal_keys_and_the_case_replays():
+    draw = Draw(batch=(3, 2), n_q=4, n_k=10, d=4, v=3, block_size=4, data_seed=5,
+                pages={"size": 3, "shared": 2, "order": 1}, splits=(0, 4, 4, 10),
+                seqlens=(0, 10, 5), sinks=(2.0, -20.0))  # fmt: skip
+    case = build_case(draw)
+    for x in (case.k, case.v):
+        assert (x[1:, :, :6] == x[:1, :, :6]).all() and not (x[1:, :, 6:] == x[:1, :, 6:]).all()
+    assert case.mask == {"kind": "padding", "lengths": [0, 10, 5]}
+    assert case.empty_rows == "zero"  # the zero-length sequence's rows have no key
+    again = Case.from_json(case.to_json())
+    for name in ("seqlens", "splits", "pages", "sinks"):
+        assert getattr(again, name) == getattr(case, name)
+    old = Case.from_json(dataclasses.replace(case, seqlens=None, splits=None, pages=None,
+                                             sinks=None).to_json())  # fmt: skip
+    assert old.pages is None and old.sinks is None
+    assert "pages of 3" in case.describe() and "splits [0, 4, 4, 10]" in case.describe()
+
+
+def _judged(fn, convention, case, supports):
+    from exactattn import targets
+    from exactattn.testing.check import check_case
+
+    target = targets.from_callable(
+        fn, convention=convention,
+        claim=targets.Claim.parse("scores=fp32,stats=fp32,acc=fp32"),
+        supports=targets.Capabilities.parse(supports, targets.user_capabilities(convention)),
+    )  # fmt: skip
+    variant = targets.Variant(target, "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        (finding,) = check_case(case, [variant])
+    return finding
+
+
+FLASH = "masks=none+causal+window+padding+and,dropout=no,lse=yes,empty_rows=yes"
+MERGE = "dropout=no,lse=yes,empty_rows=yes"
+
+
+def _field_case(**fields) -> Case:
+    draw = Draw(batch=(3, 2), n_q=5, n_k=10, d=4, v=3, block_size=4, data_seed=3,
+                dtype="float32", **fields)  # fmt: skip
+    return build_case(draw)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_conventions_read_the_fields_and_broken_copies_are_caught():
+    requires("torch")
+    import exactattn.torch as et
+    from exactattn import flash_attn as fa
+
+    from . import broken_interfaces as broken
+
+    case = _field_case(pages={"size": 3, "shared": 2, "order": 1}, splits=(0, 4, 4, 7, 10),
+                       seqlens=(6, 10, 0), sinks=(2.0, 1.0))  # fmt: skip
+    runs = [
+        (fa.flash_attn_with_kvcache, broken.kvcache_wrong_page, "flash-kvcache", FLASH),
+        (fa.flash_attn_varlen_func, broken.varlen_wrong_offset, "flash-varlen", FLASH),
+        (fa.flash_attn_combine, broken.combine_without_max, "fa4-combine", MERGE),
+        (et.attention_with_lse, broken.sink_in_numerator, "exactattn-sinks", MERGE),
+    ]
+    for correct, wrong, convention, supports in runs:
+        assert _judged(correct, convention, case, supports).status == "ok", convention
+        assert _judged(wrong, convention, case, supports).status == "fail", convention
+
+
+def test_the_sink_convention_judges_large_scores():
+    """Every sink value is judged: scores of ±30 and a sink above the row's lse (no skip)."""
+    requires("torch")
+    import exactattn.torch as et
+
+    from . import broken_interfaces as broken
+
+    case = _field_case(sinks=(2.0, -0.5))
+    case.q *= 30 / np.abs(case.q).max()
+    assert _judged(et.attention_with_lse, "exactattn-sinks", case, MERGE).status == "ok"
+    assert _judged(broken.sink_in_numerator, "exactattn-sinks", case, MERGE).status == "fail"
