@@ -82,9 +82,9 @@ class Config:
         """The input as this configuration receives it (FP8 per-tensor quantised if set)."""
         if self.quantize is None:
             return x
-        from ..backends import fp8_backend as fp8
+        from ..quantize import quantize_per_tensor
 
-        return fp8.quantize_per_tensor(x, self.quantize)
+        return quantize_per_tensor(x, self.quantize)
 
 
 @functools.cache

@@ -91,7 +91,7 @@ class Variant:
 
         fmt = self.claim.input or self.dtype
         if fmt in ("e4m3", "e5m2"):  # per-tensor FP8 quantisation
-            from ..backends.fp8_backend import quantize_per_tensor
+            from ..quantize import quantize_per_tensor
 
             return quantize_per_tensor(x, fmt)
         return hold(x, fmt)
@@ -137,10 +137,10 @@ class Variant:
             arith = Arith.of_context(options.ctx(), block=block)
             if options.quantize is None or inputs is None:
                 return arith
-            from ..backends import fp8_backend as fp8
+            from ..quantize import tensor_scale
 
             base = get_format(options.quantize)
-            s = max(fp8.tensor_scale(inputs[x], options.quantize) for x in "qkv")
+            s = max(tensor_scale(inputs[x], options.quantize) for x in "qkv")
             e_min = base.e_min + math.ceil(math.log2(s)) + 1  # 2^(e_min − p) ≥ 2·s·μ_fp8
             return replace(arith, input=Format(f"{options.quantize}*s", base.p, e_min))
         claim = self.claim
