@@ -21,7 +21,7 @@ from .. import api, bounds
 from ..cases import Case
 from ..cases.inputs import input_seed
 from ..cases.reference import Reference, certified
-from ..metrics import METRICS, deviation, error_metrics
+from ..metrics import METRICS, PAPER_METRICS, deviation, error_metrics, paper_metrics
 from .configs import Config, get_config, to_float64
 from .grid import Point, Problem
 
@@ -84,15 +84,20 @@ class _Configured:
         self.ulp_format = config.ulp_format
 
     def run(self, impl: str, case: Case, grads: bool) -> dict:
-        inputs = {x: self.config.prepare(getattr(case, x)) for x in "qkv"}
+        inputs = self.config.prepare({x: getattr(case, x) for x in "qkv"})
         return _run(impl, case, grads, self.ctx, {**inputs, "g": case.g})
+
+    def measures(self) -> dict[str, Any]:
+        """What the context counted during the last run (a low-bit ``p`` cast's underflow)."""
+        measure = getattr(self.ctx, "measures", None)
+        return measure() if measure is not None else {}
 
     def bound(self, impl: str, case: Case, grads: bool) -> dict:
         """The tiled reverse freezes ``m, ℓ`` and reads ``δ = G·Y``; naive attention is one
         block of ``n`` keys with ``δ`` summed over ``P``; every row in one reverse tile."""
         tiled = impl == "tiled"
         n = case.sizes["n_k"]
-        original = {x: getattr(case, x) for x in "qkv"}
+        original = self.config.exact({x: getattr(case, x) for x in "qkv"})
         return bounds.bounds(
             self.config.arith(original, case.block_size if tiled else n),
             *original.values(),
@@ -166,11 +171,12 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
     """Two rows (``impl`` = tiled, naive) of knobs, metrics, deviation and bound ratios."""
     unit = unit_of(point.config)
     case = point.case()
-    results, status, seconds = {}, {}, {}
+    results, status, seconds, measured = {}, {}, {}, {}
     for impl in ("tiled", "naive"):
         start = time.perf_counter()
         try:
             results[impl] = unit.run(impl, case, point.grads)
+            measured[impl] = unit.measures() if isinstance(unit, _Configured) else {}
             status[impl] = "ok"
         except Skipped as why:
             results[impl], status[impl] = None, f"skipped: {why}"[:200]
@@ -206,6 +212,11 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
                 else {"max_abs": math.nan, "rmse": math.nan}
             )
             row[f"dev_{name}_max_abs"], row[f"dev_{name}_rmse"] = dev["max_abs"], dev["rmse"]
+        present = mine is not None and "y" in mine
+        y_ref = reference.hi["y"] + reference.lo["y"]
+        papers = paper_metrics(mine["y"], y_ref) if present else {}
+        row.update({f"y_{m}": papers.get(m, math.nan) for m in PAPER_METRICS})
+        row["p_underflow"] = measured.get(impl, {}).get("p_underflow", math.nan)
         row.update(_bound_columns(unit, case, point.grads, impl, mine, reference))
         rows.append(row)
     return rows

@@ -23,7 +23,7 @@ from .flex import Flex
 from .interfaces import CONVENTIONS as INTERFACES
 from .resolve import UnknownTarget, get
 
-OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated")  # contexts whose Arith is known
+OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated", "lowbit")  # contexts whose Arith is known
 
 
 @functools.cache
@@ -133,6 +133,10 @@ class Variant:
         format).
         """
         options = self.target.options
+        if options.backend == "lowbit" and inputs is not None:  # a low-bit scheme's own
+            from ..lowbit import SCHEMES
+
+            return SCHEMES[options.quantize].arith(block, inputs)
         if self.target.convention == "api" and options.backend in OWN_ARITHMETIC:
             arith = Arith.of_context(options.ctx(), block=block)
             if options.quantize is None or inputs is None:
@@ -188,6 +192,8 @@ class Variant:
                 return f"{what}: {capability}" if isinstance(capability, str) else what
         if caps.equal_head_dims and n["d"] != n["v"]:
             return "needs v == d"
+        if self.target.options.backend == "lowbit":
+            return "low-bit schemes run in the sweep only (exactattn sweep --preset lowbit)"
         size = size_of(case.batch, n["n_q"], n["n_k"], n["d"], n["v"])
         if caps.max_size is not None and size > caps.max_size:
             return f"size {size} > {caps.max_size} (slow number system)"
