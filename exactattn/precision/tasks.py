@@ -223,6 +223,8 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
 
 
 BOUND_COLUMNS = ("bound_ratio", "grad_bound_ratio", "bound_max", "bound_vacuous")
+# the low-bit papers' metrics of Y, and the share of p > 0 a low-bit cast sent to 0
+LOWBIT_COLUMNS = (*(f"y_{m}" for m in PAPER_METRICS), "p_underflow")
 GRADS = ("dq", "dk", "dv")
 
 
