@@ -18,6 +18,7 @@ import numpy as np
 
 from ..optional import needs
 from .golden import ROUNDINGS, bf16_along, bits_grid, emulated, pair
+from .lowbit_report import lowbit_section
 
 with needs("the sweep's report (exactattn.precision.report)"):
     import pandas as pd
@@ -514,6 +515,7 @@ def write_report(
             "Published shapes are GPU-sized; ours are scaled to a 2-core CPU (see "
             "the shape column). The reference is the certified arb result, not FP64.",
         ]
+    lines += lowbit_section(df)
     lines += golden_section(df)
     gold = golden_table(df)
     if gold:

@@ -1,0 +1,263 @@
+"""The low-bit section of the sweep's report: the papers' claims beside ours.
+
+Every number is computed from the CSV (``--preset lowbit``). The claims quoted:
+
+* FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608) §4.3: on inputs N(0, 1) +
+  N(0, 100)·Bernoulli(0.001), FP8 with block quantisation and incoherent processing has
+  RMSE 9.1e-3 against 2.4e-2 for baseline FP8 (per-tensor): 2.6× lower;
+* arXiv:2606.06521 (P cast to E4M3 behind an attention sink): in forward key order a
+  fraction of the non-sink ``p`` underflows, given in closed form by the sink strength;
+  reverse order removes it, with a 3–10× MSE improvement at moderate sink strengths, and
+  the static scale ``S = 2^8`` reaches the same floor;
+* SageAttention2 (arXiv:2411.10958) §4.4: the FP22 accumulator of Hopper's FP8 MMA loses
+  accuracy in ``P·V``; an FP32 buffer every few MMAs (two-level accumulation) avoids it.
+
+**The closed form** (our derivation from the definitions, which the paper's abstract
+matches "to leading order"): with the sink (key 0, score ``A`` against every row) in the
+first key block, the online softmax's running max is ``A`` from the first block on, so a
+non-sink weight is ``p_ij = e^{s_ij − A}``, cast as ``fl(p·S)/S``; e4m3 sends to 0 what is
+at or below half its smallest subnormal, ``2^{−10}``: ``p_ij·S ≤ 2^{−10}``, i.e.
+``s_ij ≤ A − (10 + log₂ S) ln 2``. With ``s_ij ~ N(0, σ_i²)``, ``σ_i² = c²(1 +
+Σ_{r>0} q_ir²)`` given row ``i`` (:mod:`exactattn.cases.inputs`, ``sink-A``), the expected
+fraction of the ``n`` positive weights of a row is ``((n − 1)/n)·mean_i Φ((A − (10 +
+log₂ S) ln 2)/σ_i)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..cases.inputs import SINK, make_inputs
+from ..optional import needs
+
+with needs("the sweep's report (exactattn.precision.lowbit_report)"):
+    import pandas as pd
+
+FA3_FP8 = ("fa3-fp8-tensor", "fa3-fp8-block", "fa3-fp8-block-hadamard")
+PCAST_MODERATE = (6, 8, 10)  # "moderate sink strengths" for the 3–10× claim
+
+
+def _phi(x: np.ndarray) -> np.ndarray:
+    return 0.5 * np.vectorize(math.erfc)(-np.asarray(x) / math.sqrt(2))
+
+
+def predicted_underflow(dist: str, n: int, d: int, seed: int, scale: float, s_cast: float) -> float:
+    """The closed form of the module docstring for one problem (forward order)."""
+    sink = SINK.fullmatch(dist)
+    if sink is None:
+        return math.nan
+    a = int(sink.group(1))
+    q = make_inputs(dist, n, d, seed)["q"]
+    c = scale / math.sqrt(d)
+    sigma = c * np.sqrt(1 + (q[:, 1:] ** 2).sum(axis=1))
+    threshold = a - (10 + math.log2(s_cast)) * math.log(2)
+    return float((n - 1) / n * _phi(threshold / sigma).mean())
+
+
+def _tiled(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df["impl"] == "tiled") & (df["status"] == "ok")]
+
+
+def _mean(df: pd.DataFrame, config: str, column: str, **knobs: Any) -> float:
+    rows = df[df["config"] == config]
+    for name, value in knobs.items():
+        rows = rows[rows[name] == value]
+    return float(rows[column].astype(float).mean()) if len(rows) else math.nan
+
+
+def scheme_table(df: pd.DataFrame) -> list[list[Any]]:
+    """Per scheme and input: the papers' metrics, RMSE against the certified reference,
+    the ratio to the fp16 FA-2 baseline's RMSE and the worst bound ratio (tiled, n = 512)."""
+    data = _tiled(df)
+    data = data[data["n"] == 512]
+    rows = []
+    for (config, dist), group in data.groupby(["config", "dist"], sort=False):
+        base = _mean(data, "np-fa2-fp16", "y_rmse", dist=dist)
+        rmse = float(group["y_rmse"].mean())
+        rows.append(
+            [
+                config,
+                dist,
+                rmse,
+                float(group["y_cossim"].astype(float).mean()),
+                float(group["y_rel_l1"].astype(float).mean()),
+                rmse / base if base else math.nan,
+                float(group["bound_ratio"].max()),
+                float(group["p_underflow"].astype(float).mean()),
+            ]
+        )
+    return rows
+
+
+def underflow_table(df: pd.DataFrame) -> list[list[Any]]:
+    """P cast behind a sink (n = 1024): measured underflow against the closed form, and
+    RMSE of each order and scale."""
+    data = _tiled(df)
+    data = data[(data["n"] == 1024) & data["dist"].str.startswith("sink-")]
+    rows = []
+    for dist in sorted(data["dist"].unique(), key=lambda x: int(x.split("-")[1])):
+        at = data[data["dist"] == dist]
+        first = at.iloc[0]
+        predicted = np.mean(
+            [
+                predicted_underflow(dist, int(r.n), int(r.d), int(r.seed), float(r.scale), 1.0)
+                for r in at[at["config"] == "pcast-fwd"].itertuples()
+            ]
+        )
+        fwd, rev = (_mean(at, c, "y_rmse") for c in ("pcast-fwd", "pcast-rev"))
+        fwd_s, rev_s = (_mean(at, c, "y_rmse") for c in ("pcast-fwd-s256", "pcast-rev-s256"))
+        rows.append(
+            [
+                int(dist.split("-")[1]),
+                int(first.block),
+                _mean(at, "pcast-fwd", "p_underflow"),
+                predicted,
+                _mean(at, "pcast-rev", "p_underflow"),
+                _mean(at, "pcast-fwd-s256", "p_underflow"),
+                fwd,
+                rev,
+                fwd_s,
+                rev_s,
+                (fwd / rev) ** 2 if rev else math.nan,
+                (fwd / fwd_s) ** 2 if fwd_s else math.nan,
+            ]
+        )
+    return rows
+
+
+def _verdict(ok: bool | None) -> str:
+    return "–" if ok is None else ("yes" if ok else "no")
+
+
+def claims(df: pd.DataFrame) -> list[list[Any]]:
+    """Their claim, ours, reproduces?, why."""
+    data = _tiled(df)
+    out: list[list[Any]] = []
+    fa3 = data[(data["n"] == 1024) & (data["dist"] == "fa3-outliers")]
+    if not fa3.empty:
+        tensor, block, rotated = (_mean(fa3, c, "y_rmse") for c in FA3_FP8)
+        gain = tensor / rotated
+        out.append(
+            [
+                "FA3 §4.3: block quantisation + incoherent processing: 2.6× lower FP8 RMSE "
+                "than per-tensor (9.1e-3 vs 2.4e-2)",
+                f"{gain:.2f}× (per-tensor {tensor:.2g}, block {block:.2g}, block + Hadamard "
+                f"{rotated:.2g}; block alone {tensor / block:.2f}×)",
+                _verdict(gain >= 2.0),
+                "our FP8 keeps FA3's p cast to e4m3 in both; with rare outliers (p = 0.001) a "
+                "128-row block rarely differs from the tensor's amax, so block scales alone "
+                "gain little; the rotation spreads an outlier over d coordinates",
+            ]
+        )
+    rows = underflow_table(df)
+    if rows:
+        gaps = [abs(r[2] - r[3]) for r in rows]
+        table = ", ".join(f"A={r[0]}: {r[2]:.3f} vs {r[3]:.3f}" for r in rows)
+        out.append(
+            [
+                "arXiv:2606.06521: forward order, a closed-form fraction of non-sink p "
+                "underflows in the e4m3 cast",
+                f"measured vs closed form: {table}",
+                _verdict(max(gaps) <= 0.02),
+                "online softmax against the running max, sink in the first block; our "
+                "closed form is derived from the definitions (module docstring)",
+            ]
+        )
+        moderate = [r for r in rows if r[0] in PCAST_MODERATE]
+        gains = [r[10] for r in moderate]
+        out.append(
+            [
+                "arXiv:2606.06521: reverse key order improves MSE 3–10× at moderate sink strengths",
+                "MSE fwd/rev: " + ", ".join(f"A={r[0]}: {r[10]:.1f}×" for r in moderate),
+                _verdict(bool(gains) and all(3 <= g <= 10 for g in gains)),
+                "reverse order meets the sink last, so only its own block's p see the "
+                "sink's max; outside [3, 10] where the sink is weak (little underflow) or "
+                "strong (the sink dominates Y)",
+            ]
+        )
+        floors = [r[11] for r in moderate]
+        out.append(
+            [
+                "arXiv:2606.06521: S = 2^8 removes the collapse; both fixes saturate to the "
+                "same floor",
+                "MSE fwd/fwd·S: "
+                + ", ".join(f"A={r[0]}: {g:.1f}×" for r, g in zip(moderate, floors))
+                + "; RMSE rev·S / fwd·S: "
+                + ", ".join(f"{r[9] / r[8]:.2f}" for r in moderate),
+                _verdict(all(abs(r[9] / r[8] - 1) < 0.25 for r in moderate)),
+                "2^8 moves e4m3's underflow threshold from 2^-10 to 2^-18",
+            ]
+        )
+    sage = data[data["n"] == 512]
+    two, fp22 = (_mean(sage, c, "y_rmse") for c in ("sage2-int8", "sage2-int8-fp22"))
+    if math.isfinite(two) and math.isfinite(fp22):
+        out.append(
+            [
+                "SageAttention2 §4.4: the FP22 accumulator of FP8 P·V loses accuracy; "
+                "two-level (FP32 buffer) accumulation avoids it",
+                f"RMSE FP22 / two-level: {fp22 / two:.3f} (n = 512, b = 64)",
+                _verdict(fp22 / two > 1.05),
+                "at b = 64 keys per block the FP22 sum has 64 terms: its 2^-13 truncation "
+                "is below the e4m3 cast's 2^-4, so the input quantisation dominates",
+            ]
+        )
+    return out
+
+
+def lowbit_section(df: pd.DataFrame) -> list[str]:
+    """The report's low-bit section, empty without low-bit runs."""
+    from .report import _table
+
+    if not df["config"].isin(["fa3-fp8-tensor", "sage1", "pcast-fwd"]).any():
+        return []
+    lines = ["", "## Low-bit attention: the claims", ""]
+    lines += _table(["their claim", "ours", "reproduces?", "why"], claims(df))
+    bounds = _tiled(df)
+    bounds = bounds[bounds["backend"].astype(str).str.startswith("lowbit")]
+    lines += [
+        "",
+        f"The rigorous bound (exactattn.bounds with the scheme's quantisation, p cast and "
+        f"accumulator) held in every low-bit run: worst measured/bound "
+        f"{bounds['bound_ratio'].max():.3g} over {len(bounds)} tiled runs (≤ 1 where it "
+        f"holds; the median, {bounds['bound_ratio'].median():.3g}, is its looseness).",
+        "",
+        "## Low-bit schemes (n = 512, d = 64, b = 64; means over seeds)",
+        "",
+    ]
+    lines += _table(
+        [
+            "scheme",
+            "inputs",
+            "RMSE Y",
+            "cosine",
+            "rel L1",
+            "RMSE / fp16 FA-2",
+            "worst bound ratio",
+            "p underflow",
+        ],
+        scheme_table(df),
+    )
+    rows = underflow_table(df)
+    if rows:
+        lines += ["", "## P cast behind an attention sink (n = 1024, d = 64)", ""]
+        lines += _table(
+            [
+                "A",
+                "b",
+                "underflow fwd",
+                "closed form",
+                "underflow rev",
+                "underflow fwd S=2^8",
+                "RMSE fwd",
+                "RMSE rev",
+                "RMSE fwd S",
+                "RMSE rev S",
+                "MSE fwd/rev",
+                "MSE fwd/fwd S",
+            ],
+            rows,
+        )
+    return lines
