@@ -44,4 +44,3 @@ def torch_context(storage: str, compute: str, p_cast: str | None) -> TorchContex
     if p_cast in FP8_DTYPES:
         return Fp8Context(p_cast, storage, compute=compute)
     return TorchContext(storage, compute=compute, p_cast=p_cast)
-

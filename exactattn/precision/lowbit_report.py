@@ -207,10 +207,10 @@ def claims(df: pd.DataFrame) -> list[list[Any]]:
     return out
 
 
-def lowbit_section(df: pd.DataFrame) -> list[str]:
-    """The report's low-bit section, empty without low-bit runs."""
-    from .report import _table
-
+def lowbit_section(df: pd.DataFrame, table: Any) -> list[str]:
+    """The report's low-bit section (``table(header, rows)``: the report's markdown tables),
+    empty without low-bit runs."""
+    _table = table
     if not df["config"].isin(["fa3-fp8-tensor", "sage1", "pcast-fwd"]).any():
         return []
     lines = ["", "## Low-bit attention: the claims", ""]

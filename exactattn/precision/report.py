@@ -515,7 +515,7 @@ def write_report(
             "Published shapes are GPU-sized; ours are scaled to a 2-core CPU (see "
             "the shape column). The reference is the certified arb result, not FP64.",
         ]
-    lines += lowbit_section(df)
+    lines += lowbit_section(df, _table)
     lines += golden_section(df)
     gold = golden_table(df)
     if gold:
