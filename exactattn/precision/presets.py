@@ -4,8 +4,9 @@ Knobs of a grid point: ``config`` (see :mod:`.configs`), ``n`` (n_q = n_k), ``d`
 dim, v = d), ``block`` (key-block size ``b``), ``dist`` (:mod:`.inputs`), ``scale`` (the
 score scale as a multiple of ``1/sqrt(d)``), ``mask`` (``none``, ``causal``, ``window``:
 a sliding window of ``n/8`` keys to the left), ``seed`` and ``grads`` (measure dQ, dK,
-dV too). A preset may add ``reference_prec`` (bits of the certified reference) and
-``description``. Add a preset by adding a dict here; no library code changes.
+dV too). A preset may add ``reference_prec`` (bits of the certified reference),
+``reference`` (``"fast"``: the float64 certified reference where it serves, arb where it
+cannot) and ``description``. Add a preset by adding a dict here; no library code changes.
 
 Scaling to a 2-core CPU: the certified reference costs about ``1.2 s · (n/1024)² · d/64``
 forward, ``3 s`` with the gradients (one core, 96 bits); mpmath runs cost ~1 µs per
@@ -278,6 +279,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "reference and the fp16/bf16 FA-2 baselines, forward only: N(0,1), FA3's outliers, "
         "large logits, attention sinks of strength 4..12, n up to 4096",
         "seeds": [0, 1],
+        "reference": "fast",
         "grids": [
             {  # FlashAttention-3 §4.3's FP8 claim: per-tensor vs block vs block + Hadamard
                 "config": [*LOWBIT_SCHEMES[:3], "np-fa2-fp16"],
@@ -316,6 +318,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "lowbit-tiny": {
         "description": "the lowbit preset scaled down to seconds (for tests)",
         "seeds": [0],
+        "reference": "fast",
         "grids": [
             {
                 "config": [*LOWBIT_SCHEMES, "np-fa2-fp16"],

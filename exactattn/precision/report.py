@@ -451,7 +451,8 @@ def write_report(
         f"capabilities, {int((~skipped_runs).sum()) - len(ok)} failed) of "
         f"{df['config'].nunique()} configurations, in {seconds:.1f} s this session. "
         "Reference: naive attention over arb balls (exactattn.certified), precision chosen "
-        f"per problem ({_prec_range(df)} bits); largest ball radius "
+        f"per problem ({_prec_range(df)} bits; 53: the float64 certified reference, "
+        "exactattn.fast_reference); largest ball radius "
         f"{df['ref_radius'].max():.3g}, slowest reference {df['ref_seconds'].max():.2f} s."
     )
     failed = df[(status != "ok") & ~skipped_runs]

@@ -151,7 +151,9 @@ def run_sweep(
                 split = (
                     workers if scheduler is None and cost(problem, "ref") >= 20 * SPLIT_COST else 1
                 )
-                future = executor.submit(reference_task, problem, prec, split)
+                future = executor.submit(
+                    reference_task, problem, prec, split, preset.get("reference", "arb")
+                )
                 pending[future] = ("ref", problem)
             while pending:
                 finished, _ = executor.wait_first(pending)

@@ -20,7 +20,7 @@ import numpy as np
 from .. import api, bounds
 from ..cases import Case
 from ..cases.inputs import input_seed
-from ..cases.reference import Reference, certified
+from ..cases.reference import Reference, certified, fast
 from ..metrics import METRICS, PAPER_METRICS, deviation, error_metrics, paper_metrics
 from .configs import Config, get_config, to_float64
 from .grid import Point, Problem
@@ -28,9 +28,20 @@ from .grid import Point, Problem
 SWEPT = ("y", "dq", "dk", "dv")  # the outputs the sweep measures (its CSV's columns)
 
 
-def reference_task(problem: Problem, prec: int | None, workers: int = 1) -> Reference:
+def reference_task(
+    problem: Problem, prec: int | None, workers: int = 1, kind: str = "arb"
+) -> Reference:
     """The certified reference of one problem's case (``prec=None``: chosen by the
-    reference; ``workers``: processes its blocks of rows are split over)."""
+    reference; ``workers``: processes its blocks of rows are split over). ``kind="fast"``:
+    the float64 certified reference (:func:`exactattn.cases.reference.fast`) where it can
+    serve — its radius is added to every error, so it is sound, and a low-bit scheme's
+    errors (≥ 2^-24) dwarf it — else the arb one."""
+    if kind not in ("arb", "fast"):
+        raise ValueError(f"reference kind must be 'arb' or 'fast'; got {kind!r}")
+    if kind == "fast":
+        ref = fast(problem.case(), grads=problem.grads)
+        if ref is not None:
+            return ref
     return certified(problem.case(), grads=problem.grads, prec=prec, workers=workers)
 
 
