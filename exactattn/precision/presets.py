@@ -325,7 +325,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "n": [64],
                 "d": [32],
                 "block": [32],
-                "dist": ["normal", "sink-8"],
+                "dist": ["normal", "fa3-outliers", "sink-8"],
                 "grads": [False],
             },
         ],
