@@ -124,10 +124,9 @@ class Scheme:
                 mean = _block_mean(x, self.smooth_q)
                 x = x - mean
             values, rel, abs_ = operand.hold(x)
-            if mean is not None:  # x̂ = q̄ + Q(q − q̄): two float64 roundings, and Q's error
+            if mean is not None:
                 values = values + mean
-                rel, abs_ = rel + 2 * FLOAT64_U, abs_ * (1 + 2 * FLOAT64_U)
-                abs_ += 2 * FLOAT64_U * float(np.abs(mean).max(initial=0.0)) * 2
+                rel, abs_ = _smoothed(rel, abs_, float(np.abs(mean).max(initial=0.0)))
             held[name] = values
             rels.append(rel)
             abss.append(abs_)
@@ -205,6 +204,17 @@ def _rotation_error(x: np.ndarray) -> float:
     return (
         (d + 2) * FLOAT64_U * float(np.abs(x).sum(axis=-1).max(initial=0.0)) / math.sqrt(d) * 1.01
     )
+
+
+def _smoothed(rel: float, abs_: float, top: float) -> tuple[float, float]:
+    """The error model of ``q̂ = fl(q̄ + Q(fl(q − q̄)))`` against ``q`` from ``Q``'s
+    ``(rel, abs)`` on ``q' = fl(q − q̄)``, ``|q̄| ≤ top``, float64's ``u``:
+    ``|q̂ − q| ≤ u|q − q̄| + |Q(q') − q'| + u|q̄ + Q(q')|`` with ``|q − q̄| ≤ |q| + top`` and
+    ``|q'| ≤ (1 + u)(|q| + top)``: ``(r(1 + u) + 3u)(|q| + top) + a(1 + u)²`` (the ``u²``
+    terms of ``|q̂|`` folded into the factor 3)."""
+    u = FLOAT64_U
+    r = rel * (1 + u) + 3 * u
+    return r, r * top + abs_ * (1 + u) ** 2
 
 
 def _block_mean(x: np.ndarray, rows: int) -> np.ndarray:
