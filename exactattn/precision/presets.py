@@ -276,9 +276,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "lowbit": {
         "description": "low-bit attention (exactattn.lowbit: FA3 FP8, SageAttention 1/2/3, "
         "MXFP4, the P cast to e4m3 in forward and reverse key order) against the certified "
-        "reference and the fp16/bf16 FA-2 baselines, forward only: N(0,1), FA3's outliers, "
-        "large logits, attention sinks of strength 4..12, n up to 4096",
-        "seeds": [0, 1],
+        "reference (float64, exactattn.fast_reference) and the fp16/bf16 FA-2 baselines, "
+        "forward only: N(0,1), FA3's outliers, large logits, attention sinks of strength "
+        "4..12, n up to 4096 (about 6 CPU minutes)",
+        "seeds": [0],
         "reference": "fast",
         "grids": [
             {  # FlashAttention-3 §4.3's FP8 claim: per-tensor vs block vs block + Hadamard
@@ -306,11 +307,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "grads": [False],
             },
             {  # long sequences
-                "config": ["fa3-fp8-block-hadamard", "sage2-int8", "pcast-fwd", "pcast-rev"],
+                "config": ["fa3-fp8-block-hadamard", "pcast-fwd", "pcast-rev"],
                 "n": [4096],
                 "d": [64],
                 "block": [128],
-                "dist": ["normal", "sink-8"],
+                "dist": ["sink-8"],
                 "grads": [False],
             },
         ],
