@@ -77,7 +77,10 @@ class Arith:
       format: ``s/2``; :mod:`exactattn.quantize`);
     * ``pv_acc``, ``pv_chunk`` — the accumulator of the ``p·V`` product when it is not
       ``acc`` (an FP8 MMA's FP22), and the terms it sums before each addition into an
-      ``acc`` buffer (two-level accumulation; None: the whole block in ``pv_acc``).
+      ``acc`` buffer (two-level accumulation; None: the whole block in ``pv_acc``);
+    * ``p_normalized`` — ``p`` is cast after the division by ``ℓ`` (naive attention's
+      ``P = softmax(S)``): a cast's absolute error ``μ_p`` is then ``ℓ·μ_p`` in units of
+      ``e^{s − m}`` (the tiled algorithm casts ``e^{s − m_t} ≤ 1`` and needs no factor).
     """
 
     input: Format
@@ -92,6 +95,7 @@ class Arith:
     quant_abs: float = 0.0
     pv_acc: Format | None = None
     pv_chunk: int | None = None
+    p_normalized: bool = False
 
     def __post_init__(self) -> None:
         for name in ("input", "compute", "acc", "output"):
@@ -662,7 +666,8 @@ def _forward(prob: _Problem, un: _Units, arith: Arith, rows: slice) -> _Forward:
     num += np.expm1(lam)[..., None] * np.abs(y) * (1 + w_err.sum(axis=-1))[..., None]
     # gradual underflow, in units of the final e^{s − m}: exps, merges, casts, products
     a_l = un.mc * (count + 2 * T) / l
-    a_z = (un.mc * (1 + prob.rho_max) + un.mp) * (ok.astype(np.float64) @ av)
+    mp = un.mp * (l[..., None] if arith.p_normalized else 1.0)  # see Arith.p_normalized
+    a_z = (un.mc * (1 + prob.rho_max) + mp) * (ok.astype(np.float64) @ av)
     a_z = (a_z + (max(un.ma, un.mpv) * count + 2 * un.mc * T)[..., None]) / l[..., None]
     # ℓ̂/ℓ ∈ [1 − fall, 1 + rise], summed as expm1 terms (Σ_j w_ij = 1 exactly)
     rise = (w * np.expm1(eta + lam[..., None])).sum(axis=-1) + a_l

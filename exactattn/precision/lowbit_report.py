@@ -108,14 +108,15 @@ def scheme_table(df: pd.DataFrame) -> list[list[Any]]:
 
 
 def underflow_table(df: pd.DataFrame) -> list[list[Any]]:
-    """P cast behind a sink (at the largest n of the forward cast's sink runs): measured
-    underflow against the closed form, and RMSE of each order and scale."""
+    """P cast behind a sink, per ``n`` and strength ``A``: measured underflow against the
+    closed form, and RMSE of each order and scale (tiled; – where a variant did not run)."""
     data = _tiled(df)
-    n = _largest_n(data, "pcast-fwd", "sink")
-    data = data[(data["n"] == n) & data["dist"].str.startswith("sink-")]
+    data = data[data["dist"].str.startswith("sink-")]
+    data = data[data["config"].str.startswith("pcast-")]
     rows = []
-    for dist in sorted(data["dist"].unique(), key=lambda x: int(x.split("-")[1])):
-        at = data[data["dist"] == dist]
+    for (n, dist), at in sorted(
+        data.groupby(["n", "dist"]), key=lambda x: (x[0][0], int(x[0][1].split("-")[1]))
+    ):
         first = at.iloc[0]
         predicted = np.mean(
             [
@@ -127,6 +128,7 @@ def underflow_table(df: pd.DataFrame) -> list[list[Any]]:
         fwd_s, rev_s = (_mean(at, c, "y_rmse") for c in ("pcast-fwd-s256", "pcast-rev-s256"))
         rows.append(
             [
+                int(n),
                 int(dist.split("-")[1]),
                 int(first.block),
                 _mean(at, "pcast-fwd", "p_underflow"),
@@ -137,15 +139,17 @@ def underflow_table(df: pd.DataFrame) -> list[list[Any]]:
                 rev,
                 fwd_s,
                 rev_s,
-                (fwd / rev) ** 2 if rev else math.nan,
-                (fwd / fwd_s) ** 2 if fwd_s else math.nan,
+                (fwd / rev) ** 2,
+                (fwd / fwd_s) ** 2,
             ]
         )
     return rows
 
 
-def _verdict(ok: bool | None) -> str:
-    return "–" if ok is None else ("yes" if ok else "no")
+def _verdict(ok: bool | None, partly: bool = False) -> str:
+    if ok is None:
+        return "–"
+    return "yes" if ok else ("partly" if partly else "no")
 
 
 def claims(df: pd.DataFrame) -> list[list[Any]]:
@@ -161,64 +165,73 @@ def claims(df: pd.DataFrame) -> list[list[Any]]:
             [
                 "FA3 §4.3: block quantisation + incoherent processing: 2.6× lower FP8 RMSE "
                 "than per-tensor (9.1e-3 vs 2.4e-2)",
-                f"{gain:.2f}× (per-tensor {tensor:.2g}, block {block:.2g}, block + Hadamard "
-                f"{rotated:.2g}; block alone {tensor / block:.2f}×)",
-                _verdict(gain >= 2.0),
-                "our FP8 keeps FA3's p cast to e4m3 in both; with rare outliers (p = 0.001) a "
-                "128-row block rarely differs from the tensor's amax, so block scales alone "
-                "gain little; the rotation spreads an outlier over d coordinates",
+                f"{gain:.2f}× at n = {n} (per-tensor {tensor:.2g}, block {block:.2g}, block + "
+                f"Hadamard {rotated:.2g}; block scales alone {tensor / block:.2f}×)",
+                _verdict(gain >= 2.0, partly=gain >= 1.2),
+                f"our per-tensor baseline ({tensor:.2g}) is the published 2.4e-2; block scales "
+                "alone gain little (outliers are rare, p = 0.001: most 128-row blocks hold "
+                "one); the rotation of Q, K gives the rest, while V and p stay e4m3 in every "
+                "variant; FA3's exact settings for its figure are not stated beyond §4.3",
             ]
         )
     rows = underflow_table(df)
     if rows:
-        gaps = [abs(r[2] - r[3]) for r in rows]
-        table = ", ".join(f"A={r[0]}: {r[2]:.3f} vs {r[3]:.3f}" for r in rows)
+        counts = pd.Series([r[0] for r in rows]).value_counts()
+        n_sink = int(counts.idxmax())
+        rows = [r for r in rows if r[0] == n_sink]
+        gaps = [abs(r[3] - r[4]) for r in rows]
+        table = ", ".join(f"A={r[1]}: {r[3]:.3f} vs {r[4]:.3f}" for r in rows)
         out.append(
             [
                 "arXiv:2606.06521: forward order, a closed-form fraction of non-sink p "
                 "underflows in the e4m3 cast",
-                f"measured vs closed form: {table}",
+                f"n = {n_sink}, measured vs closed form: {table}",
                 _verdict(max(gaps) <= 0.02),
-                "online softmax against the running max, sink in the first block; our "
-                "closed form is derived from the definitions (module docstring)",
+                "online softmax against the running max, the sink in the first block; the "
+                "closed form (lowbit_report's docstring) is derived from the definitions: "
+                "s_ij ≤ A − 10 ln 2 underflows, s_ij ~ N(0, σ_i²)",
             ]
         )
-        moderate = [r for r in rows if r[0] in PCAST_MODERATE]
-        gains = [r[10] for r in moderate]
+        moderate = [r for r in rows if r[1] in PCAST_MODERATE]
+        gains = [r[11] for r in moderate]
+        inside = [3 <= g <= 10 for g in gains]
         out.append(
             [
                 "arXiv:2606.06521: reverse key order improves MSE 3–10× at moderate sink strengths",
-                "MSE fwd/rev: " + ", ".join(f"A={r[0]}: {r[10]:.1f}×" for r in moderate),
-                _verdict(bool(gains) and all(3 <= g <= 10 for g in gains)),
-                "reverse order meets the sink last, so only its own block's p see the "
-                "sink's max; outside [3, 10] where the sink is weak (little underflow) or "
-                "strong (the sink dominates Y)",
+                "MSE fwd/rev: " + ", ".join(f"A={r[1]}: {r[11]:.1f}×" for r in moderate),
+                _verdict(bool(gains) and all(inside), partly=any(inside) or min(gains) > 3),
+                "reverse order meets the sink last: only the sink's own block (b/n of the "
+                "keys) sees its max; our Q, K, V stay fp32, so nothing else bounds the "
+                "gain from below, and it exceeds 10× where most of p underflows forward",
             ]
         )
-        floors = [r[11] for r in moderate]
+        both = [r for r in moderate if math.isfinite(r[9]) and math.isfinite(r[10])]
         out.append(
             [
                 "arXiv:2606.06521: S = 2^8 removes the collapse; both fixes saturate to the "
                 "same floor",
-                "MSE fwd/fwd·S: "
-                + ", ".join(f"A={r[0]}: {g:.1f}×" for r, g in zip(moderate, floors))
+                "underflow fwd·S: "
+                + ", ".join(f"A={r[1]}: {r[6]:.2g}" for r in both)
                 + "; RMSE rev·S / fwd·S: "
-                + ", ".join(f"{r[9] / r[8]:.2f}" for r in moderate),
-                _verdict(all(abs(r[9] / r[8] - 1) < 0.25 for r in moderate)),
-                "2^8 moves e4m3's underflow threshold from 2^-10 to 2^-18",
+                + ", ".join(f"{r[10] / r[9]:.2f}" for r in both),
+                _verdict(bool(both) and all(abs(r[10] / r[9] - 1) < 0.25 for r in both)),
+                "2^8 moves e4m3's underflow threshold from 2^-10 to 2^-18 (A − 12.5 in score "
+                "units); beyond A ≈ 12 it collapses again",
             ]
         )
-    sage = data[data["n"] == data[data["config"] == "sage1"]["n"].min()]
-    two, fp22 = (_mean(sage, c, "y_rmse") for c in ("sage2-int8", "sage2-int8-fp22"))
+    naive = df[(df["impl"] == "naive") & (df["status"] == "ok")]
+    two, fp22 = (_mean(naive, c, "y_rmse") for c in ("sage2-int8", "sage2-int8-fp22"))
     if math.isfinite(two) and math.isfinite(fp22):
+        n_sage = int(naive[naive["config"] == "sage2-int8"]["n"].max())
         out.append(
             [
                 "SageAttention2 §4.4: the FP22 accumulator of FP8 P·V loses accuracy; "
                 "two-level (FP32 buffer) accumulation avoids it",
-                f"RMSE FP22 / two-level: {fp22 / two:.3f} (n = 512, b = 64)",
-                _verdict(fp22 / two > 1.05),
-                "at b = 64 keys per block the FP22 sum has 64 terms: its 2^-13 truncation "
-                "is below the e4m3 cast's 2^-4, so the input quantisation dominates",
+                f"RMSE FP22 / two-level: {fp22 / two:.3f} (naive: all n = {n_sage} keys in "
+                "one accumulator)",
+                _verdict(fp22 / two >= 1.1, partly=fp22 / two > 1.0),
+                "the direction holds, the size is small at this n: FP22's 2^-13 per addition "
+                "sits far below the e4m3 cast of P and V (2^-4), which dominates",
             ]
         )
     return out
@@ -232,14 +245,21 @@ def lowbit_section(df: pd.DataFrame, table: Any) -> list[str]:
         return []
     lines = ["", "## Low-bit attention: the claims", ""]
     lines += _table(["their claim", "ours", "reproduces?", "why"], claims(df))
-    bounds = _tiled(df)
-    bounds = bounds[bounds["backend"].astype(str).str.startswith("lowbit")]
+    bounds = df[(df["status"] == "ok") & df["backend"].astype(str).str.startswith("lowbit")]
+    worst = float(bounds["bound_ratio"].max())
+    useless = bounds[bounds["bound_ratio"] < 1e-6]
+    held = "held in every low-bit run" if worst <= 1 else "did NOT hold in every low-bit run"
     lines += [
         "",
         f"The rigorous bound (exactattn.bounds with the scheme's quantisation, p cast and "
-        f"accumulator) held in every low-bit run: worst measured/bound "
-        f"{bounds['bound_ratio'].max():.3g} over {len(bounds)} tiled runs (≤ 1 where it "
-        f"holds; the median, {bounds['bound_ratio'].median():.3g}, is its looseness).",
+        f"accumulator) {held}: worst measured/bound {worst:.3g} over {len(bounds)} tiled "
+        f"and naive runs (≤ 1 where it holds; the median, "
+        f"{bounds['bound_ratio'].median():.3g}, is its looseness). In {len(useless)} of "
+        "them it is finite but useless (ratio < 1e-6: "
+        + ", ".join(sorted({f"{r.config} {r.dist}" for r in useless.itertuples()}))
+        + "): it charges every entry the largest group's absolute quantisation error (a "
+        "4-bit format's, or an INT8 block of large logits), and with large logits the "
+        "scores' error of several units leaves e^ΔS room for any output.",
         "",
         "## Low-bit schemes (tiled, at the smallest n and b every scheme ran; means over seeds)",
         "",
@@ -262,6 +282,7 @@ def lowbit_section(df: pd.DataFrame, table: Any) -> list[str]:
         lines += ["", "## P cast behind an attention sink (tiled, forward only)", ""]
         lines += _table(
             [
+                "n",
                 "A",
                 "b",
                 "underflow fwd",

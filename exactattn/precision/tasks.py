@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -109,8 +110,9 @@ class _Configured:
         tiled = impl == "tiled"
         n = case.sizes["n_k"]
         original = self.config.exact({x: getattr(case, x) for x in "qkv"})
+        arith = self.config.arith(original, case.block_size if tiled else n)
         return bounds.bounds(
-            self.config.arith(original, case.block_size if tiled else n),
+            replace(arith, p_normalized=not tiled),
             *original.values(),
             case.g if grads else None,
             scale=case.scale,

@@ -177,3 +177,22 @@ def test_lowbit_tiny_sweep_reports_the_claims(tmp_path):
     for claim in ("FA3 §4.3", "closed-form fraction", "reverse key order", "two-level"):
         assert claim in report, claim
     assert "held in every low-bit run" in report
+
+
+def test_naive_cast_of_normalised_p_needs_the_ell_factor():
+    """Naive attention casts ``P = softmax(S)`` (weights ~1/n) to e4m3: its underflow is
+    ``μ_p`` per normalised weight, ``ℓ·μ_p`` in the bound's units of ``e^{s−m}``. Without
+    ``p_normalized`` the bound fails at n = 2048 (ratio 1.31 measured); with it, it holds."""
+    n, d = 2048, 32
+    inputs = make_inputs("normal", n, d, 0)
+    q, k, v = (inputs[x] for x in "qkv")
+    c = 1 / math.sqrt(d)
+    y = np.asarray(api.naive_attention(q, k, v, scale=c, backend=LowbitContext("e4m3")), float)
+    ref = _softmax_attention(q, k, v, c)
+    arith = SCHEMES["pcast-fwd"].arith(n, inputs)
+    ratios = {}
+    for normalized in (False, True):
+        claim = replace(arith, p_normalized=normalized)
+        found = bounds.bounds(claim, q, k, v, scale=c, delta="rowsum", input_rounding=True)
+        ratios[normalized] = bounds.ratio(y - ref, found["y"])
+    assert ratios[True] <= 1 < ratios[False]
