@@ -278,7 +278,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "MXFP4, the P cast to e4m3 in forward and reverse key order) against the certified "
         "reference (float64, exactattn.fast_reference) and the fp16/bf16 FA-2 baselines, "
         "forward only: N(0,1), FA3's outliers, large logits, attention sinks of strength "
-        "4..12, n up to 4096 (about 6 CPU minutes)",
+        "4..12, n up to 4096 (11 min wall on 2 cores shared at load 10–15)",
         "seeds": [0],
         "reference": "fast",
         "grids": [
