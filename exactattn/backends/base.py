@@ -6,7 +6,7 @@ the masks and the input checks call only the methods below, so the same code run
 floats, arbitrary-precision mpf numbers, arb balls, emulated formats and exact sympy
 expressions.
 
-The protocol, 30 methods in all:
+The protocol, 31 methods and one flag (``running_max``) in all:
 
 * converting — ``asarray``, ``compute``, ``output``, ``round_p``, ``pv_product`` (the policy's
   three element types, see :class:`ArrayContext`), ``as_compute``, ``adopt``;
