@@ -257,9 +257,10 @@ def lowbit_section(df: pd.DataFrame, table: Any) -> list[str]:
         f"{bounds['bound_ratio'].median():.3g}, is its looseness). In {len(useless)} of "
         "them it is finite but useless (ratio < 1e-6: "
         + ", ".join(sorted({f"{r.config} {r.dist}" for r in useless.itertuples()}))
-        + "): it charges every entry the largest group's absolute quantisation error (a "
-        "4-bit format's, or an INT8 block of large logits), and with large logits the "
-        "scores' error of several units leaves e^ΔS room for any output.",
+        + "): a worst case in which every entry of q and k errs by a 4-bit format's u = 1/4 "
+        "(or by s/2 of an INT8 group of large logits) moves the scores by several units, "
+        "and e^ΔS then admits any output; it also charges every entry the largest group's "
+        "absolute error.",
         "",
         "## Low-bit schemes (tiled, at the smallest n and b every scheme ran; means over seeds)",
         "",
