@@ -176,16 +176,23 @@ def safe_shift(ctx: ArrayContext, m: Array) -> Array:
     return ctx.where(ctx.is_neg_inf(m), ctx.scalar(0), m)
 
 
-def block_summary(ctx: ArrayContext, s: Array, v: Array, rho: Any = None) -> Summary:
+def block_summary(
+    ctx: ArrayContext, s: Array, v: Array, rho: Any = None, floor: Array | None = None
+) -> Summary:
     """``Σ_i(J_t ∩ A_i)`` for every row of the tile; ⊥ for rows with no allowed key.
 
-    ``ℓ`` sums ``p`` before dropout; ``z`` sums ``p·ρ·V`` (the dropped-out weights).
+    ``ℓ`` sums ``p`` before dropout; ``z`` sums ``p·ρ·V`` (the dropped-out weights), the
+    product by ``ctx.pv_product``. ``floor``: the running max ``m_old`` of a context with
+    ``running_max`` (FlashAttention-2's order): the summary is taken at ``max(m, m_old)``,
+    the same summary (``(m, ℓ, z) ~ (m', ℓe^{m−m'}, ze^{m−m'})``), ``p`` computed against it.
     """
     m = ctx.rowmax(s)
+    if floor is not None:
+        m = ctx.maximum(m, floor)
     p = ctx.exp_shifted(s, safe_shift(ctx, m))
     l = ctx.rowsum(p)
     weights = p if rho is None else p * rho
-    z = ctx.matmul(ctx.round_p(weights), v)
+    z = ctx.pv_product(weights, v)
     return Summary(m, l, z)
 
 
@@ -316,8 +323,9 @@ def forward(
             if dropout is None
             else dropout.factors(ctx, flat_index, tile.index.i, tile.index.j)
         )
-        block = block_summary(ctx, s, v[..., cols, :], rho)
         old = Summary(state.m[..., rows], state.l[..., rows], state.z[..., rows, :])
+        running = {"floor": old.m} if ctx.running_max else {}
+        block = block_summary(ctx, s, v[..., cols, :], rho, **running)
         new = merge(ctx, old, block)
         state.m[..., rows], state.l[..., rows], state.z[..., rows, :] = new.m, new.l, new.z
     merged = Summary(*(_logical(geometry, x) for x in (state.m, state.l, state.z)))

@@ -70,7 +70,17 @@ class Arith:
     * ``block`` — the key-block size ``b``; None is the worst case, one key per block
       (it bounds every ``b``); naive attention is any ``b ≥ n_k``;
     * ``funcs`` — exp, log and tanh err by at most ``funcs·u`` relative (4: NumPy's float32
-      SIMD exp and log reach 3.6u and 4.0u; torch's 1.6u; correctly rounded is 1).
+      SIMD exp and log reach 3.6u and 4.0u; torch's 1.6u; correctly rounded is 1);
+    * ``quant_rel``, ``quant_abs`` — a quantisation of the inputs before they are held in
+      ``input`` (with ``input_rounding``): ``|x̂ − x| ≤ quant_rel·|x| + quant_abs`` per entry
+      (a block-scaled minifloat: its ``u`` and the largest block's ``s·μ``; an integer
+      format: ``s/2``; :mod:`exactattn.quantize`);
+    * ``pv_acc``, ``pv_chunk`` — the accumulator of the ``p·V`` product when it is not
+      ``acc`` (an FP8 MMA's FP22), and the terms it sums before each addition into an
+      ``acc`` buffer (two-level accumulation; None: the whole block in ``pv_acc``);
+    * ``p_normalized`` — ``p`` is cast after the division by ``ℓ`` (naive attention's
+      ``P = softmax(S)``): a cast's absolute error ``μ_p`` is then ``ℓ·μ_p`` in units of
+      ``e^{s − m}`` (the tiled algorithm casts ``e^{s − m_t} ≤ 1`` and needs no factor).
     """
 
     input: Format
@@ -81,6 +91,11 @@ class Arith:
     grad_cast: Format | None = None
     block: int | None = None
     funcs: float = 4.0
+    quant_rel: float = 0.0
+    quant_abs: float = 0.0
+    pv_acc: Format | None = None
+    pv_chunk: int | None = None
+    p_normalized: bool = False
 
     def __post_init__(self) -> None:
         for name in ("input", "compute", "acc", "output"):
@@ -93,6 +108,19 @@ class Arith:
             raise ValueError(f"block must be >= 1 or None; got {block}")
         if not (isinstance(self.funcs, (int, float)) and self.funcs >= 0):
             raise ValueError(f"funcs must be a number >= 0; got {self.funcs!r}")
+        for name in ("quant_rel", "quant_abs"):
+            x = getattr(self, name)
+            if not (
+                isinstance(x, (int, float)) and 0 <= x < (1 if name == "quant_rel" else math.inf)
+            ):
+                raise ValueError(f"{name} must be a finite number >= 0 (quant_rel < 1); got {x!r}")
+        if self.pv_acc is not None and not isinstance(self.pv_acc, Format):
+            raise TypeError(f"pv_acc must be a Format or None; got {self.pv_acc!r}")
+        chunk = self.pv_chunk
+        if chunk is not None and (
+            isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1
+        ):
+            raise ValueError(f"pv_chunk must be an int >= 1 or None; got {chunk!r}")
 
     @classmethod
     def ieee(
@@ -289,6 +317,9 @@ class _Units:
     mx: float
     ub: float  # the bias converted to compute
     mb: float
+    upv: float = 0.0  # ū of the p·V accumulator (Arith.pv_acc; 0: acc's, ua)
+    mpv: float = 0.0
+    pv_chunk: int | None = None
 
     @classmethod
     def of(cls, arith: Arith, input_rounding: bool) -> _Units:
@@ -305,6 +336,10 @@ class _Units:
         ua = _lg(arith.acc.u)
         if arith.block is None:  # one key per block bounds every b only if ū_a ≤ ū_c
             ua = max(ua, _lg(c.u))
+        if input_rounding and (arith.quant_rel or arith.quant_abs):  # quantised, then held
+            mx += arith.quant_abs * math.exp(ux + _lg(arith.quant_rel))
+            ux += _lg(arith.quant_rel)
+        pv = arith.pv_acc
         return cls(
             uc=_lg(c.u),
             u_c=c.u,
@@ -323,7 +358,21 @@ class _Units:
             mx=mx,
             ub=ub,
             mb=mb,
+            upv=0.0 if pv is None else max(_lg(pv.u), ua),
+            mpv=0.0 if pv is None else _mu(pv),
+            pv_chunk=arith.pv_chunk,
         )
+
+    def pv_terms(self, b: np.ndarray) -> np.ndarray:
+        """The budget of one term of a block's ``p·V`` sum of ``b`` terms: ``b·ū_a``, or in a
+        ``pv_acc`` of its own ``min(b, chunk)·ū_pv`` plus ``⌈b/chunk⌉`` additions into the
+        ``acc`` buffer (two-level; without a chunk, ``b·ū_pv``)."""
+        if not self.upv:
+            return b * self.ua
+        if self.pv_chunk is None:
+            return b * self.upv
+        c = self.pv_chunk
+        return np.minimum(b, c) * self.upv + -(-b // c) * self.ua
 
 
 # --- the problem, checked and laid out -----------------------------------------------------
@@ -608,7 +657,7 @@ def _forward(prob: _Problem, un: _Units, arith: Arith, rows: slice) -> _Forward:
     eta = np.where(ok, E + arg + T[..., None] * un.uf, 0.0)
     chain = 2 * np.maximum(T - 1, 0) * un.uc  # a rescale product and an addition per merge
     lam = np.maximum(b - 1, 0) * un.ua + un.res + chain  # ℓ only
-    theta = b * un.ua + un.res + chain + un.uc + un.up + un.ux  # z only (+ the division)
+    theta = un.pv_terms(b) + un.res + chain + un.uc + un.up + un.ux  # z only (+ the division)
     if prob.dropout:
         theta = theta + un.uc + prob.drho
     w_up, w_err = w * np.exp(eta), w * np.expm1(eta)
@@ -617,8 +666,9 @@ def _forward(prob: _Problem, un: _Units, arith: Arith, rows: slice) -> _Forward:
     num += np.expm1(lam)[..., None] * np.abs(y) * (1 + w_err.sum(axis=-1))[..., None]
     # gradual underflow, in units of the final e^{s − m}: exps, merges, casts, products
     a_l = un.mc * (count + 2 * T) / l
-    a_z = (un.mc * (1 + prob.rho_max) + un.mp) * (ok.astype(np.float64) @ av)
-    a_z = (a_z + (un.ma * count + 2 * un.mc * T)[..., None]) / l[..., None]
+    mp = un.mp * (l[..., None] if arith.p_normalized else 1.0)  # see Arith.p_normalized
+    a_z = (un.mc * (1 + prob.rho_max) + mp) * (ok.astype(np.float64) @ av)
+    a_z = (a_z + (max(un.ma, un.mpv) * count + 2 * un.mc * T)[..., None]) / l[..., None]
     # ℓ̂/ℓ ∈ [1 − fall, 1 + rise], summed as expm1 terms (Σ_j w_ij = 1 exactly)
     rise = (w * np.expm1(eta + lam[..., None])).sum(axis=-1) + a_l
     fall = -(w * np.expm1(-eta - lam[..., None])).sum(axis=-1) + a_l

@@ -53,6 +53,7 @@ FORMATS: dict[str, Format] = {
         Format("float16", 11, -14),
         Format("e4m3", 4, -6),
         Format("e5m2", 3, -14),
+        Format("e2m1", 2, 0),
     )
 }
 
@@ -72,6 +73,8 @@ ALIASES = {
     "e4m3fn": "e4m3",
     "float8_e4m3fn": "e4m3",
     "float8_e5m2": "e5m2",
+    "fp4": "e2m1",
+    "float4_e2m1fn": "e2m1",
 }
 LARGEST = {
     "float16": 65504.0,
@@ -80,6 +83,7 @@ LARGEST = {
     "float64": 1.7976931348623157e308,
     "e4m3": 448.0,  # e4m3fn: no infinity, the top exponent holds numbers up to 448
     "e5m2": 57344.0,
+    "e2m1": 6.0,  # OCP MX FP4: no infinity, no NaN
 }  # the largest finite number of each format
 LONGDOUBLE_NAMES = ("longdouble", "float128", "float96")
 

@@ -81,3 +81,19 @@ def ulps(error: np.ndarray, ref: np.ndarray, fmt: str) -> float:
         return float("nan")
     spacing = float(number_format(fmt).ulp(np.array([scale]))[0])
     return float(np.max(error[np.isfinite(error)], initial=0.0)) / spacing
+
+
+PAPER_METRICS = ("cossim", "rel_l1")
+
+
+def paper_metrics(x: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    """The low-bit papers' metrics of ``x`` against ``ref`` (SageAttention, arXiv:2410.02367
+    §5: cosine similarity ``Σx·r / (‖x‖‖r‖)`` and relative L1 ``Σ|x − r| / Σ|r|`` over all
+    entries; RMSE is :func:`error_metrics`' ``rmse``)."""
+    x, r = np.asarray(x, dtype=np.float64).ravel(), np.asarray(ref, dtype=np.float64).ravel()
+    norms = float(np.linalg.norm(x) * np.linalg.norm(r))
+    total = float(np.abs(r).sum())
+    return {
+        "cossim": float(x @ r) / norms if norms else float("nan"),
+        "rel_l1": float(np.abs(x - r).sum()) / total if total else float("nan"),
+    }

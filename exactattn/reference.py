@@ -59,7 +59,7 @@ def naive_forward(
     q, k, v = grouped(geometry, q, k, v)
     p, m, l, rho, _ = _probabilities(ctx, geometry, q, k, v, scale, mask, dropout, score_mod)
     weights = p if rho is None else p * rho
-    y = ctx.matmul(ctx.round_p(weights), ctx.compute(v))
+    y = ctx.pv_product(weights, ctx.compute(v))
     return tuple(_logical(geometry, x) for x in (y, m, l))
 
 

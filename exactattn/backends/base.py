@@ -6,9 +6,9 @@ the masks and the input checks call only the methods below, so the same code run
 floats, arbitrary-precision mpf numbers, arb balls, emulated formats and exact sympy
 expressions.
 
-The protocol, 30 methods in all:
+The protocol, 31 methods and one flag (``running_max``) in all:
 
-* converting — ``asarray``, ``compute``, ``output``, ``round_p`` (the precision policy's
+* converting — ``asarray``, ``compute``, ``output``, ``round_p``, ``pv_product`` (the policy's
   three element types, see :class:`ArrayContext`), ``as_compute``, ``adopt``;
 * numbers — ``scalar``, ``scalar_arg``, ``default_scale``, ``neg_inf``;
 * building — ``full``, ``zeros``, ``index``, ``broadcast_to``;
@@ -77,6 +77,15 @@ class ArrayContext:
     def round_p(self, p: Array) -> Array:
         """Round ``p`` as the precision policy prescribes before the ``p·V`` product."""
         return p
+
+    def pv_product(self, p: Array, v: Array) -> Array:
+        """``round_p(p) · V``: the product a low-bit context accumulates in its own format
+        (:mod:`exactattn.backends.lowbit_backend`); everyone else's ``matmul``."""
+        return self.matmul(self.round_p(p), v)
+
+    #: FlashAttention-2's online softmax: a block's ``p`` is taken against the running max
+    #: ``max(m_old, m_block)`` (the same summary; what a cast of ``p`` sees differs).
+    running_max: bool = False
 
     def as_compute(self, x: Any) -> Array:
         """Convert a caller's array straight to the compute type (retained statistics)."""

@@ -1,7 +1,8 @@
 """FP8 (e4m3, e5m2) through torch's float8 dtypes: FlashAttention-3's baseline FP8.
 
 FlashAttention-3 §4.3's *baseline FP8* quantises Q, K, V per tensor (one scale
-``s = amax|X| / max_fp8``, ``X ≈ s·fp8(X/s)``: :func:`quantize_per_tensor`), multiplies with
+``s = amax|X| / max_fp8``, ``X ≈ s·fp8(X/s)``: :func:`exactattn.quantize.quantize_per_tensor`,
+NumPy only, one rounding for every low-bit format), multiplies with
 an fp32 accumulator and casts ``P`` to FP8 for the ``P·V`` product. The dequantised inputs
 are fp32 numbers (exact: an FP8 value times ``s`` fits fp32's 24 bits up to one rounding).
 :class:`Fp8Context` is the torch context of that policy: storage and compute as
@@ -12,8 +13,6 @@ configurations), and ``round_p`` casts ``p ∈ [0, 1]`` to torch's float8 dtype 
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
 
 from ..optional import needs
 from .torch_backend import TorchContext
@@ -45,16 +44,3 @@ def torch_context(storage: str, compute: str, p_cast: str | None) -> TorchContex
     if p_cast in FP8_DTYPES:
         return Fp8Context(p_cast, storage, compute=compute)
     return TorchContext(storage, compute=compute, p_cast=p_cast)
-
-
-def tensor_scale(x: np.ndarray, fmt: str) -> float:
-    """The per-tensor scale ``s = amax|x| / max_fp8`` (1 for an all-zero tensor)."""
-    amax = float(np.max(np.abs(x))) if x.size else 0.0
-    return amax / float(torch.finfo(FP8_DTYPES[fmt]).max) if amax > 0 else 1.0
-
-
-def quantize_per_tensor(x: np.ndarray, fmt: str) -> np.ndarray:
-    """``s·fp8(x/s)`` with ``s = amax|x| / max_fp8`` (float64 in, float64 out)."""
-    scale = tensor_scale(x, fmt)
-    q = torch.from_numpy(np.asarray(x, dtype=np.float64) / scale).to(FP8_DTYPES[fmt])
-    return q.to(torch.float64).numpy() * scale

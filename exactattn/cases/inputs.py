@@ -8,6 +8,11 @@ The precision sweep's (:func:`make_inputs`: ``Q, K, V`` and ``G`` of one problem
 * ``large-logits``: N(0, 16), so the scores ``c·q·k`` have standard deviation 16 at the
   default scale (softmax nearly one-hot, exponent range stressed).
 
+* ``sink-A`` (``A`` a whole number): N(0, 1) with an *attention sink* of strength ``A``:
+  every query's first coordinate is 1 and key 0 is ``(A·√d, 0, …, 0)``, so at the default
+  scale ``c = 1/√d`` key 0 scores exactly ``A`` against every row, while the other scores
+  stay ``~N(0, 1)`` (``c²(1 + Σ_{r>0} q_ir²) ≈ 1``): arXiv:2606.06521's sink.
+
 ``G`` is always N(0, 1). The generator's seed is a pure function of the sweep seed, the
 distribution and the sizes, so every grid point sees the same inputs in every run, on
 every worker, whatever the order.
@@ -29,6 +34,8 @@ distribution is a new name.
 
 from __future__ import annotations
 
+import math
+import re
 import zlib
 from collections.abc import Callable
 
@@ -70,7 +77,8 @@ DISTRIBUTIONS: dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.nda
     "uniform_int": _uniform_int,
     "large_logits": _normal,
 }
-SWEPT = ("normal", "fa3-outliers", "large-logits")  # what make_inputs draws
+SWEPT = ("normal", "fa3-outliers", "large-logits")  # what make_inputs draws (and sink-A)
+SINK = re.compile(r"sink-(\d+)")
 
 
 def fill(rng: np.random.Generator, shape: tuple[int, ...], name: str) -> np.ndarray:
@@ -88,9 +96,14 @@ def input_seed(seed: int, dist: str, n: int, d: int) -> int:
 
 def make_inputs(dist: str, n: int, d: int, seed: int) -> dict[str, np.ndarray]:
     """``{"q", "k", "v", "g"}`` of shape (n, d) drawn from ``dist`` with the problem's seed."""
-    if dist not in SWEPT:
-        raise ValueError(f"dist must be one of {sorted(SWEPT)}; got {dist!r}")
+    sink = SINK.fullmatch(dist)
+    if dist not in SWEPT and sink is None:
+        raise ValueError(f"dist must be one of {sorted(SWEPT)} or sink-A; got {dist!r}")
     rng = np.random.default_rng(input_seed(seed, dist, n, d))
-    draw = DISTRIBUTIONS[dist]
+    draw = DISTRIBUTIONS["normal" if sink else dist]
     q, k, v = (draw(rng, (n, d)) for _ in range(3))
+    if sink:
+        q[:, 0] = 1.0
+        k[0] = 0.0
+        k[0, 0] = int(sink.group(1)) * math.sqrt(d)
     return {"q": q, "k": k, "v": v, "g": rng.standard_normal((n, d))}

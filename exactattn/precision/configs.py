@@ -28,7 +28,7 @@ from .. import bounds, targets
 from ..backends.base import ArrayContext
 from ..formats import Format, get_format
 
-SWEEP_BACKENDS = ("numpy", "torch", "mpmath", "emulated")
+SWEEP_BACKENDS = ("numpy", "torch", "mpmath", "emulated", "lowbit")
 GRANULARITY = {"numpy": "native", "torch": "native", "mpmath": "scalar"}
 
 
@@ -46,8 +46,18 @@ class Config:
     granularity: str = "native"
 
     @property
+    def scheme(self) -> Any:
+        """The low-bit scheme (:mod:`exactattn.lowbit`) of a ``lowbit`` configuration."""
+        from ..lowbit import SCHEMES
+
+        return SCHEMES[self.quantize] if self.backend == "lowbit" else None
+
+    @property
     def input_format(self) -> Format:
-        """The format the inputs are rounded to (FP8 for quantised configurations)."""
+        """The format the inputs are rounded to (FP8 for quantised configurations; a
+        low-bit scheme's coarsest)."""
+        if self.scheme is not None:
+            return get_format(self.scheme.ulp_format)
         return get_format(self.quantize or self.storage)
 
     @property
@@ -78,13 +88,21 @@ class Config:
         ``input_rounding``: its registry entry's (:meth:`exactattn.targets.Variant.arith`)."""
         return targets.variant(self.name).arith(block, inputs)
 
-    def prepare(self, x: np.ndarray) -> np.ndarray:
-        """The input as this configuration receives it (FP8 per-tensor quantised if set)."""
+    def prepare(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``q, k, v`` as this configuration receives them: FP8 per-tensor quantised if
+        set, a low-bit scheme's transformed and quantised inputs (:meth:`Scheme.hold`)."""
+        if self.scheme is not None:
+            return self.scheme.hold(inputs)["inputs"]
         if self.quantize is None:
-            return x
-        from ..backends import fp8_backend as fp8
+            return inputs
+        from ..quantize import quantize_per_tensor
 
-        return fp8.quantize_per_tensor(x, self.quantize)
+        return {x: quantize_per_tensor(a, self.quantize) for x, a in inputs.items()}
+
+    def exact(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The float64 inputs the bound is taken on: a scheme's exact transformations of
+        them (the same exact attention), else the inputs."""
+        return inputs if self.scheme is None else self.scheme.exact(inputs)[0]
 
 
 @functools.cache

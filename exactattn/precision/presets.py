@@ -4,6 +4,7 @@ Knobs of a grid point: ``config`` (see :mod:`.configs`), ``n`` (n_q = n_k), ``d`
 dim, v = d), ``block`` (key-block size ``b``), ``dist`` (:mod:`.inputs`), ``scale`` (the
 score scale as a multiple of ``1/sqrt(d)``), ``mask`` (``none``, ``causal``, ``window``:
 a sliding window of ``n/8`` keys to the left), ``seed`` and ``grads`` (measure dQ, dK,
+<<<<<<< HEAD
 dV too), ``splits`` (split-KV: the keys in that many equal parts, each part's ``(y_t,
 lse_t)`` computed by the configuration and returned in its input format, merged by
 :func:`exactattn.merge_partials`; forward only) and ``merge`` (the merge's arithmetic:
@@ -12,6 +13,11 @@ offset ``δ`` from the smallest lse: ``σ = δ + min_i lse_i``, :mod:`exactattn.
 forward only). A preset may add
 ``reference_prec`` (bits of the certified reference) and ``description``. Add a preset by
 adding a dict here; no library code changes.
+=======
+dV too). A preset may add ``reference_prec`` (bits of the certified reference),
+``reference`` (``"fast"``: the float64 certified reference where it serves, arb where it
+cannot) and ``description``. Add a preset by adding a dict here; no library code changes.
+>>>>>>> lowbit
 
 Scaling to a 2-core CPU: the certified reference costs about ``1.2 s · (n/1024)² · d/64``
 forward, ``3 s`` with the gradients (one core, 96 bits); mpmath runs cost ~1 µs per
@@ -63,6 +69,24 @@ FULL_KNOBS: dict[str, list[Any]] = {
 # score modifications (exactattn.precision.grid.score_terms): additive ALiBi, T5 relative
 # buckets, a random bias with −∞ entries, and logit soft-capping
 SCORES = ("none", "alibi", "t5", "bias-inf", "softcap")
+
+LOWBIT_SCHEMES = (
+    "fa3-fp8-tensor",
+    "fa3-fp8-block",
+    "fa3-fp8-block-hadamard",
+    "sage1",
+    "sage2-int8",
+    "sage2-int8-fp22",
+    "sage2-int4",
+    "sage3-nvfp4",
+    "mxfp4",
+    "pcast-fwd",
+    "pcast-fwd-s256",
+    "pcast-rev",
+    "pcast-rev-s256",
+)
+PCAST = ("pcast-fwd", "pcast-fwd-s256", "pcast-rev", "pcast-rev-s256")
+SINKS = (4, 6, 8, 10, 12)  # attention-sink strengths A (cases.inputs: key 0 scores A)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
@@ -302,6 +326,64 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "n": [64, 128],
                 "d": [16],
                 "block": [16, 64],
+            },
+        ],
+    },
+    "lowbit": {
+        "description": "low-bit attention (exactattn.lowbit: FA3 FP8, SageAttention 1/2/3, "
+        "MXFP4, the P cast to e4m3 in forward and reverse key order) against the certified "
+        "reference (float64, exactattn.fast_reference) and the fp16/bf16 FA-2 baselines, "
+        "forward only: N(0,1), FA3's outliers, large logits, attention sinks of strength "
+        "4..12, n up to 4096 (11 min wall on 2 cores shared at load 10–15)",
+        "seeds": [0],
+        "reference": "fast",
+        "grids": [
+            {  # FlashAttention-3 §4.3's FP8 claim: per-tensor vs block vs block + Hadamard
+                "config": [*LOWBIT_SCHEMES[:3], "np-fa2-fp16"],
+                "n": [1024],
+                "d": [64, 128],
+                "block": [128],
+                "dist": ["normal", "fa3-outliers"],
+                "grads": [False],
+            },
+            {  # every scheme and both baselines at the papers' kinds of inputs
+                "config": [*LOWBIT_SCHEMES, "np-fa2-fp16", "torch-fa2-bf16"],
+                "n": [512],
+                "d": [64],
+                "block": [64],
+                "dist": ["normal", "fa3-outliers", "large-logits"],
+                "grads": [False],
+            },
+            {  # arXiv:2606.06521: the P cast behind an attention sink, by its strength
+                "config": [*PCAST, "np-fa2-fp16"],
+                "n": [1024],
+                "d": [64],
+                "block": [64],
+                "dist": [f"sink-{a}" for a in SINKS],
+                "grads": [False],
+            },
+            {  # long sequences
+                "config": ["fa3-fp8-block-hadamard", "pcast-fwd", "pcast-rev"],
+                "n": [4096],
+                "d": [64],
+                "block": [128],
+                "dist": ["sink-8"],
+                "grads": [False],
+            },
+        ],
+    },
+    "lowbit-tiny": {
+        "description": "the lowbit preset scaled down to seconds (for tests)",
+        "seeds": [0],
+        "reference": "fast",
+        "grids": [
+            {
+                "config": [*LOWBIT_SCHEMES, "np-fa2-fp16"],
+                "n": [64],
+                "d": [32],
+                "block": [32],
+                "dist": ["normal", "fa3-outliers", "sink-8"],
+                "grads": [False],
             },
         ],
     },

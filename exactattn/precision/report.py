@@ -18,6 +18,7 @@ import numpy as np
 
 from ..optional import needs
 from .golden import ROUNDINGS, bf16_along, bits_grid, emulated, pair
+from .lowbit_report import lowbit_section
 
 with needs("the sweep's report (exactattn.precision.report)"):
     import pandas as pd
@@ -450,7 +451,8 @@ def write_report(
         f"capabilities, {int((~skipped_runs).sum()) - len(ok)} failed) of "
         f"{df['config'].nunique()} configurations, in {seconds:.1f} s this session. "
         "Reference: naive attention over arb balls (exactattn.certified), precision chosen "
-        f"per problem ({_prec_range(df)} bits); largest ball radius "
+        f"per problem ({_prec_range(df)} bits; 53: the float64 certified reference, "
+        "exactattn.fast_reference); largest ball radius "
         f"{df['ref_radius'].max():.3g}, slowest reference {df['ref_seconds'].max():.2f} s."
     )
     failed = df[(status != "ok") & ~skipped_runs]
@@ -514,6 +516,7 @@ def write_report(
             "Published shapes are GPU-sized; ours are scaled to a 2-core CPU (see "
             "the shape column). The reference is the certified arb result, not FP64.",
         ]
+    lines += lowbit_section(df, _table)
     lines += golden_section(df)
     gold = golden_table(df)
     if gold:

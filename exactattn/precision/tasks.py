@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,18 +24,29 @@ import numpy as np
 from .. import api, bounds
 from ..cases import Case, hold
 from ..cases.inputs import input_seed
-from ..cases.reference import Reference, certified
+from ..cases.reference import Reference, certified, fast
 from ..merge import merge_partials
-from ..metrics import METRICS, deviation, error_metrics
+from ..metrics import METRICS, PAPER_METRICS, deviation, error_metrics, paper_metrics
 from .configs import Config, get_config, to_float64
 from .grid import MERGES, Point, Problem
 
 SWEPT = ("y", "dq", "dk", "dv")  # the outputs the sweep measures (its CSV's columns)
 
 
-def reference_task(problem: Problem, prec: int | None, workers: int = 1) -> Reference:
+def reference_task(
+    problem: Problem, prec: int | None, workers: int = 1, kind: str = "arb"
+) -> Reference:
     """The certified reference of one problem's case (``prec=None``: chosen by the
-    reference; ``workers``: processes its blocks of rows are split over)."""
+    reference; ``workers``: processes its blocks of rows are split over). ``kind="fast"``:
+    the float64 certified reference (:func:`exactattn.cases.reference.fast`) where it can
+    serve — its radius is added to every error, so it is sound, and a low-bit scheme's
+    errors (≥ 2^-24) dwarf it — else the arb one."""
+    if kind not in ("arb", "fast"):
+        raise ValueError(f"reference kind must be 'arb' or 'fast'; got {kind!r}")
+    if kind == "fast":
+        ref = fast(problem.case(), grads=problem.grads)
+        if ref is not None:
+            return ref
     return certified(problem.case(), grads=problem.grads, prec=prec, workers=workers)
 
 
@@ -97,17 +108,23 @@ class _Configured:
         self.ulp_format = config.ulp_format
 
     def run(self, impl: str, case: Case, grads: bool, sinks: np.ndarray | None = None) -> dict:
-        inputs = {x: self.config.prepare(getattr(case, x)) for x in "qkv"}
+        inputs = self.config.prepare({x: getattr(case, x) for x in "qkv"})
         return _run(impl, case, grads, self.ctx, {**inputs, "g": case.g}, sinks)
+
+    def measures(self) -> dict[str, Any]:
+        """What the context counted during the last run (a low-bit ``p`` cast's underflow)."""
+        measure = getattr(self.ctx, "measures", None)
+        return measure() if measure is not None else {}
 
     def bound(self, impl: str, case: Case, grads: bool) -> dict:
         """The tiled reverse freezes ``m, ℓ`` and reads ``δ = G·Y``; naive attention is one
         block of ``n`` keys with ``δ`` summed over ``P``; every row in one reverse tile."""
         tiled = impl == "tiled"
         n = case.sizes["n_k"]
-        original = {x: getattr(case, x) for x in "qkv"}
+        original = self.config.exact({x: getattr(case, x) for x in "qkv"})
+        arith = self.config.arith(original, case.block_size if tiled else n)
         return bounds.bounds(
-            self.config.arith(original, case.block_size if tiled else n),
+            replace(arith, p_normalized=not tiled),
             *original.values(),
             case.g if grads else None,
             scale=case.scale,
@@ -237,7 +254,7 @@ class _Split:
         if impl == "naive":
             return self.unit.run(impl, case, grads)
         config, ctx = self.unit.config, self.unit.ctx
-        arrays = {x: config.prepare(getattr(case, x)) for x in "qkv"}
+        arrays = config.prepare({x: getattr(case, x) for x in "qkv"})
         merged_in = []
         for part, keywords in self._parts(case, arrays):
             y_t, stats = api.attention(*part.values(), backend=ctx, return_stats=True, **keywords)
@@ -377,11 +394,12 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
     if sigma is not None:
         unit = _Sink(unit, sigma, reference)
         reference = _SinkReference.of(reference, sigma)
-    results, status, seconds = {}, {}, {}
+    results, status, seconds, measured = {}, {}, {}, {}
     for impl in ("tiled", "naive"):
         start = time.perf_counter()
         try:
             results[impl] = unit.run(impl, case, point.grads)
+            measured[impl] = unit.measures() if isinstance(unit, _Configured) else {}
             status[impl] = "ok"
         except Skipped as why:
             results[impl], status[impl] = None, f"skipped: {why}"[:200]
@@ -417,12 +435,19 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
                 else {"max_abs": math.nan, "rmse": math.nan}
             )
             row[f"dev_{name}_max_abs"], row[f"dev_{name}_rmse"] = dev["max_abs"], dev["rmse"]
+        present = mine is not None and "y" in mine
+        y_ref = reference.hi["y"] + reference.lo["y"]
+        papers = paper_metrics(mine["y"], y_ref) if present else {}
+        row.update({f"y_{m}": papers.get(m, math.nan) for m in PAPER_METRICS})
+        row["p_underflow"] = measured.get(impl, {}).get("p_underflow", math.nan)
         row.update(_bound_columns(unit, case, point.grads, impl, mine, reference))
         rows.append(row)
     return rows
 
 
 BOUND_COLUMNS = ("bound_ratio", "grad_bound_ratio", "bound_max", "bound_vacuous")
+# the low-bit papers' metrics of Y, and the share of p > 0 a low-bit cast sent to 0
+LOWBIT_COLUMNS = (*(f"y_{m}" for m in PAPER_METRICS), "p_underflow")
 GRADS = ("dq", "dk", "dv")
 
 

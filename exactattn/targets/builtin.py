@@ -127,9 +127,14 @@ def emulated_target(name: str) -> Target:
 
 
 def config_target(name: str) -> Target:
-    """The entry of a precision configuration (a key of :data:`CONFIGS`, ``mpN`` or ``emu…``)."""
+    """The entry of a precision configuration (a key of :data:`CONFIGS`, ``mpN``, ``emu…``
+    or a low-bit scheme)."""
     if EMU.fullmatch(name):
         return emulated_target(name)
+    from ..lowbit import SCHEMES
+
+    if name in SCHEMES:
+        return lowbit_target(name)
     match = MP.fullmatch(name)
     if match:
         bits = int(match.group(1))
@@ -176,6 +181,40 @@ def config_target(name: str) -> Target:
             reverses=(("ml", "gy"),),  # the tiled reverse: frozen m, ℓ; δ = G·Y
         ),
         family=family,
+    )
+
+
+def lowbit_target(name: str) -> Target:
+    """The entry of a low-bit attention scheme (:data:`exactattn.lowbit.SCHEMES`): fp32
+    storage and compute on quantised inputs, forward only, no mask (reverse key order and
+    the smoothing's exactness need all keys), run by the sweep (``--preset lowbit``)."""
+    from ..lowbit import SCHEMES
+
+    scheme = SCHEMES[name]
+    return Target(
+        name=name,
+        convention="api",
+        loader=lambda: None,
+        caps=Capabilities(
+            dtypes=("float32",),
+            grads="low-bit schemes run forward only",
+            masks=(),
+            bias="low-bit schemes take no bias",
+            softcap="low-bit schemes take no soft-cap",
+        ),
+        claim=Claim(input="float32", scores="float32", stats="float32", acc="float32"),
+        description=f"low-bit scheme: {scheme.source}",
+        options=Options(
+            ctx=scheme.ctx,
+            backend="lowbit",
+            storage="float32",
+            compute="float32",
+            p_cast=None,
+            quantize=name,
+            exact_block=True,
+            reverses=(("ml", "gy"),),
+        ),
+        family="lowbit",
     )
 
 
@@ -341,7 +380,10 @@ def fa2_claim(dtype: str) -> Claim:
 
 def entries() -> list[Target]:
     """Every built-in exactattn entry (``mpN`` beyond the listed widths on demand)."""
+    from ..lowbit import SCHEMES
+
     out = [config_target(name) for name in CONFIGS]
     out += [config_target(f"mp{bits}") for bits in DIFFTEST_MP]
+    out += [lowbit_target(name) for name in SCHEMES]
     out += [_naive_numpy(), _sympy(), _flint(), _exactattn_torch(), _exactattn_triton()]
     return out

@@ -23,7 +23,7 @@ from .flex import Flex
 from .interfaces import CONVENTIONS as INTERFACES
 from .resolve import UnknownTarget, get
 
-OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated")  # contexts whose Arith is known
+OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated", "lowbit")  # contexts whose Arith is known
 
 
 @functools.cache
@@ -91,7 +91,7 @@ class Variant:
 
         fmt = self.claim.input or self.dtype
         if fmt in ("e4m3", "e5m2"):  # per-tensor FP8 quantisation
-            from ..backends.fp8_backend import quantize_per_tensor
+            from ..quantize import quantize_per_tensor
 
             return quantize_per_tensor(x, fmt)
         return hold(x, fmt)
@@ -133,14 +133,18 @@ class Variant:
         format).
         """
         options = self.target.options
+        if options.backend == "lowbit" and inputs is not None:  # a low-bit scheme's own
+            from ..lowbit import SCHEMES
+
+            return SCHEMES[options.quantize].arith(block, inputs)
         if self.target.convention == "api" and options.backend in OWN_ARITHMETIC:
             arith = Arith.of_context(options.ctx(), block=block)
             if options.quantize is None or inputs is None:
                 return arith
-            from ..backends import fp8_backend as fp8
+            from ..quantize import tensor_scale
 
             base = get_format(options.quantize)
-            s = max(fp8.tensor_scale(inputs[x], options.quantize) for x in "qkv")
+            s = max(tensor_scale(inputs[x], options.quantize) for x in "qkv")
             e_min = base.e_min + math.ceil(math.log2(s)) + 1  # 2^(e_min − p) ≥ 2·s·μ_fp8
             return replace(arith, input=Format(f"{options.quantize}*s", base.p, e_min))
         return self.claim.arith(block)
@@ -176,6 +180,8 @@ class Variant:
                 return f"{what}: {capability}" if isinstance(capability, str) else what
         if caps.equal_head_dims and n["d"] != n["v"]:
             return "needs v == d"
+        if self.target.options.backend == "lowbit":
+            return "low-bit schemes run in the sweep only (exactattn sweep --preset lowbit)"
         size = size_of(case.batch, n["n_q"], n["n_k"], n["d"], n["v"])
         if caps.max_size is not None and size > caps.max_size:
             return f"size {size} > {caps.max_size} (slow number system)"

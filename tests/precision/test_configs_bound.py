@@ -69,7 +69,7 @@ def test_torch_rows_plug_in_when_the_backend_imports():
 
 def test_fp8_quantisation_is_per_tensor_and_on_the_grid():
     torch = requires("torch")
-    from exactattn.backends import fp8_backend as fp8
+    from exactattn import quantize as fp8
 
     x = make_inputs("fa3-outliers", 64, 16, seed=0)["q"]
     xq = fp8.quantize_per_tensor(x, "e4m3")
