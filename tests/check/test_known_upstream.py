@@ -67,6 +67,26 @@ def test_the_causal_negative_scale_nan_is_known_upstream_for_torch_only():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_same_bug_as_rows_of_zeros_in_bfloat16_is_known_upstream_too():
+    """In bf16 with keys past the CPU kernel's first block the same +inf gives rows of
+    zeros, not NaN (found by the default check); the math backend stays right, and the
+    same case with a positive scale passes."""
+    from exactattn.cases import Draw, build_case
+
+    mask = {"kind": "causal", "align": "top-left"}
+    draw = Draw((1, 1), 3, 700, 8, 8, 512, mask=mask, dtype="bfloat16", data_seed=2)
+    negative = dataclasses.replace(build_case(draw), scale=-1.0)
+    positive = dataclasses.replace(negative, scale=1.0)
+    sdpa, math = (targets.Variant(targets.get(t), "bfloat16") for t in ("sdpa", "sdpa-math"))
+    options = Options(sampled=False, fast_reference=True)
+    found = check_case(negative, [sdpa, math], options)
+    assert [f.status for f in found] == ["fail", "ok"], [f.detail for f in found]
+    assert "(got 0," in found[0].detail and " nan" not in found[0].detail
+    assert reclassify(sdpa, negative, found[0]).status == "known-upstream"
+    assert [f.status for f in check_case(positive, [sdpa], options)] == ["ok"]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_replay_exits_zero_for_known_upstream_and_one_for_the_same_nan_elsewhere(capsys):
     assert main(["sdpa", "--replay", str(NEGATIVE)]) == 0
     assert "KNOWN-UPSTREAM sdpa[float32]" in capsys.readouterr().out
