@@ -745,7 +745,11 @@ def _reverse(
     r_q = (r_q + (prob.copies("q") - 1) * un.uc)[..., None]
     ak = np.abs(k)
     dq = ac * ((d_gam @ ak) * np.exp(r_q) + (agam @ ak) * np.expm1(r_q))
-    out.dq[..., rows, :] = dq + (ac * fw.count * un.ma + (fw.T + 3) * un.mc)[..., None]
+    # underflows, μ absolute each: in the scaled sum when c is applied first (autograd
+    # through s = c·(q·k) rounds c·γ_ij, then sums): not shrunk by a |c| < 1; and c·γ_ij's
+    # own underflow times |k_j|
+    floor_q = max(ac, 1.0) * (fw.count * un.ma + (fw.T + 3) * un.mc)
+    out.dq[..., rows, :] = dq + floor_q[..., None] + un.mc * ak.sum(axis=-2)[..., None, :]
     out.dq_exact[..., rows, :] = prob.c * (gam @ k)
     aq = np.abs(q)
     out.dk_err += _swap(d_gam) @ aq
@@ -778,8 +782,10 @@ def _key_side(prob: _Problem, un: _Units, s: _Sums, row_block: int | None) -> di
     col_q = np.abs(prob.q).sum(axis=-2, keepdims=True)
     col_g = np.abs(prob.g).sum(axis=-2, keepdims=True)
     floor = (s.count * un.ma + (tiles_j + prob.copies("k") + 3) * un.mc)[..., None]
-    dk = ac * (s.dk_err * np.exp(r_k) + s.dk_abs * np.expm1(r_k)) + ac * floor
-    dk = dk + ac * un.mx * col_q
+    # the underflows (floor; c·γ_ij's own times |q_i|) are μ absolute where c is applied
+    # before the sum (autograd through s = c·(q·k)): never shrunk by a |c| < 1
+    dk = ac * (s.dk_err * np.exp(r_k) + s.dk_abs * np.expm1(r_k)) + max(ac, 1.0) * floor
+    dk = dk + ac * un.mx * col_q + un.mc * col_q
     dv = s.dv_err + s.dv_up * np.expm1(r_v)[..., None] + floor
     dv = dv + (2 * un.mc + un.mg + un.mx) * prob.rho_max * col_g
     return {

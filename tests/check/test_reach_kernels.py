@@ -88,3 +88,28 @@ def test_a_reach_bug_is_caught_at_several_block_sizes(bug, seed):
 @pytest.mark.parametrize("block", [16, 64, 128])
 def test_the_correct_twin_passes_at_several_block_sizes(block):
     _check(None, block, 120, 1300)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_twin_passes_where_its_dk_is_float32_subnormal(seed):
+    """Found by the default check of the twin (b = 32, 64; seeds 0, 1, 4): autograd through
+    ``s = c·(q·k)`` rounds ``c·γ_ij`` before the dK products, so their underflows are μ each
+    in the scaled sum — the bound had charged ``c·μ`` (failed on every seed here before
+    :func:`exactattn.bounds._key_side` stopped shrinking them by ``|c| = 1/8``)."""
+    import numpy as np
+
+    from exactattn import targets
+    from exactattn.cases import Case
+    from exactattn.testing.check import Options, check_case
+
+    claim = targets.Claim.parse(kernels.CLAIM.replace(f"block={kernels.BLOCK}", "block=16"))
+    supports = targets.Capabilities.parse("dropout=no", targets.user_capabilities("sdpa"))
+    fn = kernels.sdpa(None, 16)
+    target = targets.from_callable(fn, convention="sdpa", claim=claim, supports=supports)
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 1, 1, 64)) * 2.0**-140  # dK_j = c·Σ γ q: fp32 subnormals
+    k, v, g = (rng.standard_normal(shape) for shape in ((1, 1, 40, 64),) * 2 + ((1, 1, 1, 64),))
+    case = Case(q, k, v, g, 16, dtype="float32")
+    (found,) = check_case(case, [targets.Variant(target, "float32")], Options(fast_reference=True))
+    assert found.status == "ok", found.detail
