@@ -22,7 +22,7 @@ from typing import Any
 from ..formats import canonical_name
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group", "qsplit")
+CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group", "qsplit", "ftz")
 NAIVE_BLOCK = 0  # ``block=0``: one block spanning every key (naive attention)
 
 
@@ -37,6 +37,11 @@ class Claim:
     ``qsplit``: a backward that forms dK, dV one block of ``qsplit`` query rows at a time,
     rounds each block's part to the output format and sums the parts in it (torch's CPU
     flash backward; None: one rounding of the whole sum).
+    ``ftz``: a format whose casts from the compute format (``p``, γ, the outputs, the parts
+    and group sums) flush subnormal results to zero, as torch's CPU flash kernel's
+    vectorised fp32 → bf16 conversions do (measured: a bf16 dK whose exact value is
+    1.06e-38 returned 0; its fp16 casts round them): each such cast then errs by up to the
+    smallest normal number, not half the subnormal spacing.
     ``block=None`` means "not stated": the bound then assumes the worst case,
     one key per block; ``block=0`` is one block over all keys (naive attention).
     """
@@ -49,6 +54,7 @@ class Claim:
     block: int | None = None
     group: str | None = None
     qsplit: int | None = None
+    ftz: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Claim:
@@ -76,6 +82,8 @@ class Claim:
                 values[key] = int(value)
             elif key == "group" and value == "input":
                 values[key] = value
+            elif key == "ftz" and value == "no":
+                values[key] = None
             else:
                 values[key] = canonical_name(value)
         return cls(**values)

@@ -40,15 +40,16 @@ def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:
     policy = target.options.policy
     group = dtype if base.group == "input" else base.group
     qsplit = base.qsplit if device == "cpu" else None
+    ftz = base.ftz if device == "cpu" else None  # measured on the CPU kernels only
     if policy == "fa2":
         fa2 = builtin.fa2_claim(dtype).resolve(dtype)
-        return replace(fa2, block=block, group=group, qsplit=qsplit)
+        return replace(fa2, block=block, group=group, qsplit=qsplit, ftz=ftz)
     if policy == "upcast":
         wide = dtype if dtype in ("float32", "float64") else "float32"
-        return Claim(dtype, wide, wide, wide, wide, block, group, qsplit)
+        return Claim(dtype, wide, wide, wide, wide, block, group, qsplit, ftz)
     if policy == "eager":
         p = "float32" if dtype == "float64" else dtype
-        return Claim(dtype, dtype, "float32", p, dtype, NAIVE_BLOCK, group, qsplit)
+        return Claim(dtype, dtype, "float32", p, dtype, NAIVE_BLOCK, group, qsplit, ftz)
     return replace(base.resolve(dtype), block=block)
 
 
@@ -144,13 +145,19 @@ class Variant:
             e_min = base.e_min + math.ceil(math.log2(s)) + 1  # 2^(e_min − p) ≥ 2·s·μ_fp8
             return replace(arith, input=Format(f"{options.quantize}*s", base.p, e_min))
         claim = self.claim
-        fmt = number_format
-        compute = max((fmt(claim.scores), fmt(claim.stats)), key=lambda f: f.u)
+        compute = max((number_format(claim.scores), number_format(claim.stats)), key=lambda f: f.u)
+
+        def fmt(name: str) -> Format:  # a narrower cast that flushes: μ = the least normal
+            f = number_format(name)
+            if f.name == claim.ftz and f.e_min is not None and f.p < compute.p:
+                return replace(f, e_min=f.e_min + f.p)
+            return f
+
         p = fmt(claim.p) if fmt(claim.p).u > compute.u else None
         return Arith(
-            input=fmt(claim.input),
+            input=number_format(claim.input),
             compute=compute,
-            acc=fmt(claim.acc) if fmt(claim.acc).u >= compute.u else compute,
+            acc=number_format(claim.acc) if number_format(claim.acc).u >= compute.u else compute,
             output=fmt(claim.input),
             p=p,
             grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs

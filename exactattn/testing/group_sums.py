@@ -117,7 +117,7 @@ def widened(variant: Any, case: Case, ref: Reference, bound: dict[str, Any]) -> 
 
     if "dk" not in bound:
         return bound
-    out = number_format(variant.claim.input)
+    out = variant.arith(None).output  # the claim's output format (ftz: its flush charged)
     summed, qsplit = variant.group_sum, variant.claim.qsplit
     extras = []
     if case.group > 1 and summed is not None:

@@ -125,3 +125,29 @@ def test_the_query_split_term_takes_any_leading_dims(batch):
     variant = targets.Variant(targets.get("sdpa"), "float32")
     (found,) = check_case(case, [variant], Options(fast_reference=True))
     assert found.status == "ok", found.detail
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_cpu_flash_kernels_flush_to_zero_is_claimed_and_needed(seed):
+    """Found by the default check (seed 0): SDPA's CPU flash backward returned bf16 dK = 0
+    where the exact value is the bf16 subnormal 1.06e-38 (its vectorised fp32 → bf16 casts
+    flush subnormals; the math backend rounds them): ``ftz=bf16`` on the CPU claim charges
+    each bf16 cast the smallest normal. The same case fails the claim without it."""
+    import numpy as np
+
+    assert Claim.parse("ftz=bf16").ftz == "bfloat16" and Claim.parse("ftz=no").ftz is None
+    with pytest.raises(ValueError, match="unknown number format"):
+        Claim.parse("ftz=maybe")
+    assert targets.claim_for(targets.get("sdpa"), "bfloat16").ftz == "bfloat16"
+    assert targets.claim_for(targets.get("sdpa"), "bfloat16", "cuda").ftz is None
+    assert targets.claim_for(targets.get("sdpa-math"), "bfloat16").ftz is None
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 1, 40, 8)) * 2.0**-128  # dK = c·Σ γ q: bf16 subnormals
+    k, v, g = (rng.standard_normal((1, 1, 40, 8)) for _ in range(3))
+    case = Case(q, k, v, g, 512, mask={"kind": "causal", "align": "top-left"}, dtype="bfloat16")
+    told = targets.Variant(targets.get("sdpa"), "bfloat16")
+    untold = targets.Variant(_without(told.target, ftz=None), "bfloat16")
+    found = check_case(case, [told, untold], Options(fast_reference=True))
+    assert [f.status for f in found] == ["ok", "fail"], [f.detail for f in found]
+    assert found[1].detail.startswith("dk[")
