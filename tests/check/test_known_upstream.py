@@ -151,3 +151,24 @@ def test_the_cpu_flash_kernels_flush_to_zero_is_claimed_and_needed(seed):
     found = check_case(case, [told, untold], Options(fast_reference=True))
     assert [f.status for f in found] == ["ok", "fail"], [f.detail for f in found]
     assert found[1].detail.startswith("dk[")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_cpu_flash_dq_key_block_parts_are_claimed_and_needed(seed):
+    """Found by the default check (seed 0): fp16 dQ = −5.96e-8 where the exact value is
+    −1.4e-8 — torch's CPU flash backward rounds dQ's part of each 512-key block to fp16
+    and sums the parts in fp16 (parts 1.9e-8 and −3.3e-8 became 0 and −5.96e-8). The
+    query-split claim charges them (one query row here: only dQ's parts are in play);
+    without it the same case fails on dQ."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((1, 1, 1, 64)) * 4e-6, rng.standard_normal((1, 1, 1100, 64)) * 4e-6
+    v, g = rng.standard_normal((1, 1, 1100, 64)), rng.standard_normal((1, 1, 1, 64))
+    case = Case(q, k, v, g, 512, dtype="float16")
+    told = targets.Variant(targets.get("sdpa"), "float16")
+    untold = targets.Variant(_without(told.target, qsplit=None), "float16")
+    found = check_case(case, [told, untold], Options(fast_reference=True))
+    assert [f.status for f in found] == ["ok", "fail"], [f.detail for f in found]
+    assert found[1].detail.startswith("dq[")
