@@ -795,7 +795,11 @@ def _reverse(
     r_q = (r_q + (prob.copies("q") - 1) * un.uc)[..., None]
     ak = np.abs(k)
     dq = ac * ((d_gam @ ak) * np.exp(r_q) + (agam @ ak) * np.expm1(r_q))
-    out.dq[..., rows, :] = dq + (ac * fw.count * un.ma + (fw.T + 3) * un.mc)[..., None]
+    # underflows, μ absolute each: in the scaled sum when c is applied first (autograd
+    # through s = c·(q·k) rounds c·γ_ij, then sums): not shrunk by a |c| < 1; and c·γ_ij's
+    # own underflow times |k_j|
+    floor_q = max(ac, 1.0) * (fw.count * un.ma + (fw.T + 3) * un.mc)
+    out.dq[..., rows, :] = dq + floor_q[..., None] + un.mc * ak.sum(axis=-2)[..., None, :]
     out.dq_exact[..., rows, :] = prob.c * (gam @ k)
     aq = np.abs(q)
     out.dk_err += _swap(d_gam) @ aq
@@ -828,8 +832,10 @@ def _key_side(prob: _Problem, un: _Units, s: _Sums, row_block: int | None) -> di
     col_q = np.abs(prob.q).sum(axis=-2, keepdims=True)
     col_g = np.abs(prob.g).sum(axis=-2, keepdims=True)
     floor = (s.count * un.ma + (tiles_j + prob.copies("k") + 3) * un.mc)[..., None]
-    dk = ac * (s.dk_err * np.exp(r_k) + s.dk_abs * np.expm1(r_k)) + ac * floor
-    dk = dk + ac * un.mx * col_q
+    # the underflows (floor; c·γ_ij's own times |q_i|) are μ absolute where c is applied
+    # before the sum (autograd through s = c·(q·k)): never shrunk by a |c| < 1
+    dk = ac * (s.dk_err * np.exp(r_k) + s.dk_abs * np.expm1(r_k)) + max(ac, 1.0) * floor
+    dk = dk + ac * un.mx * col_q + un.mc * col_q
     dv = s.dv_err + s.dv_up * np.expm1(r_v)[..., None] + floor
     dv = dv + (2 * un.mc + un.mg + un.mx) * prob.rho_max * col_g
     return {
@@ -880,12 +886,42 @@ def bounds(
     The bound is evaluated in float64, ``CHUNK`` score entries at a time (no (n_q, n_k)
     array beyond a chunk of rows).
     """
+    return bounds_max(
+        arith, q, k, v, g, reverses=((stats, delta),), scale=scale, allowed=allowed, rho=rho,
+        bias=bias, softcap=softcap, enable_gqa=enable_gqa, row_block=row_block,
+        input_rounding=input_rounding,
+    )  # fmt: skip
+
+
+def bounds_max(
+    arith: Arith,
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any = None,
+    *,
+    reverses: tuple[tuple[str, str], ...],
+    scale: float | None = None,
+    allowed: Any = None,
+    rho: Any = None,
+    bias: Any = None,
+    softcap: float | None = None,
+    enable_gqa: bool = False,
+    row_block: int | None = None,
+    input_rounding: bool = False,
+) -> dict[str, np.ndarray]:
+    """The entrywise largest of :func:`bounds` over the reverse structures ``reverses``
+    (``(stats, delta)`` pairs: a reverse that may use any of them), the forward evaluated
+    once for all (it does not depend on the structure)."""
     if not isinstance(arith, Arith):
         raise TypeError(f"arith must be an Arith; got {type(arith).__name__}")
-    if stats not in STATS:
-        raise ValueError(f"stats must be one of {STATS}; got {stats!r}")
-    if delta not in DELTAS:
-        raise ValueError(f"delta must be one of {DELTAS}; got {delta!r}")
+    if not reverses:
+        raise ValueError("reverses must name at least one (stats, delta) structure")
+    for stats, delta in reverses:
+        if stats not in STATS:
+            raise ValueError(f"stats must be one of {STATS}; got {stats!r}")
+        if delta not in DELTAS:
+            raise ValueError(f"delta must be one of {DELTAS}; got {delta!r}")
     if row_block is not None and (
         isinstance(row_block, bool) or not isinstance(row_block, int) or row_block < 1
     ):
@@ -895,35 +931,48 @@ def bounds(
     un = _Units.of(arith, input_rounding)
     prob = _problem(q, k, v, g, scale, allowed, rho, bias, softcap, enable_gqa, un)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # inf: vacuous
-        return _evaluate(prob, un, arith, stats, delta, row_block)
+        return _evaluate(prob, un, arith, tuple(reverses), row_block)
 
 
 def _evaluate(
-    prob: _Problem, un: _Units, arith: Arith, stats: str, delta: str, row_block: int | None
+    prob: _Problem,
+    un: _Units,
+    arith: Arith,
+    reverses: tuple[tuple[str, str], ...],
+    row_block: int | None,
 ) -> dict[str, np.ndarray]:
-    """The chunked evaluation behind :func:`bounds` (inputs already checked)."""
+    """The chunked evaluation behind :func:`bounds_max` (inputs already checked): each
+    chunk's forward once, its reverse once per structure, the largest of them kept."""
     batch, n_q, n_k = prob.batch, prob.q.shape[-2], prob.k.shape[-2]
     y = np.zeros((*batch, n_q, prob.v.shape[-1]))
     lse = np.zeros((*batch, n_q))
-    sums = None if prob.g is None else _sums(prob)
+    sums = {} if prob.g is None else {r: _sums(prob) for r in dict.fromkeys(reverses)}
     step = max(1, CHUNK // max(1, math.prod(batch) * n_k))
     for start in range(0, n_q, step):
         rows = slice(start, min(start + step, n_q))
         fw = _forward(prob, un, arith, rows)
         y[..., rows, :], lse[..., rows] = fw.dy, fw.dlse
-        if sums is not None:
-            _reverse(prob, un, fw, rows, stats, delta, sums)
+        for (stats, delta), into in sums.items():
+            _reverse(prob, un, fw, rows, stats, delta, into)
     out = {"y": y, "lse": lse}
-    if sums is not None:
-        dq = _sum_to(sums.dq, prob.shapes["q"])
-        out["dq"] = _cast_out(un, dq, _sum_to(sums.dq_exact, prob.shapes["q"]))
-        out.update(_key_side(prob, un, sums, row_block))
-        if sums.db is not None:
-            r_b = (prob.copies("bias") - 1) * un.uc
-            db = sums.db_err * math.exp(r_b) + sums.db_abs * math.expm1(r_b)
-            out["dbias"] = _cast_out(un, db, sums.db)
+    for into in sums.values():
+        grads = _gradients(prob, un, into, row_block)
+        for name, x in grads.items():
+            out[name] = np.maximum(out[name], x) if name in out else x
     # a budget beyond float64's range gives inf (then 0·inf = NaN): the bound is vacuous
     return {name: np.where(np.isnan(x), np.inf, x) for name, x in out.items()}
+
+
+def _gradients(prob: _Problem, un: _Units, sums: _Sums, row_block: int | None) -> dict:
+    """dQ, dK, dV (and dbias) bounds from one reverse structure's sums."""
+    dq = _sum_to(sums.dq, prob.shapes["q"])
+    out = {"dq": _cast_out(un, dq, _sum_to(sums.dq_exact, prob.shapes["q"]))}
+    out.update(_key_side(prob, un, sums, row_block))
+    if sums.db is not None:
+        r_b = (prob.copies("bias") - 1) * un.uc
+        db = sums.db_err * math.exp(r_b) + sums.db_abs * math.expm1(r_b)
+        out["dbias"] = _cast_out(un, db, sums.db)
+    return out
 
 
 def ratio(error: Any, bound: Any) -> float:

@@ -115,9 +115,13 @@ def check_empty_rows(
         )
 
 
-def _row_has_keys(ctx, i: int, mask, geometry: Geometry, score_mod) -> np.ndarray:
-    """Whether row ``i`` allows some key, per batch element and head: shape (*batch,)."""
-    index = tile_index(ctx, geometry, range(i, i + 1), range(geometry.n_k))
+ROWS_CHECKED = 1 << 20  # (row, key) pairs of one strip of rows checked at once
+
+
+def _rows_have_keys(ctx, rows: range, mask, geometry: Geometry, score_mod) -> np.ndarray:
+    """Whether each row of ``rows`` allows some key, per batch element and head: shape
+    ``(*batch, len(rows))``."""
+    index = tile_index(ctx, geometry, rows, range(geometry.n_k))
     allowed = ctx.index(0, geometry.n_k) >= 0
     if mask is not None:
         allowed = allowed & mask.allowed(index, geometry)
@@ -125,18 +129,25 @@ def _row_has_keys(ctx, i: int, mask, geometry: Geometry, score_mod) -> np.ndarra
         excluded = score_mod.at(ctx, index, geometry).excluded()
         if excluded is not None:
             allowed = allowed & ~excluded
-    whole = ctx.broadcast_to(allowed, (*geometry.tile_batch, 1, geometry.n_k))
-    return np.asarray(_to_numpy(geometry.merge_heads(whole))).any(axis=-1)[..., 0]
+    whole = ctx.broadcast_to(allowed, (*geometry.tile_batch, len(rows), geometry.n_k))
+    return np.asarray(_to_numpy(geometry.merge_heads(whole))).any(axis=-1)
 
 
 def _check_not_overflowed(ctx, empty: Array, mask, geometry: Geometry, score_mod) -> None:
+    """The empty rows checked against the mask a strip of rows at a time (a strip holding
+    no empty row is skipped)."""
     empty = np.asarray(_to_numpy(empty))
     overflowed = []
-    for i in np.unique(np.argwhere(empty)[:, -1]):
-        has_keys = np.broadcast_to(
-            _row_has_keys(ctx, int(i), mask, geometry, score_mod), empty.shape[:-1]
-        )
-        overflowed += [tuple(p) for p in np.argwhere(empty[..., i] & has_keys)]
+    rows = np.unique(np.argwhere(empty)[:, -1])
+    step = max(1, ROWS_CHECKED // max(1, geometry.n_k * empty[..., 0].size))
+    for start in range(int(rows.min(initial=0)), int(rows.max(initial=-1)) + 1, step):
+        stop = min(start + step, empty.shape[-1])
+        here = empty[..., start:stop]
+        if not here.any():
+            continue
+        has_keys = _rows_have_keys(ctx, range(start, stop), mask, geometry, score_mod)
+        found = np.argwhere(here & np.broadcast_to(has_keys, here.shape))
+        overflowed += [(*p[:-1], p[-1] + start) for p in found.tolist()]
     if overflowed:
         raise FloatingPointError(
             f"every score of query rows {overflowed[:5]} (index as (*batch, i)) is -inf "

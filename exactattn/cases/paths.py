@@ -25,7 +25,9 @@ keep-bits), an explicit scale in a seventh (negative ones included).
 **Sizes aimed at the key-block size** ``b`` a target claims (the ``blocks`` given; without a
 claim, :data:`COMMON_BLOCKS`): ``n_k`` is small (≤ 64) in 28% of cases, ``b − 1, b, b + 1``
 in 18%, ``k·b ± 1`` (``k = 2..5``) in 22%, ``k·b + r`` (``k = 3..6``, ``0 < r < b``) in 22%
-and between ``max_n/2`` and ``max_n`` in 10% (long offsets whatever ``b``) — so at least 15%
+and between ``max_n/2`` and ``max_n`` in 10% (long offsets whatever ``b``), and half the
+decode cases (:data:`DECODE_LONG`) have such a long KV cache (``n_q = 1``: cheap; a cap
+past 1024 reaches keys past 1024 with no mask in the way) — so at least 15%
 of cases have ``n_k > 3b`` and at least 10% ``n_k mod b ≠ 0`` when ``max_n ≥ 4b``; float64
 cases stay within :data:`FLOAT64_MAX_N` (their reference is arb); ``n_q`` follows the path
 (equal, 1, or a different size). Every size is capped
@@ -67,6 +69,7 @@ PATHS = {
 COMMON_BLOCKS = (16, 32, 64, 128, 256, 512)
 HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 SIZE_KINDS = {"small": 28, "edge": 18, "multiple": 22, "several": 22, "long": 10}
+DECODE_LONG = 50  # percent of decode cases with n_k in [max_n/2, max_n] (a long KV cache)
 ILL_SHARE = 3  # percent of cases with logits up to 1e4 (labelled)
 INPUTS = {"normal": 60, "outliers": 10, "tiny": 10, "logits": 10, "uniform_int": 10}
 FLOAT64_MAX_N = 192  # float64 targets need the arb reference: their cases stay this small
@@ -86,6 +89,12 @@ def _uniform(draw: st.DrawFn) -> float:
     lean towards simple values), so a seed draws the same case everywhere."""
     x = draw(st.integers(0, 2**64 - 1))
     return (zlib.crc32(x.to_bytes(8, "little")) ^ (x >> 32 & 0xFFFFFFFF)) / 2**32
+
+
+def _between(draw: st.DrawFn, lo: int, hi: int) -> int:
+    """A uniform integer in ``[lo, hi]`` (hypothesis's ``integers`` lean towards ``lo``: a
+    long size drew ``max_n/2`` exactly, never past it, in many of a seed's cases)."""
+    return min(hi, lo + int(_uniform(draw) * (hi - lo + 1)))
 
 
 def _weighted(draw: st.DrawFn, table: dict[str, int]) -> str:
@@ -125,7 +134,10 @@ def check_draws(
     if path == "bias" and not modify:
         path = "none"
     b = draw(st.sampled_from(_aimed(blocks, cap)))
-    n_k = _keys(draw, b, cap)
+    if path == "decode" and _percent(draw, DECODE_LONG):
+        n_k = _between(draw, max(1, cap // 2), cap)  # a long KV cache: cheap at n_q = 1
+    else:
+        n_k = _keys(draw, b, cap)
     n_q = _queries(draw, path, n_k, b, cap)
     large = n_k > 3 * b or n_q * n_k > budget // 4
     batch = draw(st.sampled_from(((1, 1), (1, 2), (2, 1)) if large else _BATCHES))
@@ -198,7 +210,7 @@ def _keys(draw: st.DrawFn, b: int, cap: int) -> int:
     elif kind == "several":
         n = draw(st.integers(3, 6)) * b + draw(st.integers(1, max(1, b - 1)))
     else:  # long: up to the cap, whatever the block size (offsets past 1024, 4096 keys)
-        n = draw(st.integers(max(1, cap // 2), cap))
+        n = _between(draw, max(1, cap // 2), cap)
     if n > cap:
         n = cap - 1 if cap % b == 0 and cap > 1 else cap
     return max(1, n)

@@ -76,9 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("targets", nargs="*", metavar="TARGET")
     parser.add_argument(
-        "--profile", default="default", choices=("smoke", "default", "deep"),
+        "--profile", default="default", choices=tuple(PROFILES),
         help="cases, sizes and budget: smoke (CI, <= 20 s), default (200 cases, n <= 2048, "
-        "<= 2 min), deep (n <= 4096, <= 20 min)",
+        "<= 2 min), deep (n <= 4096, <= 20 min), long (n = 16384, 65536, 131072: the "
+        "forward on strips of rows, <= 1 h a case, with an ETA; --max-n caps the lengths)",
     )  # fmt: skip
     parser.add_argument("--examples", type=int, default=None, help="cases (default: profile's)")
     parser.add_argument("--dtypes", nargs="+", default=None, help="default: each target's own")
@@ -156,7 +157,29 @@ def main(argv: list[str] | None = None) -> int:
         program = _program(args)
     except (ValueError, TypeError, IndexError) as error:
         return _error(str(error))
+    if args.profile == "long":
+        return _long(args, chosen, dtypes)
     return _check(args, chosen, dtypes, spec, program)
+
+
+def _long(args, chosen, dtypes) -> int:
+    """``--profile long`` (:mod:`exactattn.testing.long`): its own few cases, one line each."""
+    from ..testing import long, session
+    from ..testing.runner import single_thread
+
+    settings = session.Settings(dtypes=dtypes, device=args.device)
+    variants, unavailable, unsupported = session.plan(chosen, settings)
+    for name, why in unavailable.items():
+        print(f"  unavailable: {name} ({why})")
+    for name, missing in unsupported.items():
+        print(f"  {name} does not take {', '.join(missing)}")
+    sizes = tuple(n for n in long.SIZES if n <= args.max_n) or (args.max_n,)
+    with single_thread():
+        results = long.run_long(variants, sizes=sizes)
+    failed = [r for r in results if r.finding.status == "fail"]
+    counts = {s: sum(r.finding.status == s for r in results) for s in ("ok", "skip", "fail")}
+    print(f"long: {counts['ok']} ok, {counts['skip']} skipped, {counts['fail']} failed")
+    return 1 if failed else 0
 
 
 def _program(args: argparse.Namespace) -> tuple[str | None, str | None] | None:

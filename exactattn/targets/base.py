@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from ..bounds import Arith
-from ..formats import canonical_name, number_format
+from ..formats import Format, canonical_name, number_format
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group", "qsplit")
+CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group", "qsplit", "ftz")
 NAIVE_BLOCK = 0  # ``block=0``: one block spanning every key (naive attention)
 
 
@@ -38,6 +38,11 @@ class Claim:
     ``qsplit``: a backward that forms dK, dV one block of ``qsplit`` query rows at a time,
     rounds each block's part to the output format and sums the parts in it (torch's CPU
     flash backward; None: one rounding of the whole sum).
+    ``ftz``: a format whose casts from the compute format (``p``, γ, the outputs, the parts
+    and group sums) flush subnormal results to zero, as torch's CPU flash kernel's
+    vectorised fp32 → bf16 conversions do (measured: a bf16 dK whose exact value is
+    1.06e-38 returned 0; its fp16 casts round them): each such cast then errs by up to the
+    smallest normal number, not half the subnormal spacing.
     ``block=None`` means "not stated": the bound then assumes the worst case,
     one key per block; ``block=0`` is one block over all keys (naive attention).
     """
@@ -50,6 +55,7 @@ class Claim:
     block: int | None = None
     group: str | None = None
     qsplit: int | None = None
+    ftz: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Claim:
@@ -77,6 +83,8 @@ class Claim:
                 values[key] = int(value)
             elif key == "group" and value == "input":
                 values[key] = value
+            elif key == "ftz" and value == "no":
+                values[key] = None
             else:
                 values[key] = canonical_name(value)
         return cls(**values)
@@ -86,13 +94,19 @@ class Claim:
         of the score and statistics formats computes, ``p`` — and in the reverse ``p`` and
         ``γ`` — is cast when it is coarser (FlashAttention-2's kernels), outputs are in the
         input format."""
-        fmt = number_format
-        compute = max((fmt(self.scores), fmt(self.stats)), key=lambda f: f.u)
+        compute = max((number_format(self.scores), number_format(self.stats)), key=lambda f: f.u)
+
+        def fmt(name: str) -> Format:  # a narrower cast that flushes: μ = the least normal
+            f = number_format(name)
+            if f.name == self.ftz and f.e_min is not None and f.p < compute.p:
+                return replace(f, e_min=f.e_min + f.p)
+            return f
+
         p = fmt(self.p) if fmt(self.p).u > compute.u else None
         return Arith(
-            input=fmt(self.input),
+            input=number_format(self.input),
             compute=compute,
-            acc=fmt(self.acc) if fmt(self.acc).u >= compute.u else compute,
+            acc=number_format(self.acc) if number_format(self.acc).u >= compute.u else compute,
             output=fmt(self.input),
             p=p,
             grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs

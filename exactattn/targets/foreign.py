@@ -76,7 +76,12 @@ def _sdpa(name: str, backend: str | None, description: str) -> Target:
         convention="sdpa",
         loader=_loader("torch.nn.functional", "scaled_dot_product_attention"),
         caps=caps,
-        claim=Claim(block=block, group="input", qsplit=None if backend == "math" else CPU_QSPLIT),
+        claim=Claim(
+            block=block,
+            group="input",
+            qsplit=None if backend == "math" else CPU_QSPLIT,
+            ftz=None if backend == "math" else "bfloat16",  # the CPU flash kernel's bf16 casts
+        ),
         description=description,
         requires=("torch",),
         needs_cuda=cuda_only,

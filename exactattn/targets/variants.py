@@ -40,15 +40,16 @@ def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:
     policy = target.options.policy
     group = dtype if base.group == "input" else base.group
     qsplit = base.qsplit if device == "cpu" else None
+    ftz = base.ftz if device == "cpu" else None  # measured on the CPU kernels only
     if policy == "fa2":
         fa2 = builtin.fa2_claim(dtype).resolve(dtype)
-        return replace(fa2, block=block, group=group, qsplit=qsplit)
+        return replace(fa2, block=block, group=group, qsplit=qsplit, ftz=ftz)
     if policy == "upcast":
         wide = dtype if dtype in ("float32", "float64") else "float32"
-        return Claim(dtype, wide, wide, wide, wide, block, group, qsplit)
+        return Claim(dtype, wide, wide, wide, wide, block, group, qsplit, ftz)
     if policy == "eager":
         p = "float32" if dtype == "float64" else dtype
-        return Claim(dtype, dtype, "float32", p, dtype, NAIVE_BLOCK, group, qsplit)
+        return Claim(dtype, dtype, "float32", p, dtype, NAIVE_BLOCK, group, qsplit, ftz)
     return replace(base.resolve(dtype), block=block)
 
 

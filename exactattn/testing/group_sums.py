@@ -17,7 +17,11 @@ definition, on the held inputs, in float64 with every term positive (no cancella
 lose): ``P = exp(s − lse)`` with the reference's ``lse``, ``dP = G·Vᵀ``, ``δ = G·Y`` with
 the reference's ``Y``, ``|γ| ≤ P∘(ρ∘|dP| + |δ|)``, ``|dK_h| ≤ |c|·|γ|ᵀ·|Q|``,
 ``|dV_h| ≤ (ρ∘P)ᵀ·|G|`` (a soft-cap's slope is at most 1), widened by 2^-30 for float64's
-own roundings.
+own roundings. With ``qsplit`` the same backward also forms dQ one key block of the
+claimed size ``b`` at a time, rounds each block's part to ``o`` and sums the parts in it
+(measured on torch's CPU flash backward, fp16: parts 1.9e-8, −3.3e-8 rounded to 0 and
+−5.96e-8, exact sum −1.4e-8): :func:`split_bound` over ``⌈n_k/b⌉`` parts, with
+``|dQ| ≤ |c|·|γ|·|K|``.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def head_magnitudes(case: Case, ref: Reference) -> dict[str, np.ndarray]:
     delta = np.abs((up * ref.near["y"]).sum(axis=-1))[..., None]
     gamma = p * (dp + delta)
     return {
+        "dq": abs(c) * (gamma @ np.abs(k)) * MARGIN,
         "dk": abs(c) * (np.swapaxes(gamma, -1, -2) @ np.abs(q)) * MARGIN,
         "dv": (np.swapaxes(p, -1, -2) @ np.abs(up)) * MARGIN,
     }
@@ -75,7 +80,7 @@ def extra_bound(
     gs = gamma(g - 1, summed.u)
     extra = {}
     for name, m in head_magnitudes(case, ref).items():
-        if name not in claimed:
+        if name not in claimed or name == "dq":
             continue
         groups = m.reshape((*m.shape[:-3], m.shape[-3] // g, g, *m.shape[-2:]))
         total = (groups + claimed[name][..., None, :, :]).sum(axis=-3)
@@ -87,21 +92,29 @@ def extra_bound(
 
 
 def split_bound(
-    case: Case, ref: Reference, claimed: dict[str, np.ndarray], out: Format, qsplit: int
+    case: Case,
+    ref: Reference,
+    claimed: dict[str, np.ndarray],
+    out: Format,
+    qsplit: int,
+    block: int | None = None,
 ) -> dict[str, np.ndarray]:
     """What a backward adds that rounds dK, dV's part of each block of ``qsplit`` query rows
-    to ``out`` and sums the ``P = ⌈n_q/qsplit⌉`` parts in ``out``: the parts' magnitudes sum
-    to at most the whole's positive-term bound ``M`` (the same terms, split by rows), so
+    to ``out`` and sums the ``P = ⌈n_q/qsplit⌉`` parts in ``out`` (and dQ's part of each key
+    block of ``block`` keys, ``P = ⌈n_k/block⌉``): the parts' magnitudes sum to at most the
+    whole's positive-term bound ``M`` (the same terms, split), so
     ``|extra| ≤ (u_o + γ_{P−1}(1 + u_o))·(M + claimed) + P·μ_o·(1 + γ_{P−1})``."""
-    parts = -(-case.q.shape[-2] // qsplit)
-    gp = gamma(parts - 1, out.u)
+    rows = -(-case.q.shape[-2] // qsplit)
+    keys = -(-case.k.shape[-2] // block) if block else 1
     extra = {}
     for name, m in head_magnitudes(case, ref).items():
-        if name not in claimed:
+        parts = keys if name == "dq" else rows
+        if name not in claimed or parts < 2:
             continue
+        gp = gamma(parts - 1, out.u)
         g = case.group
         whole = m
-        if g > 1:
+        if g > 1 and name != "dq":
             whole = m.reshape((*m.shape[:-3], m.shape[-3] // g, g, *m.shape[-2:])).sum(axis=-3)
         with np.errstate(over="ignore", invalid="ignore"):
             total = whole + claimed[name]
@@ -117,13 +130,14 @@ def widened(variant: Any, case: Case, ref: Reference, bound: dict[str, Any]) -> 
 
     if "dk" not in bound:
         return bound
-    out = number_format(variant.claim.input)
+    out = variant.arith(None).output  # the claim's output format (ftz: its flush charged)
     summed, qsplit = variant.group_sum, variant.claim.qsplit
     extras = []
     if case.group > 1 and summed is not None:
         extras.append(extra_bound(case, ref, bound, out, number_format(summed)))
-    if qsplit is not None and case.q.shape[-2] > qsplit:
-        extras.append(split_bound(case, ref, bound, out, qsplit))
+    if qsplit is not None:
+        block = variant.bound_block(case)
+        extras.append(split_bound(case, ref, bound, out, qsplit, block))
     for extra in extras:
         bound = {name: b + extra[name] if name in extra else b for name, b in bound.items()}
     return bound

@@ -9,6 +9,8 @@ smoke      30        64      2^12           ≤ 20 s: CI; small head dims (≤ 8
 default    200       2048    2^17           ≤ 2 min; ≥ 15% of cases n_k > 3b, ≥ 10%
                                             n_k mod b ≠ 0 (b the claimed block size)
 deep       200       4096    2^20           ≤ 20 min; ≥ 30% cross ≥ 2 block boundaries
+long       12        131072  B·H = 1        ≤ 1 h a case, an ETA printed; the forward on
+                                            strips of rows (:mod:`.long`)
 =========  ========  ======  =============  ==========================================
 
 ``--max-n`` overrides a profile's size cap, ``--examples`` its count. The case distribution
@@ -36,5 +38,6 @@ PROFILES = {
         Profile("smoke", 30, 64, 1 << 12, max_d=8, seconds=20),
         Profile("default", 200, 2048, 1 << 17, seconds=120),
         Profile("deep", 200, 4096, 1 << 20, seconds=1200),
+        Profile("long", 12, 131072, 131072**2, max_d=64, seconds=3600),  # seconds: a case
     )
 }

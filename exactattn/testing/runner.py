@@ -1,8 +1,8 @@
 """The search: cases drawn from a seed, judged as tasks anywhere, failures shrunk here.
 
-:func:`draw` lists the cases first — hypothesis draws ``examples`` case descriptions
-(:class:`~exactattn.cases.Draw`) from ``seed``, the same list on every machine,
-before anything is judged. :func:`search` judges them in chunks (:func:`judge_chunk`, a
+:func:`draw` lists the cases first — hypothesis draws ``examples`` distinct case
+descriptions (:class:`~exactattn.cases.Draw`) from ``seed``, the same list on every
+machine, before anything is judged. :func:`search` judges them in chunks (:func:`judge_chunk`, a
 task for :mod:`exactattn.executors`: this process, local processes or a Dask cluster) and
 gathers every unit's findings by case index, so the report does not depend on where or in
 which order the chunks ran. Every unit is judged on every case; a unit that fails keeps
@@ -52,6 +52,7 @@ from .judge import Finding
 CRASHED = "the worker process died judging this case"
 CHUNKS_PER_SLOT = 4  # chunks per task slot of the executor: a short tail, few round trips
 MAX_CHUNK = 25
+DRAW_FACTOR = 2  # hypothesis draws up to this many times the cases wanted (repeats dropped)
 
 
 class UnitFailed(AssertionError):
@@ -153,15 +154,27 @@ def seed_only() -> Iterator[None]:
         providers.CONSTANTS_CACHE.cache.clear()
 
 
-def draw(strategy: st.SearchStrategy[Draw], examples: int, seed: int) -> list[Draw]:
-    """The first ``examples`` case descriptions hypothesis draws from ``strategy`` with
-    ``seed`` (fewer if the strategy has fewer distinct ones): the same on every machine."""
-    drawn: list[Draw] = []
+def _budget(examples: int) -> int:
+    """Hypothesis's ``max_examples`` for ``examples`` distinct cases (:func:`draw`)."""
+    return DRAW_FACTOR * examples + 10
 
-    @_settings(examples)
+
+def draw(strategy: st.SearchStrategy[Draw], examples: int, seed: int) -> list[Draw]:
+    """The first ``examples`` *distinct* case descriptions hypothesis draws from
+    ``strategy`` with ``seed`` (fewer if it draws fewer distinct ones within
+    :func:`_budget`): the same on every machine. Hypothesis repeats descriptions (its
+    generation copies spans of earlier ones): 200 draws of the check's distribution held
+    119 distinct cases, and a repeat judges nothing new."""
+    drawn: list[Draw] = []
+    seen: set[str] = set()
+
+    @_settings(_budget(examples))
     @given(strategy)
     def collect(description: Draw) -> None:
-        drawn.append(description)
+        key = repr(description)
+        if len(drawn) < examples and key not in seen:
+            seen.add(key)
+            drawn.append(description)
 
     with contextlib.suppress(Unsatisfiable), seed_only():
         hypothesis_seed(seed)(collect)()
@@ -201,18 +214,24 @@ def judge_chunk(
 def single_thread() -> Iterator[None]:
     """One BLAS / torch intra-op thread while judging, restored after: the cases are small,
     the workers already fill the cores, and waking a thread pool per operation made a
-    300-case check 5× slower (measured)."""
+    300-case check 5× slower (measured). NumPy's OpenBLAS is limited through threadpoolctl
+    (its pool was started at import, so ``OMP_NUM_THREADS`` set now does not reach it): its
+    spinning threads beside torch's made the bound's small GEMMs 50–100× slower on 2 busy
+    cores (a (51×64)·(64×1025) product: 47 ms, 0.44 ms on one thread)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch = sys.modules.get("torch")
-    if torch is None:
+    with contextlib.ExitStack() as stack:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:  # an optional speed-up: judged the same without it
+            pass
+        else:
+            stack.enter_context(threadpool_limits(1))
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            stack.callback(torch.set_num_threads, threads)
         yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 # --- the search ----------------------------------------------------------------------------
@@ -261,7 +280,8 @@ def search(
             _record(report, f, build_case(draws[i]), "not shrunk, interrupted")
         return report
     try:
-        _shrink_all(source, units, strategy, examples, seed, draws, first, report)
+        with single_thread():
+            _shrink_all(source, units, strategy, examples, seed, draws, first, report)
     except KeyboardInterrupt:
         report.interrupted = True
     return report
@@ -359,18 +379,24 @@ def _shrink(source, unit, strategy, examples, seed, draws, index) -> tuple[Findi
     """Replay the draws up to ``index`` without judging, then let hypothesis shrink the
     failure of ``unit`` from there; None if it does not fail again (or the replay drifts)."""
     state = {"seen": 0, "failing": False, "drifted": False}
+    keys: set[str] = set()  # the distinct descriptions replayed so far (as draw counts them)
     last: list[tuple[Finding, Case]] = []
 
-    @_settings(examples)
+    @_settings(_budget(examples))
     @given(strategy)
     def property_(description: Draw) -> None:
-        seen = state["seen"]
-        state["seen"] += 1
         if state["drifted"]:
             return
-        if not state["failing"] and seen < index:
-            state["drifted"] = description != draws[seen]  # it should not: then give up
-            return
+        if not state["failing"]:
+            key = repr(description)
+            if key in keys:  # a repeat: draw dropped it
+                return
+            keys.add(key)
+            seen = state["seen"]
+            state["seen"] += 1
+            if seen < index:
+                state["drifted"] = description != draws[seen]  # it should not: then give up
+                return
         case = build_case(description)
         bad = [f for f in source.judge(case, [unit]) if f.status == "fail"]
         if bad:

@@ -25,7 +25,7 @@ from exactattn.testing import assert_attention_close, runner
 from tests.check import kernels
 if {without}:
     runner.seed_only = contextlib.nullcontext
-strategy = paths.check_draws(blocks=(4,), max_n=12, dtypes=("float32",))
+strategy = paths.check_draws(blocks=(4,), max_n=64, dtypes=("float32",))
 before = runner.draw(strategy, 60, 0)
 assert_attention_close(kernels.sdpa(None), convention="sdpa", claim=kernels.CLAIM,
                        supports="dropout=no", examples=60, dtypes=("float32",), max_n=12,

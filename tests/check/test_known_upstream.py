@@ -67,6 +67,26 @@ def test_the_causal_negative_scale_nan_is_known_upstream_for_torch_only():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_same_bug_as_rows_of_zeros_in_bfloat16_is_known_upstream_too():
+    """In bf16 with keys past the CPU kernel's first block the same +inf gives rows of
+    zeros, not NaN (found by the default check); the math backend stays right, and the
+    same case with a positive scale passes."""
+    from exactattn.cases import Draw, build_case
+
+    mask = {"kind": "causal", "align": "top-left"}
+    draw = Draw((1, 1), 3, 700, 8, 8, 512, mask=mask, dtype="bfloat16", data_seed=2)
+    negative = dataclasses.replace(build_case(draw), scale=-1.0)
+    positive = dataclasses.replace(negative, scale=1.0)
+    sdpa, math = (targets.Variant(targets.get(t), "bfloat16") for t in ("sdpa", "sdpa-math"))
+    options = Options(sampled=False, fast_reference=True)
+    found = check_case(negative, [sdpa, math], options)
+    assert [f.status for f in found] == ["fail", "ok"], [f.detail for f in found]
+    assert "(got 0," in found[0].detail and " nan" not in found[0].detail
+    assert reclassify(sdpa, negative, found[0]).status == "known-upstream"
+    assert [f.status for f in check_case(positive, [sdpa], options)] == ["ok"]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_replay_exits_zero_for_known_upstream_and_one_for_the_same_nan_elsewhere(capsys):
     assert main(["sdpa", "--replay", str(NEGATIVE)]) == 0
     assert "KNOWN-UPSTREAM sdpa[float32]" in capsys.readouterr().out
@@ -105,3 +125,50 @@ def test_the_query_split_term_takes_any_leading_dims(batch):
     variant = targets.Variant(targets.get("sdpa"), "float32")
     (found,) = check_case(case, [variant], Options(fast_reference=True))
     assert found.status == "ok", found.detail
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_cpu_flash_kernels_flush_to_zero_is_claimed_and_needed(seed):
+    """Found by the default check (seed 0): SDPA's CPU flash backward returned bf16 dK = 0
+    where the exact value is the bf16 subnormal 1.06e-38 (its vectorised fp32 → bf16 casts
+    flush subnormals; the math backend rounds them): ``ftz=bf16`` on the CPU claim charges
+    each bf16 cast the smallest normal. The same case fails the claim without it."""
+    import numpy as np
+
+    assert Claim.parse("ftz=bf16").ftz == "bfloat16" and Claim.parse("ftz=no").ftz is None
+    with pytest.raises(ValueError, match="unknown number format"):
+        Claim.parse("ftz=maybe")
+    assert targets.claim_for(targets.get("sdpa"), "bfloat16").ftz == "bfloat16"
+    assert targets.claim_for(targets.get("sdpa"), "bfloat16", "cuda").ftz is None
+    assert targets.claim_for(targets.get("sdpa-math"), "bfloat16").ftz is None
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 1, 40, 8)) * 2.0**-128  # dK = c·Σ γ q: bf16 subnormals
+    k, v, g = (rng.standard_normal((1, 1, 40, 8)) for _ in range(3))
+    case = Case(q, k, v, g, 512, mask={"kind": "causal", "align": "top-left"}, dtype="bfloat16")
+    told = targets.Variant(targets.get("sdpa"), "bfloat16")
+    untold = targets.Variant(_without(told.target, ftz=None), "bfloat16")
+    found = check_case(case, [told, untold], Options(fast_reference=True))
+    assert [f.status for f in found] == ["ok", "fail"], [f.detail for f in found]
+    assert found[1].detail.startswith("dk[")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_cpu_flash_dq_key_block_parts_are_claimed_and_needed(seed):
+    """Found by the default check (seed 0): fp16 dQ = −5.96e-8 where the exact value is
+    −1.4e-8 — torch's CPU flash backward rounds dQ's part of each 512-key block to fp16
+    and sums the parts in fp16 (parts 1.9e-8 and −3.3e-8 became 0 and −5.96e-8). The
+    query-split claim charges them (one query row here: only dQ's parts are in play);
+    without it the same case fails on dQ."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((1, 1, 1, 64)) * 4e-6, rng.standard_normal((1, 1, 1100, 64)) * 4e-6
+    v, g = rng.standard_normal((1, 1, 1100, 64)), rng.standard_normal((1, 1, 1, 64))
+    case = Case(q, k, v, g, 512, dtype="float16")
+    told = targets.Variant(targets.get("sdpa"), "float16")
+    untold = targets.Variant(_without(told.target, qsplit=None), "float16")
+    found = check_case(case, [told, untold], Options(fast_reference=True))
+    assert [f.status for f in found] == ["ok", "fail"], [f.detail for f in found]
+    assert found[1].detail.startswith("dq[")

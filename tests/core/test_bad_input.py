@@ -198,3 +198,22 @@ def test_strided_views_work():
     y = ea.attention(q_view, k_view, v_view, block_size=3)
     y_ref = ea.naive_attention(*(np.ascontiguousarray(x) for x in (q_view, k_view, v_view)))
     np.testing.assert_allclose(y, y_ref, rtol=1e-13)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("strip", [1, 3, 1 << 20])
+def test_overflowed_rows_are_named_with_their_batch_and_row(monkeypatch, strip):
+    """Rows whose every score overflowed to −∞ in float16 are told apart from masked rows
+    (checked a strip of rows at a time, ``validation.ROWS_CHECKED`` pairs): each is named
+    as ``(*batch, i)``, whatever the strip size; a masked-out row is not among them."""
+    from exactattn import validation
+
+    monkeypatch.setattr(validation, "ROWS_CHECKED", strip)
+    q = np.ones((2, 7, 1), np.float16)
+    q[1, 5] = q[0, 2] = -300.0  # c·q·k ≈ −9e4: −∞ in float16
+    k = np.full((2, 2, 1), 300.0, np.float16)
+    v = np.ones((2, 2, 1), np.float16)
+    allowed = np.ones((2, 7, 2), bool)
+    allowed[0, 4] = False
+    with pytest.raises(FloatingPointError, match=r"rows \[\(0, 2\), \(1, 5\)\] \(index"):
+        ea.attention(q, k, v, scale=1.0, mask=allowed, empty_rows="zero")
