@@ -135,6 +135,8 @@ class Variant:
         options = self.target.options
         if self.target.convention == "api" and options.backend in OWN_ARITHMETIC:
             arith = Arith.of_context(options.ctx(), block=block)
+            if options.quantize is not None and options.p_cast is not None:
+                arith = replace(arith, p=number_format(options.p_cast))  # FP8's cast of p
             if options.quantize is None or inputs is None:
                 return arith
             from ..backends import fp8_backend as fp8

@@ -53,11 +53,15 @@ def claimed_bound(
     *,
     input_rounding: bool = False,
     program_bias: np.ndarray | None = None,
+    bound: Any = error_bounds.bounds,
 ) -> dict[str, np.ndarray]:
     """:func:`exactattn.bounds.bounds` of the variant's arithmetic on ``inputs`` (``q, k, v,
     g`` and an optional ``bias``), the largest over the reverse structures it may use
     (``input_rounding``: the inputs are exact values the variant rounds to its input format,
-    as in the sweep; ``program_bias``: a user's additive score_mod, added to the bias)."""
+    as in the sweep; ``program_bias``: a user's additive score_mod, added to the bias;
+    ``bound``: the function evaluated, :func:`exactattn.bounds.bounds` or the expected
+    error :func:`exactattn.expected_bounds.expected_bounds`, which takes the same
+    arguments)."""
     arith = variant.arith(variant.bound_block(case), inputs)
     reverses = variant.target.options.reverses
     bias = inputs.get("bias")
@@ -74,7 +78,7 @@ def claimed_bound(
         input_rounding=input_rounding,
     )
     found = [
-        error_bounds.bounds(arith, *(inputs[x] for x in "qkvg"), stats=s, delta=d, **keywords)
+        bound(arith, *(inputs[x] for x in "qkvg"), stats=s, delta=d, **keywords)
         for s, d in reverses
     ]
     return {name: np.maximum.reduce([b[name] for b in found]) for name in found[0]}
