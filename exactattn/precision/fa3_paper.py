@@ -54,24 +54,28 @@ RUNS = (
     ("np-fa2-fp16 tiled b=128", "np-fa2-fp16", "tiled", "FA-2 FP16"),
     ("torch-fp8-e4m3 naive (per-tensor)", "torch-fp8-e4m3", "naive", "baseline FP8"),
 )
-DISTS = ("fa3-outliers", "fa3-outliers-sd100")
+DISTS = ("fa3-outliers", "fa3-outliers-sd100", "fa3-outliers-tokens")
 
 
-def inputs(dist: str, n: int, seed: int) -> Case:
-    """The case of one run: ``fa3-outliers`` as the sweep draws it, or the same with the
-    outliers' standard deviation 100."""
+def inputs(dist: str, n: int, seed: int, d: int = D) -> Case:
+    """The case of one run: ``fa3-outliers`` as the sweep draws it; the same with the
+    outliers' standard deviation 100 (``-sd100``); or with the Bernoulli drawn per token,
+    a whole row of ``d`` entries perturbed by ``N(0, 100)`` (``-tokens``)."""
     if dist == "fa3-outliers":
-        arrays = make_inputs(dist, n, D, seed)
-    elif dist == "fa3-outliers-sd100":
-        rng = np.random.default_rng([seed, n, D, 100])
-        arrays = {}
-        for name in "qkvg":
-            base = rng.standard_normal((n, D))
-            spike = (rng.random((n, D)) < 0.001) * rng.normal(0.0, 100.0, (n, D))
-            arrays[name] = base + (spike if name != "g" else 0.0)
+        arrays = make_inputs(dist, n, d, seed)
+    elif dist in DISTS:
+        rng = np.random.default_rng([seed, n, d, DISTS.index(dist)])
+        arrays = {"g": rng.standard_normal((n, d))}
+        for name in "qkv":
+            base = rng.standard_normal((n, d))
+            if dist == "fa3-outliers-sd100":
+                spike = (rng.random((n, d)) < 0.001) * rng.normal(0.0, 100.0, (n, d))
+            else:
+                spike = (rng.random((n, 1)) < 0.001) * rng.normal(0.0, 10.0, (n, d))
+            arrays[name] = base + spike
     else:
         raise ValueError(f"dist must be one of {DISTS}; got {dist!r}")
-    return Case(**arrays, block_size=BLOCK, scale=1 / math.sqrt(D))
+    return Case(**arrays, block_size=BLOCK, scale=1 / math.sqrt(d))
 
 
 def torch_standard(case: Case) -> np.ndarray:
@@ -90,13 +94,15 @@ def run_one(what: str, impl: str, case: Case) -> np.ndarray:
     return unit.run(impl, case, False)["y"]
 
 
-def measure(ns: Sequence[int], seeds: Sequence[int], dists: Sequence[str]) -> list[dict]:
+def measure(
+    ns: Sequence[int], seeds: Sequence[int], dists: Sequence[str], d: int = D
+) -> list[dict]:
     """One row per (dist, n, seed, run): the RMSE of Y and the seconds it took."""
     rows = []
     for dist in dists:
         for n in ns:
             for seed in seeds:
-                case = inputs(dist, n, seed)
+                case = inputs(dist, n, seed, d)
                 start = time.perf_counter()
                 ref = fast(case, grads=False)
                 ref_seconds = time.perf_counter() - start
@@ -111,6 +117,7 @@ def measure(ns: Sequence[int], seeds: Sequence[int], dists: Sequence[str]) -> li
                         {
                             "dist": dist,
                             "n": n,
+                            "d": d,
                             "seed": seed,
                             "run": label,
                             "paper_row": paper,
@@ -155,9 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--dists", nargs="+", default=list(DISTS), choices=DISTS)
+    parser.add_argument("--d", type=int, default=D, help="head dim (the paper's: 128)")
     parser.add_argument("--out", default=None, help="CSV of every run")
     args = parser.parse_args(argv)
-    rows = measure(args.n, args.seeds, args.dists)
+    rows = measure(args.n, args.seeds, args.dists, args.d)
     if args.out:
         with open(args.out, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
