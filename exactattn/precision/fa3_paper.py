@@ -95,7 +95,11 @@ def run_one(what: str, impl: str, case: Case) -> np.ndarray:
 
 
 def measure(
-    ns: Sequence[int], seeds: Sequence[int], dists: Sequence[str], d: int = D
+    ns: Sequence[int],
+    seeds: Sequence[int],
+    dists: Sequence[str],
+    d: int = D,
+    runs: Sequence[str] = tuple(what for _, what, _, _ in RUNS),
 ) -> list[dict]:
     """One row per (dist, n, seed, run): the RMSE of Y and the seconds it took."""
     rows = []
@@ -107,6 +111,8 @@ def measure(
                 ref = fast(case, grads=False)
                 ref_seconds = time.perf_counter() - start
                 for label, what, impl, paper in RUNS:
+                    if what not in runs:
+                        continue
                     start = time.perf_counter()
                     y = run_one(what, impl, case)
                     fmt = number_format("float16" if "fp8" not in what else "float32")
@@ -163,9 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--dists", nargs="+", default=list(DISTS), choices=DISTS)
     parser.add_argument("--d", type=int, default=D, help="head dim (the paper's: 128)")
+    every = [what for _, what, _, _ in RUNS]
+    parser.add_argument("--runs", nargs="+", default=every, choices=every)
     parser.add_argument("--out", default=None, help="CSV of every run")
     args = parser.parse_args(argv)
-    rows = measure(args.n, args.seeds, args.dists, args.d)
+    rows = measure(args.n, args.seeds, args.dists, args.d, args.runs)
     if args.out:
         with open(args.out, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
