@@ -32,5 +32,5 @@ def test_a_small_run_against_the_float64_reference():
     naive, tiled = (r["rmse"] for r in rows)
     assert 0 < tiled < naive < 1e-3  # the FA-2 policy's fp32 statistics are more accurate
     assert rows[0]["ref_radius"] < 1e-3 * tiled  # the float64 reference resolves both
-    [head, rule, *body] = fa3_paper.table(rows)
+    head, _, *body = fa3_paper.table(rows)
     assert head.startswith("| inputs | run | n=256 |") and len(body) == 2
