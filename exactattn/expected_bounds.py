@@ -21,7 +21,8 @@ with probability 0.27%). The terms of ``σ²``:
   ``e_ij`` common to ``z`` and ``ℓ``, weighted by ``w_ij (ρ_ij v_ja − Y_ia)`` (the shift
   cancels, as in the rigorous bound's step 2), of variance ``e^v (e^v − 1)`` for a normal
   exponent error of variance ``v`` (not first order: FP8 inputs put ``v`` near 1); the
-  rounding of ``v`` and the cast of ``p`` (numerator only), weighted by ``w_ij ρ_ij v_ja``; underflow of ``p`` or ``e`` (``μ``);
+  rounding of ``v`` and the cast of ``p`` (numerator only), weighted by
+  ``w_ij ρ_ij v_ja``; underflow of ``p`` or ``e`` (``μ``);
 * *shared* by a row: ``ĉ = 1/sqrt(d)`` and ``log₂e`` (four roundings, each one variable
   with the total sensitivity ``Σ_j w_ij s_ij (ρ_ij v_ja − Y_ia)``);
 * *accumulations* (the partial sums' roundings): a sum of ``n`` terms ``x_j`` in unit ``u``
