@@ -305,7 +305,8 @@ def _print(result, rows, failures: list[str]) -> None:
         print(f"  note: {note}")
     head = (
         f"  {'variant':<26} {'run':>5} {'skip':>5} {'fail':>4} {'fwd max':>9} {'ulps max':>9}"
-        f" {'grad max':>9} {'/naive':>7} {'/FA-2':>7} {'vacuous':>8}"
+        f" {'grad max':>9} {'/naive':>7} {'/FA-2':>7} {'vacuous':>8} {'/exp max':>8}"
+        f" {'susp':>4}"
     )
     print(head)
     print(f"  {coverage.TABLE_LEGEND}")
@@ -314,6 +315,7 @@ def _print(result, rows, failures: list[str]) -> None:
             f"  {r['variant']:<26} {r['run']:>5} {r['skipped']:>5} {r['failed']:>4}"
             f" {_num(r['y_max']):>9} {_num(r['ulps_max']):>9} {_num(r['grads_max']):>9}"
             f" {_num(r['naive_median']):>7} {_num(r['fa2_median']):>7} {_num(r['vacuous']):>8}"
+            f" {_num(r['expected_max']):>8} {r['suspicious']:>4}"
         )
     if result.compile:
         c = result.compile
@@ -326,7 +328,7 @@ def _print(result, rows, failures: list[str]) -> None:
         print(f"  dropout probe {p.target}: keep rate {p.keep_rate:.4f} (p={p.p}) {state}")
     for line in coverage.table(result.report.coverage, result.variants):
         print(line)
-    for line in report.known_upstream(result):
+    for line in report.known_upstream(result) + report.suspicious(rows):
         print(line)
     for text in failures:
         print(text)

@@ -4,20 +4,14 @@ Knobs of a grid point: ``config`` (see :mod:`.configs`), ``n`` (n_q = n_k), ``d`
 dim, v = d), ``block`` (key-block size ``b``), ``dist`` (:mod:`.inputs`), ``scale`` (the
 score scale as a multiple of ``1/sqrt(d)``), ``mask`` (``none``, ``causal``, ``window``:
 a sliding window of ``n/8`` keys to the left), ``seed`` and ``grads`` (measure dQ, dK,
-<<<<<<< HEAD
 dV too), ``splits`` (split-KV: the keys in that many equal parts, each part's ``(y_t,
 lse_t)`` computed by the configuration and returned in its input format, merged by
 :func:`exactattn.merge_partials`; forward only) and ``merge`` (the merge's arithmetic:
 ``fp32``, or ``input``, the configuration's input format), ``sink`` (``none``, or a sink's
 offset ``δ`` from the smallest lse: ``σ = δ + min_i lse_i``, :mod:`exactattn.cases.interface`;
-forward only). A preset may add
-``reference_prec`` (bits of the certified reference) and ``description``. Add a preset by
-adding a dict here; no library code changes.
-=======
-dV too). A preset may add ``reference_prec`` (bits of the certified reference),
+forward only). A preset may add ``reference_prec`` (bits of the certified reference),
 ``reference`` (``"fast"``: the float64 certified reference where it serves, arb where it
 cannot) and ``description``. Add a preset by adding a dict here; no library code changes.
->>>>>>> lowbit
 
 Scaling to a 2-core CPU: the certified reference costs about ``1.2 s · (n/1024)² · d/64``
 forward, ``3 s`` with the gradients (one core, 96 bits); mpmath runs cost ~1 µs per

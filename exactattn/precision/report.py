@@ -259,6 +259,27 @@ def bound_summary(df: pd.DataFrame) -> str:
     return text
 
 
+def expected_summary(df: pd.DataFrame) -> str:
+    """One sentence: Y's measured error over its expected error
+    (:mod:`exactattn.expected_bounds`) — the median of the runs' medians, the share of
+    entries above 1 (pooled over every entry), the largest ratio; runs that claim directed
+    rounding (whose expected error is the rigorous bound) apart."""
+    ok = df[(df["status"] == "ok") & df["expected_median"].notna()]
+    nearest = ok[ok["rounding"] != "toward_zero"]
+    if nearest.empty:
+        return ""
+    entries = nearest["expected_entries"].sum()
+    exceed = (nearest["expected_exceed"] * nearest["expected_entries"]).sum() / entries
+    return (
+        f"Expected error (Y, {len(nearest)} runs rounding to nearest, {int(entries)} "
+        f"entries): median measured/expected {nearest['expected_median'].median():.3g} "
+        f"(runs {nearest['expected_median'].min():.3g}–{nearest['expected_median'].max():.3g}), "
+        f"{100 * exceed:.2g}% of entries above it (worst run "
+        f"{100 * nearest['expected_exceed'].max():.2g}%), "
+        f"largest ratio {nearest['expected_max'].max():.3g}."
+    )
+
+
 # --- Golden et al. 2024 on the emulated formats ----------------------------------------------
 
 
@@ -472,6 +493,8 @@ def write_report(
         ]
     lines += ["", "## The error bound (exactattn.bounds), forward and backward", ""]
     lines += [bound_summary(df), ""]
+    if "expected_median" in df:  # results written before the expected error had none
+        lines += [expected_summary(df), ""]
     lines += _table(
         ["config", "runs", "Y worst", "Y median", "grad worst", "grad median", "vacuous share"],
         bound_table(df),

@@ -28,7 +28,7 @@ from ..metrics import METRICS
 from .configs import available
 from .grid import KNOBS, Point, expand, key_of
 from .presets import get_preset
-from .tasks import BOUND_COLUMNS, LOWBIT_COLUMNS, SWEPT, reference_task, run_task
+from .tasks import BOUND_COLUMNS, EXPECTED_COLUMNS, LOWBIT_COLUMNS, SWEPT, reference_task, run_task
 
 PACKAGES = ("exactattn", "numpy", "mpmath", "python-flint", "torch")
 COLUMNS = (
@@ -48,6 +48,7 @@ COLUMNS = (
     *(f"dev_{out}_{metric}" for out in SWEPT for metric in ("max_abs", "rmse")),
     *BOUND_COLUMNS,
     *LOWBIT_COLUMNS,
+    *EXPECTED_COLUMNS,
     "ref_radius",
     "ref_prec",
     "ref_seconds",

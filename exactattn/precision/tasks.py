@@ -25,6 +25,7 @@ from .. import api, bounds
 from ..cases import Case, hold
 from ..cases.inputs import input_seed
 from ..cases.reference import Reference, certified, fast
+from ..expected_bounds import expected_bounds
 from ..merge import merge_partials
 from ..metrics import METRICS, PAPER_METRICS, deviation, error_metrics, paper_metrics
 from .configs import Config, get_config, to_float64
@@ -116,14 +117,16 @@ class _Configured:
         measure = getattr(self.ctx, "measures", None)
         return measure() if measure is not None else {}
 
-    def bound(self, impl: str, case: Case, grads: bool) -> dict:
+    def bound(self, impl: str, case: Case, grads: bool, of: Any = bounds.bounds) -> dict:
         """The tiled reverse freezes ``m, ℓ`` and reads ``δ = G·Y``; naive attention is one
-        block of ``n`` keys with ``δ`` summed over ``P``; every row in one reverse tile."""
+        block of ``n`` keys with ``δ`` summed over ``P``; every row in one reverse tile
+        (``of``: :func:`exactattn.bounds.bounds`, or the expected error of
+        :func:`exactattn.expected_bounds.expected_bounds`)."""
         tiled = impl == "tiled"
         n = case.sizes["n_k"]
         original = self.config.exact({x: getattr(case, x) for x in "qkv"})
         arith = self.config.arith(original, case.block_size if tiled else n)
-        return bounds.bounds(
+        return of(
             replace(arith, p_normalized=not tiled),
             *original.values(),
             case.g if grads else None,
@@ -171,13 +174,13 @@ class _Foreign:
         out = self.variant.run(case, self.variant.held(case), grads)
         return {x: np.asarray(out[x], dtype=np.float64) for x in SWEPT if x in out}
 
-    def bound(self, impl: str, case: Case, grads: bool) -> dict:
+    def bound(self, impl: str, case: Case, grads: bool, of: Any = bounds.bounds) -> dict:
         if impl == "naive":
-            return self.naive.bound(impl, case, grads)
+            return self.naive.bound(impl, case, grads, of)
         from ..testing.tolerance import claimed_bound
 
         inputs = {**case.arrays(), "g": case.g if grads else None, "bias": case.bias}
-        return claimed_bound(self.variant, case, inputs, input_rounding=True)
+        return claimed_bound(self.variant, case, inputs, input_rounding=True, bound=of)
 
 
 class Skipped(Exception):
@@ -448,6 +451,7 @@ def run_task(point: Point, reference: Reference) -> list[dict[str, Any]]:
 BOUND_COLUMNS = ("bound_ratio", "grad_bound_ratio", "bound_max", "bound_vacuous")
 # the low-bit papers' metrics of Y, and the share of p > 0 a low-bit cast sent to 0
 LOWBIT_COLUMNS = (*(f"y_{m}" for m in PAPER_METRICS), "p_underflow")
+EXPECTED_COLUMNS = ("expected_median", "expected_exceed", "expected_max", "expected_entries")
 GRADS = ("dq", "dk", "dv")
 
 
@@ -469,7 +473,7 @@ def _bound_columns(
     an entry far below the others, e.g. a gradient through weights ``e^{-700}``, has a bound
     far below the largest radius, and its own radius is as far below it).
     """
-    out = dict.fromkeys(BOUND_COLUMNS, math.nan)
+    out = dict.fromkeys(BOUND_COLUMNS + EXPECTED_COLUMNS, math.nan)
     if mine is None:
         return out
     found = unit.bound(impl, case, grads)
@@ -486,4 +490,22 @@ def _bound_columns(
     out["bound_vacuous"] = float(
         sum(np.isinf(found[x]).sum() for x in names) / sum(found[x].size for x in names)
     )
+    if isinstance(unit, (_Configured, _Foreign)):  # the expected error models no merge, no sink
+        error = np.abs((mine["y"] - reference.hi["y"]) - reference.lo["y"]) + reference.rad["y"]
+        out.update(expected_columns(error, unit.bound(impl, case, False, expected_bounds)["y"]))
     return out
+
+
+def expected_columns(error: np.ndarray, expected: np.ndarray) -> dict[str, float]:
+    """Y's measured error over its expected error (:mod:`exactattn.expected_bounds`) per
+    entry: the median, the share of entries above 1, the largest, and how many entries
+    (``0/0`` counts as 0, as in :func:`exactattn.bounds.ratio`)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(error == 0, 0.0, error / np.broadcast_to(expected, error.shape)).ravel()
+    r = np.where(np.isnan(r), np.inf, r)
+    return {
+        "expected_median": float(np.median(r)),
+        "expected_exceed": float(np.mean(r > 1)),
+        "expected_max": float(r.max()),
+        "expected_entries": float(r.size),
+    }

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..bounds import Arith
-from ..formats import Format, get_format
+from ..formats import Format, get_format, number_format
 from . import builtin
 from .base import NAIVE_BLOCK, Claim, Target, size_of
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
@@ -140,6 +140,8 @@ class Variant:
             return SCHEMES[options.quantize].arith(block, inputs)
         if self.target.convention == "api" and options.backend in OWN_ARITHMETIC:
             arith = Arith.of_context(options.ctx(), block=block)
+            if options.quantize is not None and options.p_cast is not None:
+                arith = replace(arith, p=number_format(options.p_cast))  # FP8's cast of p
             if options.quantize is None or inputs is None:
                 return arith
             from ..quantize import tensor_scale

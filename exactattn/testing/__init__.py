@@ -15,7 +15,8 @@ derived from the claimed arithmetic (``claim="input=fp16,scores=fp32,stats=fp32,
 acc=fp32,block=128"``; default: the input dtype throughout, block size unstated = the worst
 case); a failure is shrunk to a minimal counterexample. The modules: :mod:`.spec` (masks and
 dropout from their definitions), :mod:`.reference` (the reference and the tolerance, one
-adapter each), :mod:`.judge`, :mod:`.check` (one case through every variant), :mod:`.runner`
+adapter each), :mod:`.judge`, :mod:`.suspicion` (an ok case far outside its expected error
+is ``SUSPICIOUS``, never failed), :mod:`.check` (one case through every variant), :mod:`.runner`
 (the hypothesis search), :mod:`.probes` (foreign dropout), :mod:`.session` and
 :mod:`.report`.
 """

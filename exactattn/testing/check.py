@@ -33,6 +33,7 @@ from ..cases.reference import Reference, certified, fast, serves
 from ..metrics import relative_error
 from ..targets import Variant, builtin
 from ..targets.conventions import TargetError
+from . import suspicion
 from .judge import Finding, judge
 from .tolerance import Allowed, bounds
 
@@ -132,7 +133,9 @@ def run_and_judge(
         failed.block_size = variant.bound_block(case)
         failed.own_block = variant.target.options.exact_block
         return failed, {}
-    return judge(variant, case, outputs, ref, allowed), outputs
+    finding = judge(variant, case, outputs, ref, allowed)
+    suspicion.mark(variant, outputs, ref, finding)
+    return finding, outputs
 
 
 def _deterministic(variant: Variant, case: Case, held: dict, grads: bool, first: dict) -> bool:

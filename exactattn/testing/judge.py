@@ -58,6 +58,8 @@ class Finding:
     block_size: int | None = None  # the key-block size the bound assumed
     own_block: bool = False  # the target tiles with the case's block size (exactattn's own)
     reference: str = ""  # which certified reference served: "arb" or "float64"
+    expected: float = math.nan  # Y's largest |error| / expected error (.suspicion)
+    suspicious: str = ""  # why an ok finding is SUSPICIOUS (never a failure)
 
 
 def _mpf(e: Any) -> mpmath.mpf:

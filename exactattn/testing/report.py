@@ -45,6 +45,8 @@ COLUMNS = (
     ("/FA-2 max", "fa2_max"),
     ("vacuous", "vacuous"),
     ("nondeterministic", "nondeterministic"),
+    ("/expected max", "expected_max"),
+    ("suspicious", "suspicious"),
 )
 
 
@@ -111,6 +113,14 @@ def summary(result: Result) -> list[dict[str, Any]]:
                 "skip_reasons": dict(report.skips.get(name, {})),
                 "grads_skipped": dict(report.grads_skipped.get(name, {})),
                 "worst_ratio_to_bound": report.worst.get(name, math.nan),
+                "expected_max": _max(_finite(f.expected for f in found)),
+                "suspicious": sum(bool(f.suspicious) for f in found),
+                "suspicious_cases": [f.suspicious for f in found if f.suspicious],
+                "suspicious_worst": max(
+                    (f for f in found if f.suspicious),
+                    key=lambda f: f.expected,
+                    default=Finding("", ""),
+                ).suspicious,
             }
         )
     return rows
@@ -161,6 +171,17 @@ def counterexample(finding: Finding, case_json: str, replay: Path | None = None)
     if replay is not None:
         lines.append(f"  replay: exactattn check --replay {replay}")
     return "\n".join(lines)
+
+
+def suspicious(rows: list[dict[str, Any]]) -> list[str]:
+    """One ``SUSPICIOUS`` line per variant with such cases (:mod:`.suspicion`): within the
+    rigorous bound, far outside the expected error; never a failure."""
+    return [
+        f"SUSPICIOUS {r['variant']}: {r['suspicious']} of {r['run']} cases, the worst "
+        f"{r['suspicious_worst']} (not a failure: exit code unchanged)"
+        for r in rows
+        if r["suspicious"]
+    ]
 
 
 def known_upstream(result: Result) -> list[str]:
@@ -219,7 +240,9 @@ def markdown(result: Result, rows: list[dict[str, Any]], failures: list[str]) ->
         "Errors are normwise relative (max |err| / max |exact|); ulps of the dtype; ratios "
         "are the target's error over naive attention in the same dtype and over the "
         "FlashAttention-2 policy on the same inputs (median and largest over cases); "
-        "vacuous: share of cases whose derived bound was at least the output's scale.",
+        "vacuous: share of cases whose derived bound was at least the output's scale; "
+        "/expected max: the largest Y error over its expected error (independent mean-zero "
+        "roundings, 3 sigma); suspicious: cases beyond 4x of it, within the rigorous bound.",
         "",
     ]
     body += ["## Coverage", "", *coverage.markdown(result.report.coverage, result.variants), ""]
@@ -243,6 +266,10 @@ def markdown(result: Result, rows: list[dict[str, Any]], failures: list[str]) ->
                 f"{p.factor_error:.2g} | {means} | {'yes' if p.ok else 'NO: ' + p.detail} |"
             )
         body.append("")
+    flagged = suspicious(rows)
+    if flagged:
+        body += ["## Suspicious (within the rigorous bound, far outside the expected error)", ""]
+        body += [f"- {line}" for line in flagged] + [""]
     upstream = known_upstream(result)
     if upstream:
         body += ["## Known upstream (reported, not failed)", "", *(f"- {u}" for u in upstream), ""]

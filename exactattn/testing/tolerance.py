@@ -53,12 +53,15 @@ def claimed_bound(
     *,
     input_rounding: bool = False,
     program_bias: np.ndarray | None = None,
+    bound: Any = error_bounds.bounds,
 ) -> dict[str, np.ndarray]:
     """:func:`exactattn.bounds.bounds` of the variant's arithmetic on ``inputs`` (``q, k, v,
     g`` and an optional ``bias``), the largest over the reverse structures it may use
     (:func:`exactattn.bounds.bounds_max`: one forward for all; ``input_rounding``: the
     inputs are exact values the variant rounds to its input format, as in the sweep;
-    ``program_bias``: a user's additive score_mod, added to the bias)."""
+    ``program_bias``: a user's additive score_mod, added to the bias; ``bound``: the
+    function evaluated, :func:`exactattn.bounds.bounds` or the expected error
+    :func:`exactattn.expected_bounds.expected_bounds`, which takes the same arguments)."""
     arith = variant.arith(variant.bound_block(case), inputs)
     reverses = variant.target.options.reverses
     bias = inputs.get("bias")
@@ -74,9 +77,15 @@ def claimed_bound(
         row_block=case.sizes["n_q"] if variant.target.options.backend == "numpy" else None,
         input_rounding=input_rounding,
     )
-    return error_bounds.bounds_max(
-        arith, *(inputs[x] for x in "qkvg"), reverses=tuple(reverses), **keywords
-    )
+    if bound is error_bounds.bounds:
+        return error_bounds.bounds_max(
+            arith, *(inputs[x] for x in "qkvg"), reverses=tuple(reverses), **keywords
+        )
+    found = [
+        bound(arith, *(inputs[x] for x in "qkvg"), stats=s, delta=d, **keywords)
+        for s, d in reverses
+    ]
+    return {name: np.maximum.reduce([b[name] for b in found]) for name in found[0]}
 
 
 def overflow_risk(arith: error_bounds.Arith, case: Case, held: dict[str, np.ndarray]) -> bool:
