@@ -20,6 +20,7 @@ from exactattn.cases.reference import fast
 from exactattn.expected_bounds import _random_order, expected_bounds
 from exactattn.precision.grid import Problem
 from exactattn.precision.tasks import expected_columns, unit_of
+from tests.optional import requires
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 6])
@@ -43,6 +44,7 @@ def test_random_order_partial_sums_match_their_definition(n):
     ],
 )
 def test_calibration_in_miniature(config, dist, mask, low):
+    requires("flint")  # the reference adapter's certified fallback
     problem = Problem(n=128, d=32, dist=dist, scale=1.0, mask=mask, seed=3, grads=False)
     case = problem.case(block=16)
     reference = fast(case, grads=False)
