@@ -42,7 +42,10 @@ class Claim:
     and group sums) flush subnormal results to zero, as torch's CPU flash kernel's
     vectorised fp32 → bf16 conversions do (measured: a bf16 dK whose exact value is
     1.06e-38 returned 0; its fp16 casts round them): each such cast then errs by up to the
-    smallest normal number, not half the subnormal spacing.
+    smallest normal number, not half the subnormal spacing. An accumulator with that
+    format's exponent range (fp32 beside bf16) flushes too: the kernel's GEMMs sum
+    ``γ·q`` before the scale ``c`` with subnormals flushed (measured: bf16 dK = 0 where the
+    exact value is 2.09e-38, up to ``|c|·2^-126``, on the replay of a 2000-case check).
     ``block=None`` means "not stated": the bound then assumes the worst case,
     one key per block; ``block=0`` is one block over all keys (naive attention).
     """
@@ -103,10 +106,13 @@ class Claim:
             return f
 
         p = fmt(self.p) if fmt(self.p).u > compute.u else None
+        acc = number_format(self.acc) if number_format(self.acc).u >= compute.u else compute
+        if self.ftz is not None and acc.e_min == number_format(self.ftz).e_min:
+            acc = replace(acc, e_min=acc.e_min + acc.p)  # its GEMMs' accumulators flush too
         return Arith(
             input=number_format(self.input),
             compute=compute,
-            acc=number_format(self.acc) if number_format(self.acc).u >= compute.u else compute,
+            acc=acc,
             output=fmt(self.input),
             p=p,
             grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs

@@ -42,7 +42,8 @@ from .base import FLOAT_DTYPES, REVERSES, Capabilities, Claim, Options, Target
 from .flex import KV_BLOCK
 
 CPU_QSPLIT = 32  # the CPU flash backward's smallest query split (32, 64 or 256 rows)
-SDPA_CLAIM = Claim(block=512, group="input", qsplit=CPU_QSPLIT)  # FA-2 policy (docstring)
+# FA-2 policy (docstring); the CPU flash kernel's bf16 casts and GEMMs flush subnormals
+SDPA_CLAIM = Claim(block=512, group="input", qsplit=CPU_QSPLIT, ftz="bfloat16")
 OWN_DROPOUT = "own"
 NO_SOFTCAP = "the calling convention has no soft-cap"
 CAUSAL_NEGATIVE_SCALE = "sdpa-causal-negative-scale"  # exactattn.testing.known.UPSTREAM

@@ -172,3 +172,38 @@ def test_the_cpu_flash_dq_key_block_parts_are_claimed_and_needed(seed):
     found = check_case(case, [told, untold], Options(fast_reference=True))
     assert [f.status for f in found] == ["ok", "fail"], [f.detail for f in found]
     assert found[1].detail.startswith("dq[")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_cpu_flash_gemms_flush_before_the_scale_is_claimed_and_needed(seed, monkeypatch):
+    """Found by ``check sdpa sdpa-math hf-sdpa --examples 2000``: bf16 dK = 0 where the
+    exact value is ~2.1e-38, a bf16 *normal* number, so no cast flushed it: the CPU flash
+    backward's GEMM sums γ·q before the scale c = 2 with fp32 subnormals flushed. ``ftz``
+    therefore flushes the fp32 accumulator too (bf16's exponent range); with casts-only
+    flushing the same decode case fails on dK. hf-sdpa calls the same kernel and claims it."""
+    import numpy as np
+
+    from exactattn.formats import number_format
+
+    assert targets.claim_for(targets.get("hf-sdpa"), "bfloat16").ftz == "bfloat16"
+    arith = targets.claim_for(targets.get("sdpa"), "bfloat16").arith(512)
+    assert arith.acc.e_min == number_format("float32").e_min + number_format("float32").p
+    rng = np.random.default_rng(seed)
+    q, g = rng.standard_normal((1, 1, 1, 64)), rng.standard_normal((1, 1, 1, 64))
+    k, v = (rng.standard_normal((1, 1, 1100, 64)) for _ in range(2))
+    case = Case(q, k, v, g, 512, scale=2.0, dtype="bfloat16")
+    told = targets.Variant(targets.get("sdpa"), "bfloat16")
+    (found,) = check_case(case, [told], Options(fast_reference=True))
+    assert found.status == "ok", found.detail
+
+    real = Claim.arith
+
+    def casts_only(claim: Claim, block):
+        a = real(claim, block)
+        acc = dataclasses.replace(a.acc, e_min=number_format(a.acc.name).e_min)
+        return dataclasses.replace(a, acc=acc)
+
+    monkeypatch.setattr(Claim, "arith", casts_only)
+    (found,) = check_case(case, [told], Options(fast_reference=True))
+    assert found.status == "fail" and found.detail.startswith("dk["), found.detail
