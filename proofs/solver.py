@@ -111,10 +111,14 @@ def prove(
     :class:`~proofs.engine.Unknown`.
     """
     z3 = load()
-    solver = z3.Solver()
+    # A fresh context per query: the model z3 returns then depends on this query alone, not
+    # on the terms the process built before, so a counterexample reads the same serially,
+    # in worker processes and on a cluster.
+    ctx = z3.Context()
+    solver = z3.Solver(ctx=ctx)
     solver.set("timeout", TIMEOUT_MS if timeout_ms is None else timeout_ms)
-    solver.add(*(boolean(h) for h in hypotheses))
-    solver.add(z3.Not(boolean(claim)))
+    solver.add(*(boolean(h).translate(ctx) for h in hypotheses))
+    solver.add(z3.Not(boolean(claim)).translate(ctx))
     verdict = solver.check()
     if verdict == z3.unsat:
         return
@@ -125,7 +129,7 @@ def prove(
         str(d): str(model[d]) for d in sorted(model.decls(), key=str) if d.arity() == 0
     }  # the variables
     values = ", ".join(
-        f"{name} = {model.eval(t, model_completion=True) if z3.is_expr(t) else t}"
+        f"{name} = {model.eval(t.translate(ctx), model_completion=True) if z3.is_expr(t) else t}"
         for name, t in (show or {}).items()
     )
     if not values:
