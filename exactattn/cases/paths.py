@@ -36,10 +36,17 @@ at ``max_n``; a case whose ``B·H·n_q·n_k`` exceeds ``budget`` keeps ``n_k`` a
 have ``B·H ≤ 2`` and ``d, v ≤ 64``. Head dims are the field's (:data:`HEAD_DIMS`, ``v ≠ d``
 in a fifth) unless ``max_d`` caps them (a smoke run's small dims).
 
-**Ill-conditioned cases** (logits up to 10⁴, where a derived bound reaches the output's
-scale: little beyond finiteness is checked) are a labelled minority, :data:`ILL_SHARE`
-percent, their note saying so; the other inputs are normal (60%), outliers, tiny values,
-logits of 10–100 and small integers.
+**Ill-conditioned cases** (where a derived bound reaches the output's certified scale:
+little beyond finiteness is checked) are a labelled minority, their note saying so: logits
+of 100 to 10⁴ in :data:`ILL_SHARE` percent of cases, and in float16 the tiny values, whose
+entries (~10⁻⁶) are subnormal there so that the gradients' products underflow the format
+(:data:`INPUTS_FLOAT16`: 2% of float16 cases). The other inputs are normal (63%),
+outliers (7%: the dense ones of :mod:`.inputs` up to :data:`DENSE_OUTLIERS_MAX_N` keys,
+FlashAttention-3's density of 0.001 beyond, where 5% made every row meet a key with an
+outlier in the same coordinate, scores ~100, a one-hot softmax whose gradient no rounding
+bound can certify: 2 of a default run's 39 float32 cases), tiny values, logits of 10–20
+and small integers. Before these labels and shares a default run (``exactattn check sdpa``,
+seeds 0–4) had up to 24% vacuous float16 cases and 5% float32 ones.
 
 The difftest strategies (:mod:`.strategies`) are unchanged: their seeds keep their meaning.
 """
@@ -70,12 +77,19 @@ COMMON_BLOCKS = (16, 32, 64, 128, 256, 512)
 HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 SIZE_KINDS = {"small": 28, "edge": 18, "multiple": 22, "several": 22, "long": 10}
 DECODE_LONG = 50  # percent of decode cases with n_k in [max_n/2, max_n] (a long KV cache)
-ILL_SHARE = 3  # percent of cases with logits up to 1e4 (labelled)
-INPUTS = {"normal": 60, "outliers": 10, "tiny": 10, "logits": 10, "uniform_int": 10}
+DENSE_OUTLIERS_MAX_N = 64  # keys: the dense outliers beyond are FA3's density (see above)
+ILL_SHARE = 2  # percent of cases with logits of 100 to 1e4 (labelled)
+ILL_LOGITS = (100.0, 1e3, 1e4)
+LOGITS = (10.0, 20.0)
+INPUTS = {"normal": 63, "outliers": 7, "tiny": 10, "logits": 10, "uniform_int": 10}
+# float16's normal range ends at 6.1e-5: its tiny cases are ill-conditioned (labelled), rare
+INPUTS_FLOAT16 = INPUTS | {"normal": 71, "tiny": 2}
+UNDERFLOWS = ("float16", None)  # None: a case run in every dtype (float16 among them)
 FLOAT64_MAX_N = 192  # float64 targets need the arb reference: their cases stay this small
 LARGE_DIMS = 64
 LARGE_HEADS = 2
 ILL_LABEL = "ill-conditioned: logits up to {:g} (the bound may be vacuous)"
+TINY_LABEL = "ill-conditioned: entries near 1e-6, subnormal in float16 (the gradients underflow)"
 
 
 def _percent(draw: st.DrawFn, share: int) -> bool:
@@ -148,12 +162,14 @@ def check_draws(
     group = 1
     if heads > 1 and _percent(draw, 25):
         group = draw(st.sampled_from([g for g in range(2, heads + 1) if heads % g == 0]))
-    kind = _weighted(draw, INPUTS)
+    kind = _weighted(draw, INPUTS_FLOAT16 if dtype in UNDERFLOWS else INPUTS)
     ill = _percent(draw, ILL_SHARE)
     distribution, logit = kind, 0.0
+    if kind == "outliers" and n_k > DENSE_OUTLIERS_MAX_N:
+        distribution = "fa3-outliers"  # FA3's own density: many keys hold outliers already
     if kind == "logits" or ill:
         distribution = "large_logits"
-        logit = draw(st.sampled_from((1e3, 1e4))) if ill else draw(st.sampled_from((10.0, 100.0)))
+        logit = draw(st.sampled_from(ILL_LOGITS if ill else LOGITS))
     dropout_p = draw(st.sampled_from((0.1, 0.5))) if dropout and _percent(draw, 10) else 0.0
     explicit_scale = _percent(draw, 14)
     seed = draw(st.integers(0, 2**64 - 1)) if dropout_p else 0
@@ -179,9 +195,18 @@ def check_draws(
         layout=layout,
         score=score,
         softcap=softcap,
-        note=ILL_LABEL.format(logit) if ill else f"path {path}",
+        note=_note(path, ill, logit, distribution, dtype),
         **fields,
     )
+
+
+def _note(path: str, ill: bool, logit: float, distribution: str, dtype: str | None) -> str:
+    """The case's label: its path, or why it is ill-conditioned."""
+    if ill:
+        return ILL_LABEL.format(logit)
+    if distribution == "tiny" and dtype in UNDERFLOWS:
+        return TINY_LABEL
+    return f"path {path}"
 
 
 _BATCHES = ((1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (2, 4), (1, 8), (1,), ())

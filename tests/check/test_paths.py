@@ -98,3 +98,16 @@ def test_simplifying_keeps_the_allowed_set(seed):
     case = build_case(Draw((2, 3), 5, 7, 2, 2, 3, mask=template, data_seed=seed))
     kept = spec.allowed(spec.simplified(case.mask), case.batch, 5, 7)
     assert np.array_equal(kept, case.allowed())
+
+
+def test_tiny_values_are_ill_conditioned_in_float16_only():
+    """Entries near 1e-6 are subnormal in float16 (its normal range ends at 6.1e-5): the
+    gradients underflow, so such cases are labelled and rare there; float32 keeps them
+    as ordinary cases."""
+    half = draw(paths.check_draws(blocks=(B,), max_n=2048, dtypes=("float16",)), N, 0)
+    tiny = [d for d in half if d.distribution == "tiny"]
+    assert tiny and all(path_of(d) == "ill-conditioned" for d in tiny)
+    assert sum(path_of(d) == "ill-conditioned" for d in half) / N <= 0.05
+    single = _drawn()
+    plain = [d for d in single if d.distribution == "tiny"]
+    assert len(plain) >= 0.04 * N and not any(path_of(d) == "ill-conditioned" for d in plain)
