@@ -10,10 +10,14 @@ hold closures, which do not travel: a task names its obligation by :class:`Sourc
 ``max_n``, the user's program) and index, and the worker rebuilds the list (once per
 process) and checks that entry within the run's ``timeout``. The verdicts are gathered by
 index, so the lines, the summary and the certificate are the same however the run was
-spread (timings aside). The mutants family judges a mutant only by probes that prove on
+spread (timings aside; on a cluster of threads z3 may pick another refuting model). The mutants family judges a mutant only by probes that prove on
 the unmutated library: each mutant task carries the unmutated verdicts reached before it
 was handed out (:func:`mutants.remember` on the worker); a probe without one is run
 unmutated there. A worker that dies leaves its obligation LOST, and the run goes on.
+Tasks that share a process take turns (:data:`ONE_AT_A_TIME`): a mutant patches the
+library process-wide, so on a cluster of threads (Dask with ``processes=False``) another
+task's obligation ran against the patched library and their verdicts differed from the
+serial run's.
 
 With a ``journal`` each verdict is written as it arrives; ``resume`` keeps the verdicts a
 journal holds for the same ``max_n``, program and library code (TIMEOUT and LOST ones are
@@ -22,6 +26,7 @@ checked again) and checks only the rest.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +142,9 @@ def _rebuilt(source: Source) -> list[engine.Obligation]:
     return _BUILT[source]
 
 
+ONE_AT_A_TIME = threading.RLock()  # a process's tasks, one at a time (see the docstring)
+
+
 def prove(
     source: Source,
     index: int,
@@ -155,8 +163,9 @@ def prove(
             f"this worker's {source.family} family has no obligation {key[1]!r} "
             f"({key[2]}) at index {index}: is the same exactattn installed on the workers?",
         )
-    mutants.remember([_remembered(k, status) for k, status in unmutated])
-    return engine.check(ob, timeout)
+    with ONE_AT_A_TIME:
+        mutants.remember([_remembered(k, status) for k, status in unmutated])
+        return engine.check(ob, timeout)
 
 
 def _remembered(key: Key, status: str) -> engine.Outcome:

@@ -60,13 +60,15 @@ def test_the_mutants_verdicts_are_the_same_spread_out(tmp_path, capsys):
     assert _prove([*argv, "--workers", "2"], report, capsys) == serial
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(
-    reason="since the proofs III mutants, the verdict lines on a Dask cluster differ from the "
-    "serial run's (processes agree); not yet diagnosed",
-    strict=False,
-)
+def _verdicts(text: str) -> list[str]:
+    """The obligation lines (name, what refuted it, status), the counterexamples' values aside."""
+    return [line for line in text.splitlines() if "counterexample:" not in line]
+
+
+@pytest.mark.slow  # threads of one process: the tasks take turns while a mutant is patched in
 def test_the_mutants_verdicts_are_the_same_on_dask(tmp_path, capsys):
+    """Every verdict as serially (the same counterexample values are not promised here: on
+    a cluster of threads z3 picked other models for three of the 75 refutations)."""
     distributed = requires("dask.distributed")
     argv = ["overflow", "mutants", "--max-n", "1"]
     report = tmp_path / "certificate.md"
@@ -74,7 +76,8 @@ def test_the_mutants_verdicts_are_the_same_on_dask(tmp_path, capsys):
     with distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
     ) as cluster:
-        assert _prove([*argv, "--scheduler", cluster.scheduler_address], report, capsys) == serial
+        on_dask = _prove([*argv, "--scheduler", cluster.scheduler_address], report, capsys)
+    assert on_dask[0] == serial[0] == 0 and _verdicts(on_dask[1]) == _verdicts(serial[1])
 
 
 def test_a_mutant_task_carries_the_unmutated_verdicts_reached_before_it():
