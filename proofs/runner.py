@@ -10,8 +10,8 @@ hold closures, which do not travel: a task names its obligation by :class:`Sourc
 ``max_n``, the user's program) and index, and the worker rebuilds the list (once per
 process) and checks that entry within the run's ``timeout``. The verdicts are gathered by
 index, so the lines, the summary and the certificate are the same however the run was
-spread (timings aside; on a cluster of threads z3 may pick another refuting model). The mutants family judges a mutant only by probes that prove on
-the unmutated library: each mutant task carries the unmutated verdicts reached before it
+spread (timings aside; on a cluster of threads z3 may pick another refuting model). The
+mutants family judges a mutant only by probes that prove on the unmutated library: each mutant task carries the unmutated verdicts reached before it
 was handed out (:func:`mutants.remember` on the worker); a probe without one is run
 unmutated there. A worker that dies leaves its obligation LOST, and the run goes on.
 Tasks that share a process take turns (:data:`ONE_AT_A_TIME`): a mutant patches the
