@@ -11,13 +11,13 @@ hold closures, which do not travel: a task names its obligation by :class:`Sourc
 process) and checks that entry within the run's ``timeout``. The verdicts are gathered by
 index, so the lines, the summary and the certificate are the same however the run was
 spread (timings aside; on a cluster of threads z3 may pick another refuting model). The
-mutants family judges a mutant only by probes that prove on the unmutated library: each mutant task carries the unmutated verdicts reached before it
-was handed out (:func:`mutants.remember` on the worker); a probe without one is run
-unmutated there. A worker that dies leaves its obligation LOST, and the run goes on.
-Tasks that share a process take turns (:data:`ONE_AT_A_TIME`): a mutant patches the
-library process-wide, so on a cluster of threads (Dask with ``processes=False``) another
-task's obligation ran against the patched library and their verdicts differed from the
-serial run's.
+mutants family judges a mutant only by probes that prove on the unmutated library: each
+mutant task carries the unmutated verdicts reached before it was handed out
+(:func:`mutants.remember` on the worker); a probe without one is run unmutated there. A
+worker that dies leaves its obligation LOST, and the run goes on. Tasks that share a
+process take turns (:data:`ONE_AT_A_TIME`): a mutant patches the library process-wide, so
+on a cluster of threads (Dask with ``processes=False``) another task's obligation could
+run against the patched library.
 
 With a ``journal`` each verdict is written as it arrives; ``resume`` keeps the verdicts a
 journal holds for the same ``max_n``, program and library code (TIMEOUT and LOST ones are
