@@ -34,7 +34,7 @@ from ..metrics import relative_error
 from ..targets import Variant, builtin
 from ..targets.conventions import TargetError
 from . import suspicion
-from .judge import Finding, judge
+from .judge import Finding, certain, judge
 from .tolerance import Allowed, bounds
 
 FA2_BLOCK = 64  # FlashAttention-2's key-block size for head dims <= 128 (kBlockN)
@@ -189,13 +189,17 @@ def baseline_errors(
             outputs = variant.run(dataclasses.replace(case, block_size=block), held, grads)
         except Exception:
             continue
-        errors = {"y": relative_error(np.abs(outputs["y"] - ref.near["y"]), ref.near["y"], dtype)}
+        errors = {"y": _error(outputs, ref, "y", dtype)}
         if grads:
-            errors["grads"] = _max(
-                relative_error(np.abs(outputs[g] - ref.near[g]), ref.near[g], dtype) for g in GRADS
-            )
+            errors["grads"] = _max(_error(outputs, ref, g, dtype) for g in GRADS)
         out[label] = errors
     return out
+
+
+def _error(outputs: dict[str, Any], ref: Reference, name: str, dtype: str) -> float:
+    """A baseline's normwise error in ``name``, as :func:`.judge.judge` measures it."""
+    told = certain(ref.near[name], ref.rad[name])
+    return relative_error(np.abs(outputs[name] - ref.near[name]), told, dtype)
 
 
 def _max(values: Any) -> float:

@@ -38,7 +38,7 @@ LEGEND = (
 )
 TABLE_LEGEND = (
     "run/skip/fail: cases; fwd, grad max: normwise error (grad: dQ, dK, dV); ulps: at max|Y|;"
-    " /naive, /FA-2: median error ratios; vacuous: bound ≥ the output's certified scale"
+    " /naive, /FA-2: median error ratios; vacuous: bound ≥ the output's largest value told from 0"
 )
 
 

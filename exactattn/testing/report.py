@@ -6,10 +6,10 @@ ulps of the dtype at ``max|Y_exact|``, the gradients' (dQ, dK, dV, each normwise
 median; side by side, the median and largest ratio of
 the target's error to naive attention's in the same dtype and to the FlashAttention-2
 policy's on the same inputs (only cases where the baseline's error is nonzero); the share
-of cases whose derived bound was vacuous (``≥ max(|ref| − rad)⁺``: little beyond finiteness
-was checked; :func:`.judge.certified_scale`) and of cases whose two runs differed bitwise.
-:func:`write` puts the table, the skip reasons, the dropout probe and the failures in
-``report.md`` and all of it in ``report.json``.
+of cases whose derived bound was vacuous (``≥`` the largest value the reference tells from
+zero: little beyond finiteness was checked; :func:`.judge.certified_scale`) and of cases
+whose two runs differed bitwise. :func:`write` puts the table, the skip reasons, the dropout
+probe and the failures in ``report.md`` and all of it in ``report.json``.
 """
 
 from __future__ import annotations
@@ -240,8 +240,8 @@ def markdown(result: Result, rows: list[dict[str, Any]], failures: list[str]) ->
         "Errors are normwise relative (max |err| / max |exact|); ulps of the dtype; ratios "
         "are the target's error over naive attention in the same dtype and over the "
         "FlashAttention-2 policy on the same inputs (median and largest over cases); "
-        "vacuous: share of cases whose derived bound was at least the largest magnitude the "
-        "reference certifies for that output (an exact zero is checked absolutely); "
+        "vacuous: share of cases whose derived bound was at least the largest value the "
+        "reference tells from zero for that output (an exact zero is checked absolutely); "
         "/expected max: the largest Y error over its expected error (independent mean-zero "
         "roundings, 3 sigma); suspicious: cases beyond 4x of it, within the rigorous bound.",
         "",

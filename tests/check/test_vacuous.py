@@ -1,8 +1,8 @@
 """The vacuous share measures ill-conditioning, not exact zeros.
 
-A bound is vacuous when it reaches the largest magnitude the reference *certifies* an output
-to have (:func:`exactattn.testing.judge.certified_scale`): then a zero output would pass
-and little beyond finiteness was checked. Rows with one allowed key have dQ = dK = 0
+A bound is vacuous when it reaches the largest value the reference tells from zero
+(:func:`exactattn.testing.judge.certified_scale`): then a zero output would pass and little
+beyond finiteness was checked. Rows with one allowed key have dQ = dK = 0
 exactly (p = 1, G·V − δ = 0); their check is absolute and catches a kernel that does not
 cancel, so such a case is not vacuous, while large logits still are.
 """
@@ -24,10 +24,10 @@ NO_MASK = {"kind": "none"}
 ONE_KEY = {"kind": "window", "left": 0, "right": 0, "align": "top-left"}
 
 
-def test_certified_scale_is_the_largest_magnitude_outside_the_radius():
+def test_certified_scale_is_the_largest_value_told_from_zero():
     near = np.array([3.0e-48, -2.0, 0.5, -np.inf])
     rad = np.array([3.2e-47, 0.5, 0.1, 0.0])
-    assert certified_scale(near, rad) == 1.5
+    assert certified_scale(near, rad) == 2.0
     assert certified_scale(near[:1], rad[:1]) == 0.0
 
 
@@ -66,6 +66,7 @@ def test_rows_with_one_key_are_checked_absolutely_not_vacuous():
     case = _case(1.0, ONE_KEY)
     correct = _finding(case, broken=False)
     assert correct.status == "ok" and not correct.vacuous, correct.detail
+    assert np.isnan(correct.errors["dq"]) and np.isnan(correct.errors["dk"])  # no scale
     assert _finding(case, broken=True).detail.startswith(("dq[", "dk["))
 
 
