@@ -1,7 +1,8 @@
 """How ``exactattn check`` calls an SDPA-convention kernel: the share of each calling path.
 
 ``python -m tests.check.call_shares [--examples N] [--seed S]`` checks a spying function
-(torch's SDPA behind a recorder, ``--supports bias=yes``) and prints what it was called with:
+(torch's SDPA math backend behind a recorder, ``--supports bias=yes``: a passing
+function, so no failure's shrink adds calls) and prints what it was called with:
 ``is_causal`` (and with ``n_q ≠ n_k``), no mask, a boolean or float ``attn_mask``, decode
 (``n_q = 1``), GQA, and the largest ``n_k``. The issue that asked for calling paths measured
 0% ``is_causal`` on the old distribution; docs/check.md gives today's figures.
@@ -20,6 +21,7 @@ CALLS: list[dict] = []
 
 def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     CALLS.append(
         {
@@ -30,10 +32,11 @@ def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, ena
             "gqa": q.shape[-3] != k.shape[-3] if q.dim() >= 3 and k.dim() >= 3 else False,
         }
     )
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-        enable_gqa=enable_gqa,
-    )  # fmt: skip
+    with sdpa_kernel(SDPBackend.MATH):  # the CPU flash kernel's negative-scale NaN would
+        return F.scaled_dot_product_attention(  # fail a case, and its shrink's calls count
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale, enable_gqa=enable_gqa,
+        )  # fmt: skip
 
 
 def shares(calls: list[dict]) -> dict[str, float]:
