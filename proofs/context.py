@@ -35,7 +35,8 @@ import sympy
 import exactattn
 
 
-def _exp(x: sympy.Expr) -> sympy.Expr:
+def exp_unevaluated(x: sympy.Expr) -> sympy.Expr:
+    """``e^x``: sympy's at a number, ``u`` at ``x = log u``, otherwise unevaluated."""
     if x.is_Number:
         return sympy.exp(x)
     if isinstance(x, sympy.log):
@@ -70,7 +71,7 @@ class ProofContext(exactattn.SympyContext):
     """The sympy backend with an uninterpreted max and exact floats (module docstring)."""
 
     name = "sympy+free-max"
-    _exp = staticmethod(_exp)
+    _exp = staticmethod(exp_unevaluated)
     _log = staticmethod(_log)
     _finite = staticmethod(_finite)
 
