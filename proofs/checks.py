@@ -242,9 +242,10 @@ def tiling(pb: Problem, b: int, row_block: int | None = None) -> tuple:
 
 # --- comparisons ---------------------------------------------------------------------------
 def _exp(x: Any) -> np.ndarray:
-    """``e^x`` entrywise, built as the proof context builds it (:func:`proofs.context._exp`:
-    exact at numbers, ``e^{log u} = u``, otherwise unevaluated): the zero test reads
-    ``e^{m + log ℓ}`` as ``e^m·ℓ`` itself, without sympy's rewriting of the sum."""
+    """``e^x`` entrywise, built as the proof context builds it
+    (:func:`proofs.context.exp_unevaluated`: exact at numbers, ``e^{log u} = u``, otherwise
+    unevaluated): the zero test reads ``e^{m + log ℓ}`` as ``e^m·ℓ`` itself, without
+    sympy's rewriting of the sum."""
     return np.vectorize(context.exp_unevaluated, otypes=[object])(np.asarray(x, dtype=object))
 
 
