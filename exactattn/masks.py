@@ -423,14 +423,18 @@ class KeyPadding(Mask):
     def tile(self, i: Any, j: Any, geometry: Geometry) -> Any:
         return j < self._lengths(geometry)
 
+    @functools.cached_property
+    def _extremes(self) -> tuple[int, int]:
+        """``(shortest, longest)`` of the lengths, read once per mask (every tile asks; a call
+        adopts a fresh mask, so a caller's array changed between calls is read again)."""
+        return int(self.lengths.min()), int(self.lengths.max())
+
     def classify(self, rows: range, cols: range, geometry: Geometry) -> TileKind:
-        empty, full = padding_tile_kind(
-            int(self.lengths.min()), int(self.lengths.max()), cols.start, cols.stop
-        )
+        empty, full = padding_tile_kind(*self._extremes, cols.start, cols.stop)
         return TileKind.EMPTY if empty else TileKind.FULL if full else TileKind.PARTIAL
 
     def row_span(self, cols: range, geometry: Geometry) -> range:
-        return range(*padding_row_span(int(self.lengths.max()), cols.start, geometry.n_q))
+        return range(*padding_row_span(self._extremes[1], cols.start, geometry.n_q))
 
     def lower(self, geometry: Geometry) -> Band | None:
         shape = _prefix_of_batch("key_padding lengths", tuple(self.lengths.shape), geometry)

@@ -23,7 +23,7 @@ from exactattn import algorithm, masks, scores
 from exactattn.backends import NumpyContext
 from exactattn.dropout import make_dropout
 
-from . import spec
+from . import context, spec
 from .context import ProofContext
 from .engine import Undecided, check_equal
 from .inputs import C, SymbolicDropout, upstream
@@ -242,7 +242,11 @@ def tiling(pb: Problem, b: int, row_block: int | None = None) -> tuple:
 
 # --- comparisons ---------------------------------------------------------------------------
 def _exp(x: Any) -> np.ndarray:
-    return np.vectorize(sympy.exp, otypes=[object])(np.asarray(x, dtype=object))
+    """``e^x`` entrywise, built as the proof context builds it
+    (:func:`proofs.context.exp_unevaluated`: exact at numbers, ``e^{log u} = u``, otherwise
+    unevaluated): the zero test reads ``e^{m + log ℓ}`` as ``e^m·ℓ`` itself, without
+    sympy's rewriting of the sum."""
+    return np.vectorize(context.exp_unevaluated, otypes=[object])(np.asarray(x, dtype=object))
 
 
 def check_forward(pb: Problem, b: int, row_block: int | None = None) -> Run:

@@ -19,6 +19,10 @@ object arrays) with two changes, both sound for the exactness families:
   every input and output; the code's expressions share subtrees, which a tree traversal
   visits once per occurrence): an expression is finite iff no ``nan``, ``±∞`` or ``zoo``
   occurs in it, as in the sympy backend;
+* **the realness check reads the form first**: an input (the reverse is handed the
+  forward's ``Y``) built from rationals and real symbols by ``+``, ``×``, integer powers and
+  ``exp`` is real without sympy's assumption queries on it; anything else is asked as the
+  sympy backend asks;
 * **binary floats are exact rationals.** A Python or NumPy float (``dropout_p = 0.25``)
   becomes the rational it denotes (``1/4``), never an inexact sympy ``Float``, so the
   library's real :class:`exactattn.dropout.Dropout` runs with its factor ``1/(1 − p)``
@@ -35,7 +39,8 @@ import sympy
 import exactattn
 
 
-def _exp(x: sympy.Expr) -> sympy.Expr:
+def exp_unevaluated(x: sympy.Expr) -> sympy.Expr:
+    """``e^x``: sympy's at a number, ``u`` at ``x = log u``, otherwise unevaluated."""
     if x.is_Number:
         return sympy.exp(x)
     if isinstance(x, sympy.log):
@@ -66,11 +71,39 @@ def _finite(x: sympy.Expr) -> bool:
     return True
 
 
+def _real(x: sympy.Expr) -> bool:
+    """``x`` is real by its form: rationals and real symbols, closed under ``+``, ``×``,
+    integer powers and ``exp`` (each distinct node visited once). False means *not shown*:
+    the caller then asks sympy, as the sympy backend does."""
+    stack, seen = [x], {id(x)}
+    while stack:
+        node = stack.pop()
+        if node.is_Symbol:
+            if not node.is_extended_real:
+                return False
+            continue
+        if node.is_Rational:
+            continue
+        if node.is_Pow:
+            if not node.exp.is_Integer:
+                return False
+            args = (node.base,)
+        elif node.is_Add or node.is_Mul or isinstance(node, sympy.exp):
+            args = node.args
+        else:
+            return False
+        for arg in args:
+            if id(arg) not in seen:
+                seen.add(id(arg))
+                stack.append(arg)
+    return True
+
+
 class ProofContext(exactattn.SympyContext):
     """The sympy backend with an uninterpreted max and exact floats (module docstring)."""
 
     name = "sympy+free-max"
-    _exp = staticmethod(_exp)
+    _exp = staticmethod(exp_unevaluated)
     _log = staticmethod(_log)
     _finite = staticmethod(_finite)
 
@@ -81,6 +114,8 @@ class ProofContext(exactattn.SympyContext):
     def _convert(self, x: Any) -> sympy.Expr:
         if isinstance(x, (float, np.floating)):
             x = sympy.Rational(float(x))  # exact: a binary float is a dyadic rational
+        if isinstance(x, sympy.Expr) and _real(x):
+            return x  # what the sympy backend's check would accept, without its queries
         return super()._convert(x)
 
     def _members(self, x: sympy.Expr) -> frozenset:

@@ -51,6 +51,7 @@ from . import (
     reverse,
     scores,
     smt,
+    sympy_cache,
     tiles,
 )
 from . import program as program_family
@@ -153,7 +154,9 @@ def prove(
     unmutated: tuple[tuple[Key, str], ...] = (),
 ) -> engine.Verdict:
     """Task: check obligation ``index`` of ``source`` (which must be ``key``), after
-    remembering the ``unmutated`` verdicts for the mutants family."""
+    remembering the ``unmutated`` verdicts for the mutants family (in a process whose sympy
+    cache is sized for proofs: :mod:`.sympy_cache`)."""
+    sympy_cache.widen()
     obligations = _rebuilt(source)
     ob = obligations[index] if index < len(obligations) else None
     if ob is None or key_of(ob) != key:
