@@ -156,17 +156,17 @@ def prove(
     """Task: check obligation ``index`` of ``source`` (which must be ``key``), after
     remembering the ``unmutated`` verdicts for the mutants family (in a process whose sympy
     cache is sized for proofs: :mod:`.sympy_cache`)."""
-    sympy_cache.widen()
-    obligations = _rebuilt(source)
-    ob = obligations[index] if index < len(obligations) else None
-    if ob is None or key_of(ob) != key:
-        return engine.Verdict(
-            engine.LOST,
-            0.0,
-            f"this worker's {source.family} family has no obligation {key[1]!r} "
-            f"({key[2]}) at index {index}: is the same exactattn installed on the workers?",
-        )
     with ONE_AT_A_TIME:
+        sympy_cache.widen()
+        obligations = _rebuilt(source)
+        ob = obligations[index] if index < len(obligations) else None
+        if ob is None or key_of(ob) != key:
+            return engine.Verdict(
+                engine.LOST,
+                0.0,
+                f"this worker's {source.family} family has no obligation {key[1]!r} "
+                f"({key[2]}) at index {index}: is the same exactattn installed on the workers?",
+            )
         mutants.remember([_remembered(k, status) for k, status in unmutated])
         return engine.check(ob, timeout)
 
