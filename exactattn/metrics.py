@@ -75,11 +75,15 @@ def relative_error(error: np.ndarray, ref: np.ndarray, fmt: str = "float64") -> 
 
 
 def ulps(error: np.ndarray, ref: np.ndarray, fmt: str) -> float:
-    """``max |error|`` in ulps of ``fmt`` at the output's scale ``max |ref|`` (normwise)."""
+    """``max |error|`` in ulps of ``fmt`` at the output's scale ``max |ref|`` (normwise); NaN
+    where there is no scale, or no spacing at it in float64 (a format without an exponent
+    floor, such as ``p11``, at a scale of 1e-323 has a spacing below float64's range)."""
     scale = scale_of(ref)
     if not error.size or scale == 0:
         return float("nan")
     spacing = float(number_format(fmt).ulp(np.array([scale]))[0])
+    if not spacing > 0:
+        return float("nan")
     return float(np.max(error[np.isfinite(error)], initial=0.0)) / spacing
 
 

@@ -64,3 +64,13 @@ def test_deviation_and_shape_check():
     assert dev == {"max_abs": 0.5, "rmse": pytest.approx(math.sqrt(0.125))}
     with pytest.raises(ValueError, match="shape"):
         error_metrics(np.zeros(2), np.zeros(3), FP16)
+
+
+def test_ulps_without_a_spacing_at_the_scale_is_nan():
+    """p11 has no exponent floor: its spacing at 3e-323 is below float64's range (0.0), and
+    the count is NaN rather than a division by zero (a difftest replay's float64 dQ)."""
+    from exactattn.metrics import ulps
+
+    ref = np.array([3.0e-323, -1.5e-323])
+    assert math.isnan(ulps(np.array([1e-45, 0.0]), ref, "p11"))
+    assert ulps(np.array([2.0**-52]), np.array([1.0]), "float64") == 1.0
