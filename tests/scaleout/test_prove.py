@@ -68,7 +68,7 @@ def _verdicts(text: str) -> list[str]:
 @pytest.mark.slow  # threads of one process: the tasks take turns while a mutant is patched in
 def test_the_mutants_verdicts_are_the_same_on_dask(tmp_path, capsys):
     """Every verdict as serially (the same counterexample values are not promised here: on
-    a cluster of threads z3 picked other models for three of the 75 refutations)."""
+    a cluster of threads z3 picked other models for some refutations)."""
     distributed = requires("dask.distributed")
     argv = ["overflow", "mutants", "--max-n", "1"]
     report = tmp_path / "certificate.md"
