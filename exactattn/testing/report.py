@@ -7,7 +7,7 @@ median; side by side, the median and largest ratio of
 the target's error to naive attention's in the same dtype and to the FlashAttention-2
 policy's on the same inputs (only cases where the baseline's error is nonzero); the share
 of cases whose derived bound was vacuous (``≥`` the largest value the reference tells from
-zero: little beyond finiteness was checked; :func:`.judge.certified_scale`) and of cases
+zero: little beyond finiteness was checked; :func:`.judge.certain`) and of cases
 whose two runs differed bitwise. :func:`write` puts the table, the skip reasons, the dropout
 probe and the failures in ``report.md`` and all of it in ``report.json``.
 """

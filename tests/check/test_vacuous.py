@@ -1,7 +1,7 @@
 """The vacuous share measures ill-conditioning, not exact zeros.
 
 A bound is vacuous when it reaches the largest value the reference tells from zero
-(:func:`exactattn.testing.judge.certified_scale`): then a zero output would pass and little
+(:func:`exactattn.testing.judge.certain`): then a zero output would pass and little
 beyond finiteness was checked. Rows with one allowed key have dQ = dK = 0
 exactly (p = 1, G·V − δ = 0); their check is absolute and catches a kernel that does not
 cancel, so such a case is not vacuous, while large logits still are.
@@ -14,8 +14,9 @@ import pytest
 
 from exactattn import targets
 from exactattn.cases import Case
+from exactattn.metrics import scale_of
 from exactattn.testing.check import Options, check_case
-from exactattn.testing.judge import certified_scale
+from exactattn.testing.judge import certain
 from tests.optional import requires
 
 requires("flint")
@@ -24,11 +25,11 @@ NO_MASK = {"kind": "none"}
 ONE_KEY = {"kind": "window", "left": 0, "right": 0, "align": "top-left"}
 
 
-def test_certified_scale_is_the_largest_value_told_from_zero():
+def test_the_scale_is_the_largest_value_told_from_zero():
     near = np.array([3.0e-48, -2.0, 0.5, -np.inf])
     rad = np.array([3.2e-47, 0.5, 0.1, 0.0])
-    assert certified_scale(near, rad) == 2.0
-    assert certified_scale(near[:1], rad[:1]) == 0.0
+    assert scale_of(certain(near, rad)) == 2.0
+    assert scale_of(certain(near[:1], rad[:1])) == 0.0
 
 
 def _case(logit: float, mask=NO_MASK, n=3, d=8) -> Case:
