@@ -185,9 +185,12 @@ TRUSTED_BASE = (
     "`sympy.diff` (with the quotient rule over `sympy.fraction`'s numerator and "
     "denominator, `spec.row_gradient`) for the derivatives the reverse is compared with",
     "z3's `unsat` answers (an `unknown` or a timeout is UNKNOWN, never PROVED)",
-    "the ctx primitives on exact numbers (the sympy backend over NumPy object arrays): "
-    "rowsum and matmul are the finite sums Σ_j, rowmax is the row's max (a real, or −∞ for "
-    "a row with no allowed key; the proofs take any real), where, exp and log elementwise; "
+    "the ctx primitives on exact numbers (the sympy backend over NumPy object arrays, and "
+    "`proofs/terms.py`'s exact terms for the enumerated runs: rationals that fold, sums and "
+    "products collected, e^{log u} = u, 0·t = 0 and ±∞ + t = ±∞ for a finite t, the rest "
+    "by sympy): rowsum and matmul are the finite sums Σ_j, rowmax is the row's max (a "
+    "real, or −∞ for a row with no allowed key; the proofs take any real), where, exp and "
+    "log elementwise; "
     "a tile step reads its tile only through them and elementwise operations, so one "
     "generic key j of a symbolic width w stands for every key of every width",
     "Python's semantics: the iterator's one loop `algorithm.runs` (start, then each run's "

@@ -23,10 +23,10 @@ from exactattn import algorithm, masks, scores
 from exactattn.backends import NumpyContext
 from exactattn.dropout import make_dropout
 
-from . import context, spec
-from .context import ProofContext
+from . import spec
 from .engine import Undecided, check_equal
 from .inputs import C, SymbolicDropout, upstream
+from .terms import TermContext
 
 
 @dataclass
@@ -176,7 +176,7 @@ def _dropout(pb: Problem) -> Any:
 
 
 def library_forward(pb: Problem, b: int, row_block: int | None = None) -> Run:
-    ctx = ProofContext()
+    ctx = TermContext()
     if not _direct(pb, row_block):
         y, stats = exactattn.attention(
             pb.q, pb.k, pb.v, backend=ctx, return_stats=True, **pb.keywords(b)
@@ -202,7 +202,7 @@ def library_backward(
 ) -> tuple[np.ndarray, ...]:
     """``(dQ, dK, dV)`` and, with a bias, ``dB``; ``lse_only`` freezes ``m = lse, ℓ = 1``
     as the torch path does."""
-    ctx = ProofContext()
+    ctx = TermContext()
     if not (_direct(pb, row_block) or lse_only):
         return exactattn.attention_backward(
             pb.q, pb.k, pb.v, run.y, run.stats, g, backend=ctx, bias_grad=pb.bias is not None,
@@ -242,11 +242,10 @@ def tiling(pb: Problem, b: int, row_block: int | None = None) -> tuple:
 
 # --- comparisons ---------------------------------------------------------------------------
 def _exp(x: Any) -> np.ndarray:
-    """``e^x`` entrywise, built as the proof context builds it
-    (:func:`proofs.context.exp_unevaluated`: exact at numbers, ``e^{log u} = u``, otherwise
-    unevaluated): the zero test reads ``e^{m + log ℓ}`` as ``e^m·ℓ`` itself, without
-    sympy's rewriting of the sum."""
-    return np.vectorize(context.exp_unevaluated, otypes=[object])(np.asarray(x, dtype=object))
+    """``e^x`` entrywise, built as the proof context builds it (:func:`proofs.terms.exp`:
+    exact at numbers, ``e^{log u} = u``, otherwise unevaluated): the zero test reads
+    ``e^{m + log ℓ}`` as ``e^m·ℓ`` itself, without sympy's rewriting of the sum."""
+    return TermContext().exp(np.asarray(x, dtype=object))
 
 
 def check_forward(pb: Problem, b: int, row_block: int | None = None) -> Run:

@@ -132,9 +132,13 @@ class ProofContext(exactattn.SympyContext):
             return next(iter(members))
         symbol = self._by_set.get(members)
         if symbol is None:
-            symbol = sympy.Dummy(f"M{len(self._by_set)}", real=True)
+            symbol = self._fresh_max(f"M{len(self._by_set)}")
             self._by_set[members], self._set_of[symbol] = symbol, members
         return symbol
+
+    def _fresh_max(self, name: str) -> sympy.Dummy:
+        """A new free real symbol for one max."""
+        return sympy.Dummy(name, real=True)
 
     def max_set(self, m: sympy.Expr) -> frozenset:
         """The finite values a max symbol stands for (``{m}`` for anything else)."""

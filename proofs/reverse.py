@@ -35,7 +35,6 @@ import exactattn
 from . import batched, spec
 from .batched import row_runs
 from .checks import Problem, check_reverse, tiling
-from .context import ProofContext
 from .coverage import Coverage
 from .engine import Obligation, check_equal
 from .grid import (
@@ -54,6 +53,7 @@ from .inputs import (
     matrix,
     upstream,
 )
+from .terms import TermContext
 
 FAMILY = "reverse"
 ROW_BLOCK_N = 3
@@ -72,12 +72,12 @@ def cross_attention(n: int) -> Obligation:
 
 def check_self(x: np.ndarray, c: object, b: int, cache: dict) -> None:
     y, stats = exactattn.self_attention(
-        x, scale=c, block_size=b, backend=ProofContext(), return_stats=True
+        x, scale=c, block_size=b, backend=TermContext(), return_stats=True
     )
     for row in range(x.shape[0]):
         g = upstream(x.shape, (row,))
         dx = exactattn.self_attention_backward(
-            x, y, stats, g, scale=c, block_size=b, backend=ProofContext()
+            x, y, stats, g, scale=c, block_size=b, backend=TermContext()
         )
         if row not in cache:
             cache[row] = spec.row_gradient(g[row], spec.naive_output(x, x, x, c)[row], x)

@@ -51,6 +51,7 @@ from . import (
     reverse,
     scores,
     smt,
+    solver,
     sympy_cache,
     tiles,
 )
@@ -75,6 +76,8 @@ FAMILIES: dict[str, ModuleType] = {
     "mutants": mutants,
     "reach": reach,
 }
+solver.keep_heap_top()  # in every process that runs obligations, before its heap grows
+
 NOT_BY_DEFAULT = ("reach",)
 DEFAULT_MAX_N = 4
 INTERRUPTED = 130
