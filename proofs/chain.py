@@ -182,8 +182,10 @@ PROGRAM = Theorem(
 TRUSTED_BASE = (
     "sympy's exact zero test as used (`proofs/symbolic.py`: exponentials as positive "
     "indeterminates, a polynomial identity over ℚ on python-flint or sympy's ring) and "
-    "`sympy.diff` (with the quotient rule over `sympy.fraction`'s numerator and "
-    "denominator, `spec.row_gradient`) for the derivatives the reverse is compared with",
+    "the sum, product and chain rules of `spec.Derivatives` (for +, ×, integer powers, exp, "
+    "log, tanh; `sympy.diff` for anything else), with the quotient rule over "
+    "`sympy.fraction`'s numerator and denominator (`spec.row_gradient`), for the "
+    "derivatives the reverse is compared with",
     "z3's `unsat` answers (an `unknown` or a timeout is UNKNOWN, never PROVED)",
     "the ctx primitives on exact numbers (the sympy backend over NumPy object arrays, and "
     "`proofs/terms.py`'s exact terms for the enumerated runs: rationals that fold, sums and "

@@ -218,20 +218,10 @@ def at_batch(a: Any, index: tuple[int, ...], ndim_batch: int) -> Any:
 def row_gradient(g: np.ndarray, y: np.ndarray, wrt: np.ndarray) -> np.ndarray:
     """``∂(Σ_a g_a Y_a)/∂x`` for every symbol of ``wrt`` by the quotient rule: each ``Y_a``
     is a fraction ``N_a/D_a`` (``sympy.fraction``, an identity) and
-    ``∂(N/D)/∂x = (∂N/∂x · D − N · ∂D/∂x)/D²`` with ``sympy.diff`` on the numerator and the
-    denominator — the same derivative as :func:`gradient` of the whole loss, without the
-    product rule's swell over the quotient (10× faster on a row)."""
+    ``∂(N/D)/∂x = (∂N/∂x · D − N · ∂D/∂x)/D²``, with :func:`derivative` on the numerator and
+    the denominator (the Y_a of a row share their denominator: one ``∂D/∂x`` for all a)."""
     parts = [sympy.fraction(sympy.sympify(e)) for e in y]
-    symbols = {e: e.free_symbols for part in parts for e in part}  # ∂e/∂x = 0 off these
-    derivatives: dict = {}  # the Y_a of a row share their denominator: one ∂D/∂x for all a
-
-    def diff(e: sympy.Expr, x: sympy.Symbol) -> sympy.Expr:
-        if x not in symbols[e]:
-            return sympy.S.Zero
-        if (e, x) not in derivatives:
-            derivatives[e, x] = sympy.diff(e, x)
-        return derivatives[e, x]
-
+    cache = Derivatives()
     out = np.empty(wrt.shape, dtype=object)
     for index in np.ndindex(wrt.shape):
         x = wrt[index]
@@ -240,11 +230,84 @@ def row_gradient(g: np.ndarray, y: np.ndarray, wrt: np.ndarray) -> np.ndarray:
             continue
         terms = []
         for g_a, (n, d) in zip(g, parts):
-            dn, dd = diff(n, x), diff(d, x)
+            dn, dd = cache(n, x), cache(d, x)
             if dn != 0 or dd != 0:
-                terms.append(g_a * (dn * d - n * dd) / d**2)
-        out[index] = sympy.Add(*terms)
+                dy = _add(_mul(dn, d), _mul(sympy.S.NegativeOne, n, dd))
+                terms.append(_mul(g_a, dy, sympy.Pow(d, -2, evaluate=False)))
+        out[index] = _add(*terms)
     return out
+
+
+def _add(*args: sympy.Expr) -> sympy.Expr:
+    args = tuple(a for a in args if a != 0)
+    if len(args) < 2:
+        return args[0] if args else sympy.S.Zero
+    return sympy.Add(*args, evaluate=False)
+
+
+def _mul(*args: sympy.Expr) -> sympy.Expr:
+    if any(a == 0 for a in args):
+        return sympy.S.Zero
+    args = tuple(a for a in args if a != 1)
+    if len(args) < 2:
+        return args[0] if args else sympy.S.One
+    return sympy.Mul(*args, evaluate=False)
+
+
+class Derivatives:
+    """``∂e/∂x`` by the sum, product and chain rules, built unevaluated (the zero test reads
+    any shape; sympy's ``diff`` spends most of a reverse proof on the rewriting of its
+    results): ``(Σ u)' = Σ u'``, ``(Π u)' = Σ_k u_k' Π_{i≠k} u_i``, ``(u^n)' = n u^{n−1} u'``
+    (integer n), ``(e^u)' = e^u u'``, ``(log u)' = u'/u``, ``(tanh u)' = (1 − tanh² u) u'``;
+    anything else is handed to ``sympy.diff``. Results and each node's free symbols are
+    remembered (∂e/∂x = 0 at once when x is not in e)."""
+
+    def __init__(self) -> None:
+        self._free: dict[sympy.Expr, frozenset] = {}
+        self._done: dict[tuple[sympy.Expr, sympy.Symbol], sympy.Expr] = {}
+
+    def free(self, e: sympy.Expr) -> frozenset:
+        hit = self._free.get(e)
+        if hit is None:
+            if e.is_Symbol:
+                hit = frozenset((e,))
+            elif not e.args:
+                hit = frozenset()
+            else:
+                hit = frozenset().union(*(self.free(a) for a in e.args))
+            self._free[e] = hit
+        return hit
+
+    def __call__(self, e: sympy.Expr, x: sympy.Symbol) -> sympy.Expr:
+        if x not in self.free(e):
+            return sympy.S.Zero
+        if e == x:
+            return sympy.S.One
+        hit = self._done.get((e, x))
+        if hit is None:
+            hit = self._done[e, x] = self._rule(e, x)
+        return hit
+
+    def _rule(self, e: sympy.Expr, x: sympy.Symbol) -> sympy.Expr:
+        if e.is_Add:
+            return _add(*(self(a, x) for a in e.args))
+        if e.is_Mul:
+            args = e.args
+            return _add(*(
+                _mul(*args[:k], self(a, x), *args[k + 1 :]) for k, a in enumerate(args)
+            ))  # fmt: skip
+        if e.is_Pow and e.exp.is_Integer:
+            n, u = e.exp, e.base
+            power = u if n == 2 else sympy.Pow(u, n - 1, evaluate=False)
+            return _mul(n, power, self(u, x))
+        if isinstance(e, sympy.exp):
+            return _mul(e, self(e.args[0], x))
+        if isinstance(e, sympy.log):
+            return _mul(self(e.args[0], x), sympy.Pow(e.args[0], -1, evaluate=False))
+        if isinstance(e, sympy.tanh):
+            sech2 = _add(sympy.S.One, _mul(sympy.S.NegativeOne, e, e))
+            return _mul(sech2, self(e.args[0], x))
+        return sympy.diff(e, x)
 
 
 def gradient(loss: sympy.Expr, wrt: np.ndarray) -> np.ndarray:
