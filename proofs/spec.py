@@ -12,7 +12,8 @@ the algorithm. What the library computes is compared against
   then the additive bias; a ``B_ij = −∞`` entry excludes the pair, ``e^{−∞} = 0``);
 
   a row with ``A_i = ∅`` has ``Y_i = 0`` and ``lse_i = −∞`` (the ``empty_rows='zero'``
-  convention); the reverse is sympy's derivative of ``L = Σ_ia G_ia Y_ia``;
+  convention); the reverse is the derivative of ``L = Σ_ia G_ia Y_ia`` by the rules of calculus
+  (:class:`Derivatives`, checked against ``sympy.diff``);
 * **allowed sets** ``A_i`` as inequalities on ``i, j``, the alignment offset ``o`` and the
   lengths (:class:`Allowed`): causal ``j ≤ i + o``, window ``i + o − L ≤ j ≤ i + o + R``,
   padding ``j < len[b]``, with ``o = 0`` (top-left) or ``o = n_k − n_q`` (bottom-right),
@@ -32,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import sympy
+
+from .symbolic import node
 
 # --- allowed sets from inequalities ------------------------------------------------------
 
@@ -233,7 +236,7 @@ def row_gradient(g: np.ndarray, y: np.ndarray, wrt: np.ndarray) -> np.ndarray:
             dn, dd = cache(n, x), cache(d, x)
             if dn != 0 or dd != 0:
                 dy = _add(_mul(dn, d), _mul(sympy.S.NegativeOne, n, dd))
-                terms.append(_mul(g_a, dy, sympy.Pow(d, -2, evaluate=False)))
+                terms.append(_mul(g_a, dy, node(sympy.Pow, d, sympy.Integer(-2))))
         out[index] = _add(*terms)
     return out
 
@@ -242,7 +245,7 @@ def _add(*args: sympy.Expr) -> sympy.Expr:
     args = tuple(a for a in args if a != 0)
     if len(args) < 2:
         return args[0] if args else sympy.S.Zero
-    return sympy.Add(*args, evaluate=False)
+    return node(sympy.Add, *args)
 
 
 def _mul(*args: sympy.Expr) -> sympy.Expr:
@@ -251,7 +254,7 @@ def _mul(*args: sympy.Expr) -> sympy.Expr:
     args = tuple(a for a in args if a != 1)
     if len(args) < 2:
         return args[0] if args else sympy.S.One
-    return sympy.Mul(*args, evaluate=False)
+    return node(sympy.Mul, *args)
 
 
 class Derivatives:
@@ -298,12 +301,12 @@ class Derivatives:
             ))  # fmt: skip
         if e.is_Pow and e.exp.is_Integer:
             n, u = e.exp, e.base
-            power = u if n == 2 else sympy.Pow(u, n - 1, evaluate=False)
+            power = u if n == 2 else node(sympy.Pow, u, n - 1)
             return _mul(n, power, self(u, x))
         if isinstance(e, sympy.exp):
             return _mul(e, self(e.args[0], x))
         if isinstance(e, sympy.log):
-            return _mul(self(e.args[0], x), sympy.Pow(e.args[0], -1, evaluate=False))
+            return _mul(self(e.args[0], x), node(sympy.Pow, e.args[0], sympy.S.NegativeOne))
         if isinstance(e, sympy.tanh):
             sech2 = _add(sympy.S.One, _mul(sympy.S.NegativeOne, e, e))
             return _mul(sech2, self(e.args[0], x))

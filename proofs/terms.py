@@ -38,6 +38,7 @@ import numpy as np
 import sympy
 
 from .context import ProofContext
+from .symbolic import node
 
 NUM, SYM, ADD, MUL, EXP, LOG, TANH, OPAQUE = range(8)
 _NON_FINITE = (sympy.S.NegativeInfinity, sympy.S.Infinity, sympy.S.NaN, sympy.S.ComplexInfinity)
@@ -409,18 +410,18 @@ def _to_sympy(t: Term) -> sympy.Expr:
         args = [_rational(k)] if k else []
         for u, c in items.items():
             us = u._sympy_()
-            args.append(us if c == 1 else sympy.Mul(_rational(c), us, evaluate=False))
-        return args[0] if len(args) == 1 else sympy.Add(*args, evaluate=False)
+            args.append(us if c == 1 else node(sympy.Mul, _rational(c), us))
+        return args[0] if len(args) == 1 else node(sympy.Add, *args)
     if kind == MUL:
         args = [
-            u._sympy_() if n == 1 else sympy.Pow(u._sympy_(), sympy.Integer(n), evaluate=False)
+            u._sympy_() if n == 1 else node(sympy.Pow, u._sympy_(), sympy.Integer(n))
             for u, n in data.items()
         ]
-        return args[0] if len(args) == 1 else sympy.Mul(*args, evaluate=False)
+        return args[0] if len(args) == 1 else node(sympy.Mul, *args)
     if kind == EXP:
-        return sympy.exp(data._sympy_(), evaluate=False)
+        return node(sympy.exp, data._sympy_())
     if kind == LOG:
-        return sympy.log(data._sympy_(), evaluate=False)
+        return node(sympy.log, data._sympy_())
     return sympy.tanh(_evaluated(data._sympy_()))
 
 
