@@ -79,7 +79,7 @@ class _FlintRing:
     @staticmethod
     def terms(p: Any) -> Iterable[tuple[tuple[int, ...], Fraction]]:
         for monom, coeff in p.to_dict().items():
-            yield tuple(int(e) for e in monom), Fraction(int(coeff.p), int(coeff.q))
+            yield tuple(map(int, monom)), Fraction(int(coeff.p), int(coeff.q))
 
 
 class _SympyRing:
@@ -260,13 +260,13 @@ class _Field:
         self._exp_index = {s: k for k, s in enumerate(exp_vars)}
         self._exp_ring = exp_ring
         self._exp_memo: dict[sympy.Expr, Any] = {}
-        self._exponent_polys = {
-            e: self._exponent_poly(e) for e in scan.exponents
-        }  # polynomial part of each exponent
+        self._exponent_terms = {
+            e: list(exp_ring.terms(self._exponent_poly(e))) for e in scan.exponents
+        }  # polynomial part of each exponent, as (monomial, coefficient) pairs
         # one E per monomial, with the lcm of its coefficient denominators
         lcms: dict[tuple[int, ...], int] = {}
-        for poly in self._exponent_polys.values():
-            for monom, coeff in exp_ring.terms(poly):
+        for terms in self._exponent_terms.values():
+            for monom, coeff in terms:
                 lcms[monom] = math.lcm(lcms.get(monom, 1), coeff.denominator)
         self._monomials = lcms
         gens = [*scan.symbols, *(("log", u) for u in scan.logs), *(("exp", m) for m in lcms)]
@@ -315,7 +315,7 @@ class _Field:
             if log_term is not None:
                 out = f.mul(out, f.power(self(log_term[1]), log_term[0]))
         num, den = self.ring.one, self.ring.one
-        for monom, coeff in self._exp_ring.terms(self._exponent_polys[arg]):
+        for monom, coeff in self._exponent_terms[arg]:
             k = coeff * self._monomials[monom]  # an integer by the choice of the lcm
             power = self._gen[("exp", monom)] ** abs(int(k))
             num, den = (num * power, den) if k > 0 else (num, den * power)

@@ -123,6 +123,11 @@ class Term:
         return NotImplemented if other is None else _by_sympy(sympy.Pow, self, other)
 
     # --- the sympy form ------------------------------------------------------------------
+    @property
+    def is_nonpositive(self) -> bool:
+        """``t ≤ 0`` proved (what the sympy backend's ``nonpositive`` asks)."""
+        return nonpositive(self)
+
     def _sympy_(self) -> sympy.Expr:
         if self._sympy is None:
             self._sympy = _to_sympy(self)
@@ -432,16 +437,7 @@ def _evaluated(expr: sympy.Expr) -> sympy.Expr:
     return expr.func(*(_evaluated(a) for a in expr.args))
 
 
-def _is_neg_inf(x: Any) -> bool:
-    t = as_term(x)
-    return t.kind == NUM and t.data is sympy.S.NegativeInfinity
-
-
 # --- the context ---------------------------------------------------------------------------
-def _entrywise(fn: Any, x: np.ndarray) -> np.ndarray:
-    return np.asarray(np.frompyfunc(fn, 1, 1)(x), dtype=object)
-
-
 class TermContext(ProofContext):
     """:class:`ProofContext` over :class:`Term` entries (module docstring)."""
 
@@ -466,17 +462,14 @@ class TermContext(ProofContext):
     def _finite(x: Any) -> bool:
         return as_term(x).finite
 
-    def exp(self, x: np.ndarray) -> np.ndarray:
-        return _entrywise(lambda e: exp(as_term(e)), x)
+    @staticmethod
+    def _exp(x: Any) -> Term:
+        return exp(as_term(x))
 
-    def log(self, x: np.ndarray) -> np.ndarray:
-        return _entrywise(lambda e: log(as_term(e)), x)
+    @staticmethod
+    def _log(x: Any) -> Term:
+        return log(as_term(x))
 
-    def tanh(self, x: np.ndarray) -> np.ndarray:
-        return _entrywise(lambda e: tanh(as_term(e)), x)
-
-    def is_neg_inf(self, x: Any) -> np.ndarray:
-        return np.frompyfunc(_is_neg_inf, 1, 1)(x).astype(bool)
-
-    def nonpositive(self, x: Any) -> np.ndarray:
-        return np.frompyfunc(lambda e: nonpositive(as_term(e)), 1, 1)(x).astype(bool)
+    @staticmethod
+    def _tanh(x: Any) -> Term:
+        return tanh(as_term(x))
