@@ -8,7 +8,8 @@ command is :mod:`exactattn.commands.prove`: ``exactattn prove``, or ``python -m 
 from a checkout). The specification side is :mod:`.spec` (written from the definitions,
 never calling the code under test); :mod:`.inputs`, :mod:`.grid` and :mod:`.checks` build
 the symbolic problems and run the library on them over :mod:`.context` (the sympy backend
-with a free max); :mod:`.symbolic` is the zero test, :mod:`.solver` the SMT side (z3, the
+with a free max) and :mod:`.terms` (the same with light exact terms, for the enumerated
+runs); :mod:`.symbolic` is the zero test, :mod:`.solver` the SMT side (z3, the
 ``proofs`` extra), :mod:`.numeric` finds counterexamples, :mod:`.engine` runs the
 obligations, :mod:`.coverage` and :mod:`.certificate` write the report, :mod:`.mutation`
 runs the tests against the mutants.

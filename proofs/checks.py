@@ -7,7 +7,7 @@ from their definition). The library runs
 through the public API (``exactattn.attention`` / ``attention_backward``) when it can, and
 through ``algorithm.forward`` / ``backward`` when the obligation needs a parameter the API
 does not take (``row_block``, the torch path's frozen statistics, symbolic ρ), always over
-:class:`~proofs.context.ProofContext`.
+:class:`~proofs.terms.TermContext` (the proof context with light exact terms as entries).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def _all_symbols(x: np.ndarray) -> bool:
 # --- the library's side --------------------------------------------------------------------
 @dataclass
 class Run:
-    """What the library's forward returned (compute type, over ProofContext)."""
+    """What the library's forward returned (compute type, over TermContext)."""
 
     y: np.ndarray
     m: np.ndarray

@@ -1,5 +1,8 @@
 """The proofs' number system: the library's sympy backend with an uninterpreted max.
 
+(The enumerated forward and reverse runs use :class:`proofs.terms.TermContext`, this
+context with light exact terms in place of sympy expressions.)
+
 :class:`ProofContext` is :class:`exactattn.SympyContext` (exact sympy expressions in NumPy
 object arrays) with two changes, both sound for the exactness families:
 
