@@ -122,6 +122,10 @@ class Term:
         other = _coerce(exponent)
         return NotImplemented if other is None else _by_sympy(sympy.Pow, self, other)
 
+    def __rpow__(self, base: Any) -> Any:
+        other = _coerce(base)
+        return NotImplemented if other is None else _by_sympy(sympy.Pow, other, self)
+
     # --- the sympy form ------------------------------------------------------------------
     @property
     def is_nonpositive(self) -> bool:

@@ -96,8 +96,20 @@ def test_an_exponent_reads_minus_log_l_as_a_term_of_its_own():
         (lambda t: (t * 3) / t, 3),
         (lambda t: terms.NEG_INF * t, -sympy.oo * X),  # no term rule: sympy decides
         (lambda t: terms.NEG_INF - terms.NEG_INF, sympy.nan),
+        (lambda t: 2**t * t**0.5, 2**X * sympy.sqrt(X)),  # no term rule: sympy decides
     ],
-    ids=["-inf+t", "e^-inf", "0*t", "e^log u", "log 1", "t-t", "3t/t", "-inf*t", "-inf-(-inf)"],
+    ids=[
+        "-inf+t",
+        "e^-inf",
+        "0*t",
+        "e^log u",
+        "log 1",
+        "t-t",
+        "3t/t",
+        "-inf*t",
+        "-inf-(-inf)",
+        "2^t*sqrt(t)",
+    ],
 )
 def test_the_folding_rules(built, value):
     got = built(terms.as_term(X))
