@@ -221,7 +221,7 @@ def at_batch(a: Any, index: tuple[int, ...], ndim_batch: int) -> Any:
 def row_gradient(g: np.ndarray, y: np.ndarray, wrt: np.ndarray) -> np.ndarray:
     """``∂(Σ_a g_a Y_a)/∂x`` for every symbol of ``wrt`` by the quotient rule: each ``Y_a``
     is a fraction ``N_a/D_a`` (``sympy.fraction``, an identity) and
-    ``∂(N/D)/∂x = (∂N/∂x · D − N · ∂D/∂x)/D²``, with :func:`derivative` on the numerator and
+    ``∂(N/D)/∂x = (∂N/∂x · D − N · ∂D/∂x)/D²``, with :class:`Derivatives` on the numerator and
     the denominator (the Y_a of a row share their denominator: one ``∂D/∂x`` for all a)."""
     parts = [sympy.fraction(sympy.sympify(e)) for e in y]
     cache = Derivatives()

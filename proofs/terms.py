@@ -24,7 +24,9 @@ have built. ``sympy.sympify(t)`` gives its sympy form: unevaluated sums, product
 and ``log`` of the same shape (so the zero test, the counterexample search and every
 sympy-reading check take it as it is), except under ``tanh``, whose argument is evaluated
 so that an opaque ``tanh`` in an exponent has sympy's canonical form on both sides of an
-identity. Soundness does not rest on the terms: the zero test decides the sympy forms.
+identity. The zero test decides every identity on those sympy forms; that they are the
+library's values rests on the rules above being identities of real values, as it rested on
+sympy's arithmetic before (the certificate's trusted base names them).
 """
 
 from __future__ import annotations
@@ -149,12 +151,9 @@ def _q(x: Fraction | int) -> Fraction | int:
 def number(value: Any) -> Term:
     """A NUM term: a finite rational (``int`` or ``Fraction``) or a non-finite sympy number."""
     if isinstance(value, sympy.Basic):
-        if value.is_Rational:
-            value = Fraction(int(value.p), int(value.q))
-        elif value not in _NON_FINITE:
-            return opaque(value)
-    if isinstance(value, sympy.Basic):
-        return Term(NUM, value, False, False, value)
+        if not value.is_Rational:
+            return Term(NUM, value, False, False, value) if value in _NON_FINITE else opaque(value)
+        value = Fraction(int(value.p), int(value.q))
     value = _q(value)
     hit = _NUMBERS.get(value)
     if hit is None:
