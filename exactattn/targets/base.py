@@ -40,7 +40,8 @@ class Claim:
     flash backward; None: one rounding of the whole sum).
     ``ftz``: a format whose casts from the compute format (``p``, γ, the outputs, the parts
     and group sums) flush subnormal results to zero, as torch's CPU flash kernel's
-    vectorised fp32 → bf16 conversions do (measured: a bf16 dK whose exact value is
+    fp32 → bf16 conversions do where its oneDNN runs AVX512-BF16 or AMX code (measured per
+    machine: :attr:`Options.ftz_probe`; a bf16 dK whose exact value is
     1.06e-38 returned 0; its fp16 casts round them): each such cast then errs by up to the
     smallest normal number, not half the subnormal spacing. An accumulator with that
     format's exponent range (fp32 beside bf16) flushes too: the kernel's GEMMs sum
@@ -231,9 +232,11 @@ class Options:
 
     How it is judged: ``policy`` resolves the claim per dtype (``fa2``, ``upcast``,
     ``eager``; None: the claim as stated), ``block_by_device`` overrides the claimed key-block
-    size on a device, ``exact_block``: it runs the case's own block size (the bound uses it),
-    ``reverses``: the (frozen statistics, δ) structures its reverse may use, ``enclosure``:
-    its outputs are balls that must contain the exact value, ``difftest``: one of the
+    size on a device, ``ftz_probe`` measures the claim's ``ftz`` on the CPU (the format whose
+    subnormals the kernel flushes there, or None: it depends on the machine),
+    ``exact_block``: it runs the case's own block size (the bound uses it), ``reverses``: the
+    (frozen statistics, δ) structures its reverse may use, ``enclosure``: its outputs are
+    balls that must contain the exact value, ``difftest``: one of the
     configurations difftest runs.
 
     A user's function: ``takes``, the keyword names its signature accepts (None: any; see
@@ -258,6 +261,7 @@ class Options:
     check: Callable[[], str | None] | None = None
     policy: str | None = None
     block_by_device: tuple[tuple[str, int | None], ...] = ()
+    ftz_probe: Callable[[], str | None] | None = None
     exact_block: bool = False
     reverses: tuple[tuple[str, str], ...] = REVERSES
     enclosure: bool = False

@@ -42,11 +42,39 @@ from .base import FLOAT_DTYPES, REVERSES, Capabilities, Claim, Options, Target
 from .flex import KV_BLOCK
 
 CPU_QSPLIT = 32  # the CPU flash backward's smallest query split (32, 64 or 256 rows)
-# FA-2 policy (docstring); the CPU flash kernel's bf16 casts and GEMMs flush subnormals
-SDPA_CLAIM = Claim(block=512, group="input", qsplit=CPU_QSPLIT, ftz="bfloat16")
+# FA-2 policy (docstring); whether the CPU flash kernel flushes bf16 subnormals is measured
+SDPA_CLAIM = Claim(block=512, group="input", qsplit=CPU_QSPLIT)
 OWN_DROPOUT = "own"
 NO_SOFTCAP = "the calling convention has no soft-cap"
 CAUSAL_NEGATIVE_SCALE = "sdpa-causal-negative-scale"  # exactattn.testing.known.UPSTREAM
+
+
+@functools.cache
+def cpu_flash_flush() -> str | None:
+    """``"bfloat16"`` where torch's CPU flash SDPA kernel flushes bf16 subnormals, else None:
+    a measured probe, run once per process (:attr:`Options.ftz_probe`).
+
+    Whether it flushes depends on the machine, not on torch: its bf16 GEMMs and casts go
+    through oneDNN, whose AVX512-BF16 and AMX code flushes (``vdpbf16ps``,
+    ``vcvtneps2bf16``) and whose AVX2 and AVX-512 code rounds, chosen by oneDNN's own CPU
+    detection (``ONEDNN_MAX_CPU_ISA``), not by ``ATEN_CPU_CAPABILITY``. The probe: n = 64
+    queries ``q_i = 2^-128·e_0`` (bf16 subnormals), keys 0 (so ``p_ij = 1/64``), values
+    ``±e_0`` alternating and ``G_i = e_0``, so δ = 0, γ_ij = ±1/64 and the exact
+    ``dK_j = c·Σ_i γ_ij q_i = ±c·2^-128 = ±2^-129.5``, a bf16 subnormal: a kernel that flushes
+    returns 0, one that rounds returns it within a subnormal spacing. 64 rows, since the
+    kernel's smaller problems (≤ 16 rows, measured) take a path that rounds."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    n, d = 64, 8
+    q, k, v, g = (torch.zeros(1, 1, n, d, dtype=torch.bfloat16) for _ in range(4))
+    q[..., 0], g[..., 0] = 2.0**-128, 1.0
+    v[..., 0::2, 0], v[..., 1::2, 0] = 1.0, -1.0
+    k.requires_grad_()
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.enable_grad():
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        (dk,) = torch.autograd.grad(y, k, g)
+    return "bfloat16" if bool((dk[..., 0] == 0).all()) else None
 
 
 @functools.cache
@@ -81,7 +109,6 @@ def _sdpa(name: str, backend: str | None, description: str) -> Target:
             block=block,
             group="input",
             qsplit=None if backend == "math" else CPU_QSPLIT,
-            ftz=None if backend == "math" else "bfloat16",  # the CPU flash kernel's bf16 casts
         ),
         description=description,
         requires=("torch",),
@@ -90,6 +117,7 @@ def _sdpa(name: str, backend: str | None, description: str) -> Target:
             sdpa_backend=backend,
             policy=policy,
             block_by_device=(("cuda", None),),
+            ftz_probe=None if backend == "math" else cpu_flash_flush,
             reverses=(("ml", "rowsum"),) if backend == "math" else REVERSES,  # naive autograd
             known=() if backend in ("math", "efficient", "cudnn") else (CAUSAL_NEGATIVE_SCALE,),
         ),
@@ -138,6 +166,7 @@ def _hf(name: str, module: str, function: str, mask: str, description: str) -> T
             mask="bool",
             policy="fa2",
             block_by_device=(("cuda", None),),
+            ftz_probe=cpu_flash_flush,  # calls SDPA's default dispatch: the same kernel
             known=(CAUSAL_NEGATIVE_SCALE,),  # passes is_causal to SDPA on square problems
         )
     return Target(

@@ -40,7 +40,8 @@ def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:
     policy = target.options.policy
     group = dtype if base.group == "input" else base.group
     qsplit = base.qsplit if device == "cpu" else None
-    ftz = base.ftz if device == "cpu" else None  # measured on the CPU kernels only
+    probe = target.options.ftz_probe
+    ftz = (probe() if probe else base.ftz) if device == "cpu" else None  # a CPU kernel's
     if policy == "fa2":
         fa2 = builtin.fa2_claim(dtype).resolve(dtype)
         return replace(fa2, block=block, group=group, qsplit=qsplit, ftz=ftz)

@@ -212,6 +212,12 @@ def test_half_precision_policy_rounds_p_to_the_input_dtype():
     s = (q.float() @ k.float().transpose(-1, -2)) * ctx.default_scale(16)
     p = torch.exp(s - s.amax(-1, keepdim=True))
     want = (p.half().float() @ v.float()) / p.sum(-1, keepdim=True)
-    assert_close(y, want, atol=1e-6, what="y with p rounded to fp16")
+    # fp32 exp differs in its last bits between kernels (SLEEF on AVX2/AVX-512, scalar libm
+    # under ATEN_CPU_CAPABILITY=default): where they decide p's fp16 rounding, either
+    # neighbour is right, so such entries may differ by their fp16 spacing
+    lo, hi = ((p * (1 + e)).half().float() for e in (-(2.0**-20), 2.0**-20))
+    either = ((hi - lo) @ v.float().abs()) / p.sum(-1, keepdim=True)
+    excess = (y.double() - want.double()).abs() - either.double()
+    assert float(excess.max()) <= 1e-6, "y with p rounded to fp16"
     unrounded = (p @ v.float()) / p.sum(-1, keepdim=True)  # the check can tell the two apart
-    assert float((unrounded - want).abs().max()) > 1e-5
+    assert float(((unrounded - want).abs() - either).max()) > 1e-5
