@@ -1,11 +1,10 @@
 """exactattn: exact tiled softmax attention, written once, run over many number systems.
 
-The tiled algorithm (:mod:`exactattn.algorithm`) is written against a small number-system
+The tiled algorithm (:mod:`exactattn.core.algorithm`) is written against a small number-system
 protocol (:mod:`exactattn.backends`), so one code runs over IEEE floats (NumPy, torch),
 arbitrary precision (mpmath), certified balls (python-flint) and exact symbols (sympy).
 """
 
-from . import masks
 from .api import (
     Stats,
     attention,
@@ -17,9 +16,13 @@ from .api import (
     self_attention_backward,
 )
 from .backends import MpmathContext, NumpyContext, SympyContext, backend_of
-from .merge import merge_partials
-from .paged import paged_attention
-from .varlen import varlen_attention, varlen_attention_backward
+from .core import masks
+from .core.merge import merge_partials
+from .infra import aliases
+from .layouts.paged import paged_attention
+from .layouts.varlen import varlen_attention, varlen_attention_backward
+
+aliases.install()  # exactattn.masks, exactattn.bounds, ...: the names users write
 
 __all__ = [
     "MpmathContext",

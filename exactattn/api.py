@@ -1,7 +1,7 @@
 """The public functions: tiled attention, its reverse, the naive reference, self-attention.
 
 Each call picks the number system from its arguments (or ``backend=``), checks its inputs,
-runs :mod:`exactattn.algorithm` (or :mod:`exactattn.reference`) inside the backend's
+runs :mod:`exactattn.core.algorithm` (or :mod:`exactattn.core.naive`) inside the backend's
 precision scope and returns arrays of the backend's storage type.
 """
 
@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import algorithm, calls, reference, sinks, validation
 from .backends import resolve_backend
-from .backends.base import Array, ArrayContext
-from .calls import Call
-from .dropout import make_dropout
-from .masks import as_mask, key_range
-from .scores import bias as as_bias
-from .scores import chain, score_fn
-from .scores import softcap as as_softcap
+from .backends.protocol import Array, ArrayContext
+from .core import algorithm, calls, naive, sinks, validation
+from .core.calls import Call
+from .core.dropout import make_dropout
+from .core.masks import as_mask, key_range
+from .core.scores import bias as as_bias
+from .core.scores import chain, score_fn
+from .core.scores import softcap as as_softcap
 
 DEFAULT_BLOCK_SIZE = 256  # within ~10% of the fastest b on the NumPy benchmark, half the tile
 # memory of b = 512; any b >= 1 gives the same exact result
@@ -98,7 +98,7 @@ def _tiled_forward(call: Call, sink: Array | None = None) -> tuple[Array, Array,
 
 def _naive_forward(call: Call, sink: Array | None = None) -> tuple[Array, Array, Array]:
     a = call.arrays
-    y, m, l = reference.naive_forward(call.ctx, a["q"], a["k"], a["v"], **call.keywords())
+    y, m, l = naive.naive_forward(call.ctx, a["q"], a["k"], a["v"], **call.keywords())
     return (y, m, l) if sink is None else sinks.add_sinks(call.ctx, y, m, l, sink)
 
 
@@ -114,7 +114,7 @@ def _tiled_backward(
 
 def _naive_backward(call: Call, m: Array, l: Array, grads: dict) -> tuple[Array, Array, Array]:
     a = call.arrays
-    return reference.naive_backward(
+    return naive.naive_backward(
         call.ctx, a["q"], a["k"], a["v"], a["grad_y"], mod_grads=grads, **call.keywords()
     )
 
@@ -187,18 +187,18 @@ def attention(
     given, plus ``bias_ij`` when ``bias`` is given (an array broadcastable to
     ``(*batch, n_q, n_k)``, ``−inf`` entries excluded, or ``fn(b, h, i, j)`` evaluated per
     tile), then ``score_mod(s, b, h, i, j)`` when given (FlexAttention's signature, any
-    function of the score: see :class:`~exactattn.scores.ScoreFn`; on backends other than
-    torch write it with operators and :mod:`exactattn.ops`). Shapes ``q (..., n_q, d)``,
+    function of the score: see :class:`~exactattn.core.scores.ScoreFn`; on backends other than
+    torch write it with operators and :mod:`exactattn.core.ops`). Shapes ``q (..., n_q, d)``,
     ``k (..., n_k, d)``, ``v (..., n_k, v)``; leading dims broadcast; with ``enable_gqa``
     axis −3 is the head axis and ``H_kv`` key/value heads serve ``H = g·H_kv`` query heads
     (head ``h`` reads ``h // g``). ``scale`` is ``c`` (default ``1/sqrt(d)``),
     ``block_size`` is ``b`` (any ``b >= 1`` gives the same exact result), ``mask`` a
-    :class:`~exactattn.masks.Mask`, a boolean array, a predicate ``(i, j) -> bool``, a
+    :class:`~exactattn.core.masks.Mask`, a boolean array, a predicate ``(i, j) -> bool``, a
     ``mask_mod(b, h, i, j)`` or a torch ``BlockMask``. ``dropout_p > 0`` needs ``seed``.
     Returns ``y`` or ``(y, stats)`` with ``stats.m``, ``stats.l``, ``stats.lse``.
     ``empty_rows='zero'`` gives ``y = 0`` and ``lse = −∞`` for rows with no allowed key
     (default: ``ValueError``). ``sinks``: one logit ``σ_h`` per query head, shape ``(H,)``,
-    added to the softmax's denominator only (:mod:`exactattn.sinks`; a row with no allowed
+    added to the softmax's denominator only (:mod:`exactattn.core.sinks`; a row with no allowed
     key then has ``y = 0``, ``lse = σ_h``). ``key_range=(start, stop)``: attend to keys
     ``start..stop−1`` only, at their positions in ``k`` (masks keep their alignment): the
     partial result of one part of a split, to merge with

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .optional import missing
+from .infra.optional import missing
 
 # name -> (module exposing main(argv) -> int, one line for --help)
 COMMANDS: dict[str, tuple[str, str]] = {

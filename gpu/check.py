@@ -14,7 +14,7 @@ Three parts, written to ``$EXACTATTN_GPU_RESULTS`` (default ``./gpu-results``):
    kernels — in fp32, fp16 and bf16, forward and gradients judged against the certified
    reference within each target's claimed arithmetic, with each one's error next to naive
    attention's in the same dtype and the FlashAttention-2 policy's.
-2. **sweep** (``sweep/``): the precision sweep (:func:`exactattn.precision.runner.run_sweep`)
+2. **sweep** (``sweep/``): the precision sweep (:func:`exactattn.precision.sweep_run.run_sweep`)
    of a preset (``quick``; ``tiny`` for the dry run), its CSV and report.
 3. **bench** (``bench.csv``): bf16, n ∈ {1k, 4k, 16k}, d ∈ {64, 128}, causal and not,
    batch·n = 16k tokens and H = 16 heads: forward and backward times (median of CUDA event
@@ -89,7 +89,7 @@ def sizes(dry_run: bool, examples: int | None) -> Sizes:
 # --- 1. check -----------------------------------------------------------------------------------
 def check(size: Sizes, device: str, out: Path, log: Callable[[str], None]) -> tuple[Any, list]:
     from exactattn import targets
-    from exactattn.testing import report, session
+    from exactattn.testing import check_report, session
 
     chosen = [targets.get(name) for name in size.targets]
     settings = session.Settings(
@@ -103,10 +103,10 @@ def check(size: Sizes, device: str, out: Path, log: Callable[[str], None]) -> tu
     result = session.run(chosen, settings)
     failures = []
     for finding, text in result.report.failures:
-        path = report.save_failure(finding, text, out / "check", None)
-        failures.append(report.counterexample(finding, text, path))
-    rows = report.summary(result)
-    report.write(result, out / "check", failures)
+        path = check_report.save_failure(finding, text, out / "check", None)
+        failures.append(check_report.counterexample(finding, text, path))
+    rows = check_report.summary(result)
+    check_report.write(result, out / "check", failures)
     for name, why in result.unavailable.items():
         log(f"check: {name} unavailable ({why})")
     for row in rows:
@@ -124,8 +124,8 @@ def sweep(size: Sizes, out: Path, log: Callable[[str], None]) -> str:
     try:
         import pandas as pd
 
-        from exactattn.precision.report import write_report
-        from exactattn.precision.runner import run_sweep
+        from exactattn.precision.sweep_report import write_report
+        from exactattn.precision.sweep_run import run_sweep
     except ImportError as error:
         log(f"sweep skipped: {error}")
         return f"(skipped: {error})"
@@ -292,7 +292,7 @@ def environment(device: Any, dry_run: bool) -> list[str]:
 
 
 def summary(env, check_rows, swept: str, timed, seconds: float) -> str:
-    from exactattn.testing.report import table
+    from exactattn.testing.check_report import table
 
     lines = ["# exactattn device check", "", *env, f"- wall time: {seconds:.0f} s", ""]
     lines += ["## Check (details: check/report.md)", "", *table(check_rows), ""]

@@ -18,20 +18,22 @@ from collections.abc import Callable
 import numpy as np
 import sympy
 
-from . import chain, coverage, smt, symbolic
-from .engine import PROVED, SKIPPED, Outcome, summary
+from . import chain
+from .engine import coverage_matrix, zero_test
+from .engine.ledger import PROVED, SKIPPED, Outcome, summary
+from .families import smt
 from .mutation import Tested
 
 METHOD = """\
-Every obligation runs the library's own tiled code (`exactattn.algorithm`, through the
+Every obligation runs the library's own tiled code (`exactattn.core.algorithm`, through the
 public API where it can) over the exact sympy backend — with an uninterpreted max and
-binary floats read as the rationals they are (`proofs/context.py`) — with symbols as
-inputs, and compares what the code returned with the specification (`proofs/spec.py`:
-softmax attention as a formula, allowed sets as inequalities, dropout factors r/(1 − p)
-with the keep-bits specified independently, soft-cap and bias as the formula
-cap·tanh(s/cap) + B), or with sympy's derivative of it. The specification never calls the
+binary floats read as the rationals they are (`proofs/engine/context.py`) — with symbols as
+inputs, and compares what the code returned with the specification
+(`proofs/engine/symbolic_spec.py`: softmax attention as a formula, allowed sets as inequalities,
+dropout factors r/(1 − p) with the keep-bits specified independently, soft-cap and bias as the
+formula cap·tanh(s/cap) + B), or with sympy's derivative of it. The specification never calls the
 code under test. The tile iterator's structure is proved for all sizes with an SMT solver
-(z3), running the masks' own integer formulas on symbols (`proofs/smt.py`)."""
+(z3), running the masks' own integer formulas on symbols (`proofs/families/smt.py`)."""
 
 VERDICTS = """\
 A REFUTED verdict carries a concrete point (rational inputs) at which the two sides
@@ -94,7 +96,7 @@ def _all_n(outcomes: list[Outcome]) -> Callable[[str], str]:
 
 
 def mutation_table(outcomes: list[Outcome], tested: list[Tested] | None) -> list[str]:
-    from .mutants import MUTANTS
+    from .families.mutants import MUTANTS
 
     by_name = {o.obligation.name: o for o in outcomes if o.obligation.family == "mutants"}
     by_test = {t.mutant: t for t in tested or []}
@@ -131,13 +133,13 @@ def certificate(
     tested: list[Tested] | None = None,
 ) -> str:
     """The whole markdown certificate."""
-    zero_test = textwrap.dedent("\n\n".join(symbolic.__doc__.split("\n\n")[1:3])).strip()
+    zero_test_text = textwrap.dedent("\n\n".join(zero_test.__doc__.split("\n\n")[1:3])).strip()
     lines = [
         "# exactattn proof certificate",
         "",
         f"Command: `{command}`  ",
         f"Python {platform.python_version()}, sympy {sympy.__version__}, "
-        f"numpy {np.__version__}, zero test on {symbolic.backend_name()}, "
+        f"numpy {np.__version__}, zero test on {zero_test.backend_name()}, "
         f"{platform.machine()}  ",
         f"Result: **{summary(outcomes, seconds)}**",
         "",
@@ -145,7 +147,7 @@ def certificate(
         "",
         METHOD,
         "",
-        zero_test,
+        zero_test_text,
         "",
         VERDICTS,
         "",
@@ -169,7 +171,7 @@ def certificate(
         "",
     ]
     proved = [c for o in outcomes if o.status == PROVED for c in o.obligation.coverage]
-    lines += coverage.matrix(proved, _all_n(outcomes))
+    lines += coverage_matrix.matrix(proved, _all_n(outcomes))
     if any(o.obligation.family == "mutants" for o in outcomes) or tested:
         lines += ["", "## Mutation table", "", *mutation_table(outcomes, tested)]
     lines += ["", "## Theorems", ""]

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import blockmask, general, layouts, smt
-from .engine import PROVED, Outcome
+from .engine.ledger import PROVED, Outcome
+from .families import blockmask, general, layouts_all_n, smt
 
 NOT_RUN = "NOT RUN"
 
@@ -110,17 +110,21 @@ INTERFACES = Theorem(
     (
         Link(
             "varlen: a packed batch is the block-diagonal mask; its tiles meet the contracts",
-            ((_IFC, layouts.VARLEN_MASK), (_IFC, layouts.VARLEN_STRUCTURE), *ITERATOR[:4]),
+            (
+                (_IFC, layouts_all_n.VARLEN_MASK),
+                (_IFC, layouts_all_n.VARLEN_STRUCTURE),
+                *ITERATOR[:4],
+            ),
         ),
         Link(
             "paged: key t of b is read at page table[b, ⌊t/P⌋], row t mod P (then varlen)",
-            ((_IFC, layouts.PAGED_GATHER), (_IFC, layouts.VARLEN_MASK)),
+            ((_IFC, layouts_all_n.PAGED_GATHER), (_IFC, layouts_all_n.VARLEN_MASK)),
         ),
         Link(
             "merge: a partial is the summary (lse, 1, y); the merge folds ⋆ (φ adds)",
             (
                 (_IFC, "a partial (y, lse) is the summary (lse, 1, y) under φ"),
-                (_IFC, layouts.MERGE_FOLD),
+                (_IFC, layouts_all_n.MERGE_FOLD),
                 (_IFC, "the merge's exponentials have arguments ≤ 0 (no overflow)"),
                 ("general", "Lemma B: φ(a ⋆_M b) = φ(a) + φ(b), any shift M"),
                 ("general", "Lemma C: Y = φ_z/φ_ℓ, e^lse = φ_ℓ; exact at ⊥"),
@@ -129,8 +133,8 @@ INTERFACES = Theorem(
         Link(
             "sinks: rows start at (σ, 1, 0), φ = (e^σ, 0); dσ = −Σ_i p_σ,i δ_i",
             (
-                (_IFC, layouts.SINK_START),
-                (_IFC, layouts.SINK_GRADIENT),
+                (_IFC, layouts_all_n.SINK_START),
+                (_IFC, layouts_all_n.SINK_GRADIENT),
                 ("general", "Lemma B: φ(a ⋆_M b) = φ(a) + φ(b), any shift M"),
                 ("general", "Lemma C: Y = φ_z/φ_ℓ, e^lse = φ_ℓ; exact at ⊥"),
                 ("general", "Lemma P: p·ℓe^m = e^s for any frozen m, ℓ"),
@@ -180,7 +184,7 @@ PROGRAM = Theorem(
 )
 
 TRUSTED_BASE = (
-    "sympy's exact zero test as used (`proofs/symbolic.py`: exponentials as positive "
+    "sympy's exact zero test as used (`proofs/engine/zero_test.py`: exponentials as positive "
     "indeterminates, a polynomial identity over ℚ on python-flint or sympy's ring) and "
     "the sum, product and chain rules of `spec.Derivatives` (for +, ×, integer powers, exp, "
     "log, tanh; `sympy.diff` for anything else), with the quotient rule over "
@@ -188,7 +192,7 @@ TRUSTED_BASE = (
     "derivatives the reverse is compared with",
     "z3's `unsat` answers (an `unknown` or a timeout is UNKNOWN, never PROVED)",
     "the ctx primitives on exact numbers (the sympy backend over NumPy object arrays, and "
-    "`proofs/terms.py`'s exact terms for the enumerated runs: rationals that fold, sums and "
+    "`proofs/engine/terms.py`'s exact terms for the enumerated runs: rationals that fold, sums and "
     "products collected, e^{log u} = u, 0·t = 0 and ±∞ + t = ±∞ for a finite t, the rest "
     "by sympy): rowsum and matmul are the finite sums Σ_j, rowmax is the row's max (a "
     "real, or −∞ for a row with no allowed key; the proofs take any real), where, exp and "

@@ -48,7 +48,7 @@ _STACK = contextlib.ExitStack()
 def pytest_configure(config: Any) -> None:
     name = os.environ.get(ENV)
     if name:
-        from .mutants import BY_NAME
+        from .families.mutants import BY_NAME
 
         _STACK.enter_context(BY_NAME[name].applied())
 
@@ -88,7 +88,7 @@ def run_one(name: str, root: Path = ROOT, tests: tuple[str, ...] = ("tests",)) -
 
 def run_all(names: list[str] | None = None, stream: Any = sys.stdout) -> list[Tested]:
     """Every mutant (or those named) against the tests, one line each as they finish."""
-    from .mutants import BY_NAME, MUTANTS
+    from .families.mutants import BY_NAME, MUTANTS
 
     out = []
     for name in names or [m.name for m in MUTANTS]:

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from exactattn.optional import install_hint
+from exactattn.infra.optional import install_hint
 
 
 def requires(*modules: str) -> ModuleType | tuple[ModuleType, ...]:

@@ -7,7 +7,7 @@ and builds the context for them; torch is looked up in ``sys.modules`` only, so 
 imported by accident. Mixing two systems is a ``TypeError`` naming both. A new number system
 is one thin ctx module in this folder and one :class:`Backend` entry below.
 
-The protocol a ctx implements is :class:`~exactattn.backends.base.ArrayContext` (documented
+The protocol a ctx implements is :class:`~exactattn.backends.protocol.ArrayContext` (documented
 there, with its size).
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from .base import ArrayContext, ObjectContext
 from .mpmath_backend import MpmathContext
 from .numpy_backend import FLOAT_DTYPES, NumpyContext
+from .protocol import ArrayContext, ObjectContext
 from .sympy_backend import SympyContext
 
 __all__ = [

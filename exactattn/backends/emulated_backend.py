@@ -19,7 +19,7 @@ arrays and torch float64 tensors (CPU or CUDA) with no loop over elements.
 
 **The ctx** (:class:`EmulatedContext`) runs the tiled algorithm in such a format: its
 arrays are float64 whose values are always in the format, and the result of every
-operation is rounded — including the arithmetic :mod:`exactattn.algorithm` writes with
+operation is rounded — including the arithmetic :mod:`exactattn.core.algorithm` writes with
 Python operators (``a.l * alpha + b.l * beta``, ``s *= scale``, ``z / ℓ``). Design: the
 arrays are a thin ``ndarray`` subclass, :class:`EmulatedArray`, whose ``__array_ufunc__``
 computes each ufunc in float64 and rounds its result (in place for ``out=``, so ``s *=
@@ -81,7 +81,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import ArrayContext
+from .protocol import ArrayContext
 
 ROUNDINGS = ("nearest", "toward_zero")
 GRANULARITIES = ("scalar", "op")

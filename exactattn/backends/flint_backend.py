@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from ..optional import needs
-from .base import ObjectContext
+from ..infra.optional import needs
+from .protocol import ObjectContext
 
 with needs("FlintContext (arb balls, exactattn.backends.flint_backend)"):
     import flint

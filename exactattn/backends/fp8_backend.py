@@ -1,10 +1,11 @@
 """FP8 (e4m3, e5m2) through torch's float8 dtypes: FlashAttention-3's baseline FP8.
 
 FlashAttention-3 §4.3's *baseline FP8* quantises Q, K, V per tensor (one scale
-``s = amax|X| / max_fp8``, ``X ≈ s·fp8(X/s)``: :func:`exactattn.quantize.quantize_per_tensor`,
-NumPy only, one rounding for every low-bit format), multiplies with
-an fp32 accumulator and casts ``P`` to FP8 for the ``P·V`` product. The dequantised inputs
-are fp32 numbers (exact: an FP8 value times ``s`` fits fp32's 24 bits up to one rounding).
+``s = amax|X| / max_fp8``, ``X ≈ s·fp8(X/s)``:
+:func:`exactattn.backends.quantize.quantize_per_tensor`, NumPy only, one rounding for every low-bit
+format), multiplies with an fp32 accumulator and casts ``P`` to FP8 for the ``P·V`` product. The
+dequantised inputs are fp32 numbers (exact: an FP8 value times ``s`` fits fp32's 24 bits up to one
+rounding).
 :class:`Fp8Context` is the torch context of that policy: storage and compute as
 :class:`~exactattn.backends.torch_backend.TorchContext` (fp32 in the ``torch-fp8-*``
 configurations), and ``round_p`` casts ``p ∈ [0, 1]`` to torch's float8 dtype and back.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..optional import needs
+from ..infra.optional import needs
 from .torch_backend import TorchContext
 
 with needs("Fp8Context (exactattn.backends.fp8_backend)"):

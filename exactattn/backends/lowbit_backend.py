@@ -1,9 +1,9 @@
 """The ctx of a low-bit attention kernel: fp32 storage and compute (the dequantised inputs),
 ``p`` cast to a low-bit format with a static scale before ``p·V``, and the ``p·V`` product
-accumulated in a chosen accumulator (:func:`exactattn.quantize.accumulate`).
+accumulated in a chosen accumulator (:func:`exactattn.backends.quantize.accumulate`).
 
 The inputs arrive already quantised and dequantised (``s·fl(x/s)``, float64, by
-:mod:`exactattn.lowbit`), so ``Q Kᵀ`` on them in fp32 is the kernel's integer or FP8
+:mod:`exactattn.error.lowbit`), so ``Q Kᵀ`` on them in fp32 is the kernel's integer or FP8
 product followed by the fp32 descale, up to the fp32 rounding of the dequantised values
 (charged by the bound as storage rounding). What the algorithm cannot see from outside is
 what this context changes:
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..quantize import ACCUMULATORS, MINIFLOATS, accumulate, nvfp4, round_minifloat
 from .numpy_backend import NumpyContext
+from .quantize import ACCUMULATORS, MINIFLOATS, accumulate, nvfp4, round_minifloat
 
 P_CASTS = (*MINIFLOATS, "float16", "nvfp4")
 

@@ -15,7 +15,7 @@ from typing import Any
 import mpmath
 import numpy as np
 
-from .base import ObjectContext
+from .protocol import ObjectContext
 
 
 class MpmathContext(ObjectContext):

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import ArrayContext
+from .protocol import ArrayContext
 
 FLOAT_DTYPES = (np.float16, np.float32, np.float64, np.longdouble)
 

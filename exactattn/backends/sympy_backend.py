@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import sympy
 
-from .base import ObjectContext
+from .protocol import ObjectContext
 
 _NON_FINITE = (sympy.nan, sympy.oo, -sympy.oo, sympy.zoo)
 

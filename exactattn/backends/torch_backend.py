@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..optional import needs
-from .base import ArrayContext
+from ..infra.optional import needs
+from .protocol import ArrayContext
 
 with needs("TorchContext (exactattn.backends.torch_backend)"):
     import torch
@@ -154,7 +154,7 @@ class TorchContext(ArrayContext):
         generic path on some CPUs (4x ``exp2`` on the AMD EPYC benchmark machine); ``exp2``
         is SLEEF's vectorised code everywhere. The price is two more roundings of the
         argument (``log₂e`` rounded, and the product): ``2u|s − shift|`` more in the
-        exponent, which ``exactattn.bounds`` charges (``EXP_ARG_ROUNDINGS``;
+        exponent, which ``exactattn.error.bounds`` charges (``EXP_ARG_ROUNDINGS``;
         ``docs/error_bound.md``, step 3).
         """
         return s.sub_(shift.unsqueeze(-1)).mul_(LOG2_E).exp2_()

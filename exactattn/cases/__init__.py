@@ -2,8 +2,8 @@
 
 A case (:class:`Case`) is everything one run needs — the float64 inputs as drawn, the block
 size and scale, the mask and score modification as *specs* (data, written from their
-definitions in :mod:`.spec`, never through :mod:`exactattn.masks` or
-:mod:`exactattn.scores`), dropout, the empty-row policy, the dtype and memory layout — and
+definitions in :mod:`.spec`, never through :mod:`exactattn.core.masks` or
+:mod:`exactattn.core.scores`), dropout, the empty-row policy, the dtype and memory layout — and
 it is JSON round-trippable (:meth:`Case.to_json`), so a failure replays anywhere.
 
 * :mod:`.spec`: masks, score modifications and dropout keep-bits from their definitions,
@@ -13,7 +13,8 @@ it is JSON round-trippable (:meth:`Case.to_json`), so a failure replays anywhere
 * :mod:`.case`: :class:`Case`, :class:`Draw` (what hypothesis draws) and
   :func:`build_case`, :func:`hold` (rounding to a target's format);
 * :mod:`.strategies`: the hypothesis strategies over :class:`Draw` (imports hypothesis);
-* :mod:`.interface`: the interface fields (``seqlens``, ``splits``, ``pages``, ``sinks``:
+* :mod:`exactattn.cases.interface_fields`: the interface fields (``seqlens``, ``splits``, ``pages``,
+``sinks``:
   how a packed varlen batch, a paged cache, split-KV partials and a sink lay out the case),
   drawn by :func:`.paths.interface_fields` for the interface conventions.
 

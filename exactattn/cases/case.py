@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import loading, masks
-from . import interface
+from ..core import masks
+from ..infra import loading
+from . import interface_fields
 from . import spec as maskspec
 from .inputs import fill
 
@@ -53,7 +54,7 @@ class Draw:
     ``score_mod``: a user's ``module:function`` every case runs (``exactattn check
     --score-mod``).
 
-    The interface fields (:mod:`exactattn.cases.interface`; None: absent): ``seqlens`` the
+    The interface fields (:mod:`exactattn.cases.interface_fields`; None: absent): ``seqlens`` the
     key length of each sequence (the mask becomes that key padding), ``splits`` the split-KV
     boundaries, ``pages`` a page template ``{"size", "shared", "order"}`` (filled into a
     block table; shared pages make the sequences' first keys equal), ``sinks`` each query
@@ -107,7 +108,7 @@ class Case:
     softcap: float | None = None
     score: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})  # bias's spec
     score_mod: str | None = None  # a user's score_mod(score, b, h, q_idx, kv_idx)
-    # the interface fields (exactattn.cases.interface; None: absent)
+    # the interface fields (exactattn.cases.interface_fields; None: absent)
     seqlens: list[int] | None = None  # key length per sequence (the mask is that padding)
     splits: list[int] | None = None  # split-KV key boundaries 0 = e_0 <= ... <= e_S = n_k
     pages: dict[str, Any] | None = None  # {"size", "pool", "table", "shared"}
@@ -194,7 +195,7 @@ class Case:
         return maskspec.rho(self.dropout_p, self.seed, self.batch, n["n_q"], n["n_k"])
 
     def mask_object(self, like: Any = None) -> Any:
-        """The mask as the library's :class:`~exactattn.masks.Mask` (None for ``none``).
+        """The mask as the library's :class:`~exactattn.core.masks.Mask` (None for ``none``).
 
         ``like``: a torch tensor to put arrays on. Document ids become a ``mask_mod(b, h,
         i, j)`` written from their definition (ids per element of the first batch axis) for a
@@ -409,9 +410,9 @@ def build_case(draw: Draw) -> Case:
     pages = None
     if draw.pages is not None:
         B = b[0] if b else 1
-        pages = interface.fill_pages(draw.pages, B, draw.n_k)
+        pages = interface_fields.fill_pages(draw.pages, B, draw.n_k)
         for x in (k, v):
-            interface.share_prefix(x, B, min(draw.n_k, pages["shared"] * pages["size"]))
+            interface_fields.share_prefix(x, B, min(draw.n_k, pages["shared"] * pages["size"]))
     case = Case(
         q,
         k,

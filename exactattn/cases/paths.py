@@ -316,7 +316,7 @@ def _mask_and_score(draw: st.DrawFn, path: str, modify: bool):
     return none, none, None
 
 
-# --- the interface fields (exactattn.cases.interface), drawn last ----------------------
+# --- the interface fields (exactattn.cases.interface_fields), drawn last ----------------------
 SPLIT_KINDS = {"block-edges": 30, "empty-part": 20, "single-keys": 15, "random": 35}
 PAGE_SIZES = {1: 20, 2: 8, 3: 15, 5: 12, 7: 10, 16: 10, "b": 15, "n_k": 10}
 SINK_OFFSETS = {-20.0: 10, -2.0: 30, -0.5: 15, 0.0: 15, 1.0: 15, 2.0: 15}
@@ -327,8 +327,9 @@ MAX_SPLITS = 8
 def interface_fields(
     draw: st.DrawFn, batch: tuple[int, ...], n_k: int, b: int, mask_kind: str
 ) -> dict[str, Any]:
-    """The interface fields of a :class:`~exactattn.cases.Draw` (:mod:`.interface`);
-    ``seqlens`` only where the mask is none or key padding (what a varlen call expresses)."""
+    """The interface fields of a :class:`~exactattn.cases.Draw`
+    (:mod:`exactattn.cases.interface_fields`); ``seqlens`` only where the mask is none or key
+    padding (what a varlen call expresses)."""
     B = batch[0] if batch else 1
     heads = batch[-1] if len(batch) == 2 else 1
     out: dict[str, Any] = {"splits": _splits(draw, n_k, b), "pages": _pages(draw, B, n_k, b)}

@@ -1,7 +1,7 @@
 """The specification side of every check: masks and dropout written from their definitions.
 
-Nothing here calls :mod:`exactattn.masks` or :mod:`exactattn.dropout`: a reference built from
-these functions cannot inherit a bug of the code it judges (issue 11 §2).
+Nothing here calls :mod:`exactattn.core.masks` or :mod:`exactattn.core.dropout`: a reference built
+from these functions cannot inherit a bug of the code it judges (issue 11 §2).
 
 **Mask specs.** A mask is data, a JSON-able dict with a ``kind``:
 
@@ -18,7 +18,7 @@ these functions cannot inherit a bug of the code it judges (issue 11 §2).
   batch-dependent kind);
 * ``{"kind": "mask_mod", "fn": "module:function"}``: a user's FlexAttention
   ``mask_mod(b, h, q_idx, kv_idx)`` evaluated once on the whole index grid (int64 torch
-  tensors, :func:`exactattn.ops.grid_indices`; batch dims lifted to ``(B, H)`` as
+  tensors, :func:`exactattn.core.ops.grid_indices`; batch dims lifted to ``(B, H)`` as
   :func:`lift` says): the user's program is its own definition;
 * ``{"kind": "and" | "or", "parts": [...]}``: conjunction / disjunction of the parts.
 
@@ -139,8 +139,8 @@ def lift(batch: tuple[int, ...]) -> tuple[int, int]:
 def mask_mod_table(reference: str, batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray:
     """A user's ``mask_mod`` (``module:function``) on the whole grid, shaped
     ``(*batch, n_q, n_k)``; an error names the mod when it does not give booleans."""
-    from .. import loading
-    from ..ops import grid_indices
+    from ..core.ops import grid_indices
+    from ..infra import loading
 
     fn = loading.load_callable(reference, "--mask-mod")
     lifted = lift(batch)

@@ -28,7 +28,7 @@ BATCHES = ((), (1,), (2,), (1, 1), (2, 3), (1, 2), (2, 4), (1, 4), (1, 6))
 
 @st.composite
 def leaves(draw: st.DrawFn) -> dict[str, Any]:
-    """One leaf mask template (random parts filled by :func:`~.cases.build_case`)."""
+    """One leaf mask template (random parts filled by :func:`~exactattn.cases.build_case`)."""
     kind = draw(st.sampled_from(("none", "causal", "window", "padding", "dense", "document")))
     align = draw(st.sampled_from(ALIGNMENTS))
     if kind == "causal":
@@ -60,7 +60,7 @@ CAPS = (0.5, 2.0, 20.0, 50.0)
 
 @st.composite
 def scores(draw: st.DrawFn) -> tuple[dict[str, Any], float | None]:
-    """A score-modification template (random parts filled by :func:`~.cases.build_case`)
+    """A score-modification template (random parts filled by :func:`~exactattn.cases.build_case`)
     and a soft-cap (None: none); ``none`` first, so hypothesis shrinks towards it."""
     kind = draw(st.sampled_from(("none", "none", "alibi", "t5", "dense", "softcap")))
     if kind == "none":

@@ -41,8 +41,8 @@ import math
 import sys
 from pathlib import Path
 
-from .. import executors
-from ..formats import canonical_name
+from ..backends.formats import canonical_name
+from ..infra import executors
 from ..testing.profiles import PROFILES
 
 DEFAULT_FAILURES = "check-failures"
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 def _long(args, chosen, dtypes) -> int:
     """``--profile long`` (:mod:`exactattn.testing.long`): its own few cases, one line each."""
     from ..testing import long, session
-    from ..testing.runner import single_thread
+    from ..testing.search import single_thread
 
     settings = session.Settings(dtypes=dtypes, device=args.device)
     variants, unavailable, unsupported = session.plan(chosen, settings)
@@ -187,7 +187,7 @@ def _program(args: argparse.Namespace) -> tuple[str | None, str | None] | None:
     check draws (B = 2, H = 6, n = --max-n): a reference that names nothing, a mask_mod that
     gives no booleans, a score_mod that calls torch on the score, an index out of range —
     each a clear error before any case is drawn."""
-    from ..testing.program import try_program
+    from ..testing.user_program import try_program
 
     if args.mask_mod is None and args.score_mod is None:
         return None
@@ -212,8 +212,8 @@ def _spec(args: argparse.Namespace) -> dict:
 
 
 def _check(args, chosen, dtypes, spec, program) -> int:
-    from ..journal import Journal, code_fingerprint
-    from ..testing import report, session
+    from ..infra.journal import Journal, code_fingerprint
+    from ..testing import check_report, session
 
     profile = PROFILES[args.profile]
     settings = session.Settings(
@@ -260,17 +260,17 @@ def _check(args, chosen, dtypes, spec, program) -> int:
         seen.add((finding.target, text))
         target = result.targets.get(finding.target.split("[")[0])
         saved = _target_spec(target, spec)
-        path = report.save_failure(finding, text, folder, saved)
-        failures.append(report.counterexample(finding, text, path))
+        path = check_report.save_failure(finding, text, folder, saved)
+        failures.append(check_report.counterexample(finding, text, path))
     failures += [f"FAIL dropout probe {p.target}: {p.detail}" for p in result.probes if not p.ok]
-    _print(result, report.summary(result), failures)
+    _print(result, check_report.summary(result), failures)
     if seen:
         print(
             f"replay files: {len(seen)} in {Path(folder).resolve()}/ "
             "(exactattn check --replay FILE re-runs one)"
         )
     if args.report:
-        md, js = report.write(result, args.report, failures)
+        md, js = check_report.write(result, args.report, failures)
         print(f"report: {md}, {js}")
     if result.report.interrupted:
         return 130
@@ -288,7 +288,7 @@ def _target_spec(target, spec: dict) -> dict | None:
 
 
 def _print(result, rows, failures: list[str]) -> None:
-    from ..testing import coverage, report
+    from ..testing import check_report, coverage
 
     s = result.settings
     print(
@@ -328,7 +328,7 @@ def _print(result, rows, failures: list[str]) -> None:
         print(f"  dropout probe {p.target}: keep rate {p.keep_rate:.4f} (p={p.p}) {state}")
     for line in coverage.table(result.report.coverage, result.variants):
         print(line)
-    for line in report.known_upstream(result) + report.suspicious(rows):
+    for line in check_report.known_upstream(result) + check_report.suspicious(rows):
         print(line)
     for text in failures:
         print(text)
@@ -354,9 +354,9 @@ def _list(device: str) -> int:
 def _replay(args, spec: dict) -> int:
     from .. import targets
     from ..cases import Case
-    from ..testing.check import Options, check_case
+    from ..testing.case_check import Options, check_case
+    from ..testing.check_report import counterexample
     from ..testing.known import UPSTREAM, UPSTREAM_STATUS, reclassify
-    from ..testing.report import counterexample
 
     path = Path(args.replay)
     try:

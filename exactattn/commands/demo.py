@@ -14,9 +14,10 @@ import time
 import numpy as np
 import sympy
 
-from .. import api, masks
+from .. import api
 from ..backends import MpmathContext, SympyContext
-from ..proofs.symbolic import all_equal
+from ..core import masks
+from ..proofs.engine.zero_test import all_equal
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:

@@ -20,9 +20,9 @@ import argparse
 import os
 import sys
 
-from .. import executors
-from ..difftest.runner import run, save_failures
+from ..difftest.campaign import run, save_failures
 from ..difftest.targets import discover
+from ..infra import executors
 from ..testing.known import KNOWN_BUGS
 
 

@@ -9,8 +9,8 @@ missing optional solver, is not a failure) or any mutant is not killed, 2 for a 
 error. ``--mutation-tests`` also runs the default test suite against every mutant and puts
 the mutation table in the certificate. ``--mask-mod`` / ``--score-mod`` prove a user's
 FlexAttention program instead (forward and reverse, every n ≤ N and every block size; see
-:mod:`exactattn.proofs.program`). ``python -m exactattn.proofs`` (or ``python -m proofs`` in a
-checkout) is the same command.
+:mod:`exactattn.proofs.families.flex_program`). ``python -m exactattn.proofs`` (or ``python -m
+proofs`` in a checkout) is the same command.
 
 The obligations run in this process, in ``--workers N`` local processes or on the Dask
 cluster of ``--scheduler ADDRESS``, with the same lines and certificate (timings aside); a
@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .. import executors
+from ..infra import executors
 
 
 def _parser(
@@ -104,7 +104,7 @@ def _parser(
 
 def _program(args: argparse.Namespace) -> object:
     """The user's program from ``--mask-mod`` / ``--score-mod``, or None; ValueError if bad."""
-    from ..proofs import runner
+    from ..proofs import proof_run
 
     if args.mask_mod is None and args.score_mod is None:
         return None
@@ -122,7 +122,7 @@ def _program(args: argparse.Namespace) -> object:
         raise ValueError("--assume and --block-mod are for --all-n; add --all-n")
     if args.all_n and args.mask_mod is None:
         raise ValueError("--all-n proves a mask_mod for every length; give --mask-mod")
-    ref = runner.ProgramRef(
+    ref = proof_run.ProgramRef(
         args.mask_mod,
         args.score_mod,
         (args.batch, args.heads),
@@ -167,20 +167,21 @@ def _usage(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..proofs import runner, tiles
+    from ..proofs import proof_run
+    from ..proofs.families import tiles
 
     argv = sys.argv[1:] if argv is None else argv
     parser = _parser(
-        list(runner.FAMILIES), runner.DEFAULT_MAX_N, (tiles.SINGLE_N, tiles.COMPOSITE_N)
+        list(proof_run.FAMILIES), proof_run.DEFAULT_MAX_N, (tiles.SINGLE_N, tiles.COMPOSITE_N)
     )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    unknown = [f for f in args.families if f not in runner.FAMILIES]
+    unknown = [f for f in args.families if f not in proof_run.FAMILIES]
     if unknown:
         print(
-            f"exactattn prove: unknown family {unknown}; choose from {list(runner.FAMILIES)}",
+            f"exactattn prove: unknown family {unknown}; choose from {list(proof_run.FAMILIES)}",
             file=sys.stderr,
         )
         return 2
@@ -198,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     selected = list(dict.fromkeys(args.families + (["mutants"] if args.mutants else [])))
     try:
-        return runner.run(
-            selected or runner.default_families(),
+        return proof_run.run(
+            selected or proof_run.default_families(),
             args.max_n,
             report=args.report,
             mutation_tests=args.mutation_tests,

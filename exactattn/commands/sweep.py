@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import executors
+from ..infra import executors
 from ..precision.presets import PRESETS
 
 
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     from ..precision.plots import all_plots
-    from ..precision.report import write_report
-    from ..precision.runner import run_sweep
+    from ..precision.sweep_report import write_report
+    from ..precision.sweep_run import run_sweep
 
     try:
         result = run_sweep(

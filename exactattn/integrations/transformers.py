@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..optional import needs
+from ..infra.optional import needs
 
 with needs("exactattn.integrations.transformers"):
     import torch

@@ -1,13 +1,16 @@
 """Precision experiments: how far floating-point runs of the tiled algorithm drift.
 
-* :mod:`.formats` — number formats (mantissa bits, exponent range, ulp, unit roundoff u);
-* :mod:`.metrics` — max abs, max rel, RMSE, mean / max ulp error against a reference;
-* :mod:`.inputs` — deterministic input distributions (normal, FA-3 outliers, large logits);
 * :mod:`.configs` — the precision configurations (NumPy, mpmath, torch, FP8, emulated
-  formats), views of the target registry, with the arithmetic :mod:`exactattn.bounds` bounds;
-* :mod:`.reference` — the certified reference (:mod:`exactattn.certified`) as the sweep uses it;
+  formats), views of the target registry, with the arithmetic :mod:`exactattn.error.bounds`
+  bounds;
+* :mod:`.grid` — a preset's grid points over the case model's fields;
 * :mod:`.tasks` — one problem's reference, one point's runs and their bound ratios;
-* :mod:`.presets`, :mod:`.runner` — the sweep grid and how it runs (:mod:`exactattn.executors`);
-* :mod:`.golden` — the runs that answer Golden et al.'s questions;
-* :mod:`.plots`, :mod:`.report`, :mod:`.cli` — outputs and ``exactattn sweep``.
+* :mod:`.presets`, :mod:`.sweep_run` — the sweep grid and how it runs
+  (:mod:`exactattn.infra.executors`);
+* :mod:`.golden`, :mod:`.fa3_paper`, :mod:`.emulator_bench` — the runs that answer Golden et
+  al.'s questions, FA-3 §4.3 at its shapes, the emulator's speed;
+* :mod:`.plots`, :mod:`.sweep_report`, :mod:`.lowbit_report`, :mod:`.timing` — outputs.
+
+Errors are measured with :mod:`exactattn.error.metrics` against the certified reference
+(:mod:`exactattn.cases.exact`); ``exactattn sweep`` is :mod:`exactattn.commands.sweep`.
 """

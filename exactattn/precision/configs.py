@@ -9,7 +9,7 @@ inputs, FlashAttention-3 §4.3's baseline), ``rounding`` (``nearest`` or ``towar
 ``granularity`` (what one rounding covers: ``native`` hardware arithmetic, every ``scalar``
 operation, or each whole ``op``). :func:`get_config` reads an entry; :func:`available` says
 whether it runs here; :meth:`Config.arith` is the arithmetic the error bound
-(:mod:`exactattn.bounds`) assumes for it.
+(:mod:`exactattn.error.bounds`) assumes for it.
 
 The same configuration runs the tiled algorithm and the naive reference, in the same
 arithmetic. Torch rows need :mod:`exactattn.backends.torch_backend`; when torch cannot be
@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import bounds, targets
-from ..backends.base import ArrayContext
-from ..formats import Format, get_format
+from .. import targets
+from ..backends.formats import Format, get_format
+from ..backends.protocol import ArrayContext
+from ..error import bounds
 
 SWEEP_BACKENDS = ("numpy", "torch", "mpmath", "emulated", "lowbit")
 GRANULARITY = {"numpy": "native", "torch": "native", "mpmath": "scalar"}
@@ -47,8 +48,8 @@ class Config:
 
     @property
     def scheme(self) -> Any:
-        """The low-bit scheme (:mod:`exactattn.lowbit`) of a ``lowbit`` configuration."""
-        from ..lowbit import SCHEMES
+        """The low-bit scheme (:mod:`exactattn.error.lowbit`) of a ``lowbit`` configuration."""
+        from ..error.lowbit import SCHEMES
 
         return SCHEMES[self.quantize] if self.backend == "lowbit" else None
 
@@ -84,7 +85,7 @@ class Config:
 
     def arith(self, inputs: dict[str, np.ndarray], block: int) -> bounds.Arith:
         """The arithmetic of this configuration at key-block size ``block`` (``n_k`` for the
-        naive computation) on ``inputs``, for :func:`exactattn.bounds.bounds` with
+        naive computation) on ``inputs``, for :func:`exactattn.error.bounds.bounds` with
         ``input_rounding``: its registry entry's (:meth:`exactattn.targets.Variant.arith`)."""
         return targets.variant(self.name).arith(block, inputs)
 
@@ -95,7 +96,7 @@ class Config:
             return self.scheme.hold(inputs)["inputs"]
         if self.quantize is None:
             return inputs
-        from ..quantize import quantize_per_tensor
+        from ..backends.quantize import quantize_per_tensor
 
         return {x: quantize_per_tensor(a, self.quantize) for x, a in inputs.items()}
 

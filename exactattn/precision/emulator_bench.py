@@ -26,8 +26,8 @@ import numpy as np
 
 from ..api import attention, attention_backward
 from ..backends import MpmathContext
-from ..backends.base import ArrayContext
 from ..backends.emulated_backend import GRANULARITIES, EmulatedContext
+from ..backends.protocol import ArrayContext
 
 
 def forward_backward_seconds(ctx: ArrayContext, n: int, d: int, block_size: int) -> float:

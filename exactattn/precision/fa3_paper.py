@@ -7,7 +7,7 @@ reference for inputs ``N(0,1) + N(0,100)·Bernoulli(0.001)``, head dim 128: base
 sequence lengths 512 … 16k at batch·seqlen = 16k and 2048 hidden (16 heads of 128). The
 sweep's ``fa3`` preset measures at n ≤ 1024 against the certified (arb) reference; this
 command runs the same configurations at the paper's sequence lengths against the float64
-certified reference (:func:`exactattn.cases.reference.fast`), one ``(batch, head)`` per
+certified reference (:func:`exactattn.cases.exact.fast`), one ``(batch, head)`` per
 seed (RMSE is a mean over entries: more heads add samples, not a different statistic),
 and separates the three explanations:
 
@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.formats import number_format
 from ..cases import Case
+from ..cases.exact import fast
 from ..cases.inputs import make_inputs
-from ..cases.reference import fast
-from ..formats import number_format
-from ..metrics import error_metrics
+from ..error.metrics import error_metrics
 from .configs import get_config
 from .tasks import unit_of
 

@@ -10,7 +10,7 @@ sweeps a knob, so the same selections serve ``golden`` and its scaled-down ``gol
 
 from __future__ import annotations
 
-from ..optional import needs
+from ..infra.optional import needs
 
 with needs("the sweep's Golden et al. tables (exactattn.precision.golden)"):
     import pandas as pd

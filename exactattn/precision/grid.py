@@ -80,7 +80,7 @@ def mask_spec(name: str, n: int) -> dict[str, Any]:
 def score_terms(name: str, n: int, seed: int) -> tuple[dict[str, Any], Any, float | None]:
     """The score spec, bias ``B`` (float64, ``(n, n)``) and soft-cap of a score
     modification, written from its definition (:mod:`exactattn.cases.spec`, not
-    :mod:`exactattn.scores`):
+    :mod:`exactattn.core.scores`):
 
     * ``alibi``: ``B_ij = −|i − j|/8`` (one head's slope, 2^-3: exact in every format);
     * ``t5``: a N(0, 1) table of 32 buckets indexed by T5's bidirectional bucket of

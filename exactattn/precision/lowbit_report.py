@@ -250,7 +250,7 @@ def lowbit_section(df: pd.DataFrame, table: Any) -> list[str]:
     held = "held in every low-bit run" if worst <= 1 else "did NOT hold in every low-bit run"
     lines += [
         "",
-        f"The rigorous bound (exactattn.bounds with the scheme's quantisation, p cast and "
+        f"The rigorous bound (exactattn.error.bounds with the scheme's quantisation, p cast and "
         f"accumulator) {held}: worst measured/bound {worst:.3g} over {len(bounds)} tiled "
         f"and naive runs (≤ 1 where it holds; the median, "
         f"{bounds['bound_ratio'].median():.3g}, is its looseness). In {len(useless)} of "

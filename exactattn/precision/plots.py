@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..optional import needs
+from ..infra.optional import needs
 from . import golden
 
 with needs("the sweep's plots (exactattn.precision.plots)"):
@@ -170,7 +170,7 @@ def bound_ratio(df: pd.DataFrame, out: Path) -> Path | None:
     ax.set(
         yscale="log",
         ylabel="measured error / bound (≤ 1: holds)",
-        title="Every run against the rigorous bound (exactattn.bounds)",
+        title="Every run against the rigorous bound (exactattn.error.bounds)",
     )
     return _save(fig, out / "bound_ratio.png")
 

@@ -1,17 +1,18 @@
 """Sweep presets, as data: each is a union of grids (cartesian products of knob values).
 
 Knobs of a grid point: ``config`` (see :mod:`.configs`), ``n`` (n_q = n_k), ``d`` (head
-dim, v = d), ``block`` (key-block size ``b``), ``dist`` (:mod:`.inputs`), ``scale`` (the
-score scale as a multiple of ``1/sqrt(d)``), ``mask`` (``none``, ``causal``, ``window``:
+dim, v = d), ``block`` (key-block size ``b``), ``dist`` (:mod:`exactattn.cases.inputs`), ``scale``
+(the score scale as a multiple of ``1/sqrt(d)``), ``mask`` (``none``, ``causal``, ``window``:
 a sliding window of ``n/8`` keys to the left), ``seed`` and ``grads`` (measure dQ, dK,
 dV too), ``splits`` (split-KV: the keys in that many equal parts, each part's ``(y_t,
 lse_t)`` computed by the configuration and returned in its input format, merged by
 :func:`exactattn.merge_partials`; forward only) and ``merge`` (the merge's arithmetic:
 ``fp32``, or ``input``, the configuration's input format), ``sink`` (``none``, or a sink's
-offset ``δ`` from the smallest lse: ``σ = δ + min_i lse_i``, :mod:`exactattn.cases.interface`;
-forward only). A preset may add ``reference_prec`` (bits of the certified reference),
-``reference`` (``"fast"``: the float64 certified reference where it serves, arb where it
-cannot) and ``description``. Add a preset by adding a dict here; no library code changes.
+offset ``δ`` from the smallest lse: ``σ = δ + min_i lse_i``,
+:mod:`exactattn.cases.interface_fields`; forward only). A preset may add ``reference_prec`` (bits of
+the certified reference), ``reference`` (``"fast"``: the float64 certified reference where it
+serves, arb where it cannot) and ``description``. Add a preset by adding a dict here; no library
+code changes.
 
 Scaling to a 2-core CPU: the certified reference costs about ``1.2 s · (n/1024)² · d/64``
 forward, ``3 s`` with the gradients (one core, 96 bits); mpmath runs cost ~1 µs per
@@ -324,9 +325,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         ],
     },
     "lowbit": {
-        "description": "low-bit attention (exactattn.lowbit: FA3 FP8, SageAttention 1/2/3, "
+        "description": "low-bit attention (exactattn.error.lowbit: FA3 FP8, SageAttention 1/2/3, "
         "MXFP4, the P cast to e4m3 in forward and reverse key order) against the certified "
-        "reference (float64, exactattn.fast_reference) and the fp16/bf16 FA-2 baselines, "
+        "reference (float64, exactattn.oracle.float64) and the fp16/bf16 FA-2 baselines, "
         "forward only: N(0,1), FA3's outliers, large logits, attention sinks of strength "
         "4..12, n up to 4096 (11 min wall on 2 cores shared at load 10–15)",
         "seeds": [0],

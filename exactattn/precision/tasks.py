@@ -1,14 +1,14 @@
 """The sweep's two kinds of independent task, as plain picklable functions.
 
-* :func:`reference_task`: the certified reference (:mod:`exactattn.certified`) of one
+* :func:`reference_task`: the certified reference (:mod:`exactattn.oracle.certified`) of one
   problem, its allowed set written from the mask's definition;
 * :func:`run_task`: one grid point, the tiled and the naive computation in the
   configuration's arithmetic, measured against the reference, each error divided by the
-  elementwise bound of :mod:`exactattn.bounds` for the configuration's arithmetic
+  elementwise bound of :mod:`exactattn.error.bounds` for the configuration's arithmetic
   (``bound_ratio`` for Y, ``grad_bound_ratio`` the worst of dQ, dK, dV; ≤ 1 where the
   bound holds); returns two CSV rows. With ``splits > 1`` the tiled run is split-KV
   (:class:`_Split`): partials over key ranges, merged by their lse, bounded by the parts'
-  bounds carried through the merge and :func:`exactattn.bounds.merge_bounds`.
+  bounds carried through the merge and :func:`exactattn.error.bounds.merge_bounds`.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import api, bounds
+from .. import api
 from ..cases import Case, hold
+from ..cases.exact import Reference, certified, fast
 from ..cases.inputs import input_seed
-from ..cases.reference import Reference, certified, fast
-from ..expected_bounds import expected_bounds
-from ..merge import merge_partials
-from ..metrics import METRICS, PAPER_METRICS, deviation, error_metrics, paper_metrics
+from ..core.merge import merge_partials
+from ..error import bounds
+from ..error.expected_bounds import expected_bounds
+from ..error.metrics import METRICS, PAPER_METRICS, deviation, error_metrics, paper_metrics
 from .configs import Config, get_config, to_float64
 from .grid import MERGES, Point, Problem
 
@@ -39,7 +40,7 @@ def reference_task(
 ) -> Reference:
     """The certified reference of one problem's case (``prec=None``: chosen by the
     reference; ``workers``: processes its blocks of rows are split over). ``kind="fast"``:
-    the float64 certified reference (:func:`exactattn.cases.reference.fast`) where it can
+    the float64 certified reference (:func:`exactattn.cases.exact.fast`) where it can
     serve — its radius is added to every error, so it is sound, and a low-bit scheme's
     errors (≥ 2^-24) dwarf it — else the arb one."""
     if kind not in ("arb", "fast"):
@@ -120,8 +121,8 @@ class _Configured:
     def bound(self, impl: str, case: Case, grads: bool, of: Any = bounds.bounds) -> dict:
         """The tiled reverse freezes ``m, ℓ`` and reads ``δ = G·Y``; naive attention is one
         block of ``n`` keys with ``δ`` summed over ``P``; every row in one reverse tile
-        (``of``: :func:`exactattn.bounds.bounds`, or the expected error of
-        :func:`exactattn.expected_bounds.expected_bounds`)."""
+        (``of``: :func:`exactattn.error.bounds.bounds`, or the expected error of
+        :func:`exactattn.error.expected_bounds.expected_bounds`)."""
         tiled = impl == "tiled"
         n = case.sizes["n_k"]
         original = self.config.exact({x: getattr(case, x) for x in "qkv"})
@@ -212,11 +213,11 @@ class _Split:
     rounded to it too) and the result is rounded to the input format. Forward only.
 
     The bound (rigorous, entrywise): with ``B^y_t, B^lse_t`` the bounds of part ``t``
-    (:func:`exactattn.bounds.bounds` on its keys), ``E = max_t (B^lse_t + |lse'_t − lse_t|)``
+    (:func:`exactattn.error.bounds.bounds` on its keys), ``E = max_t (B^lse_t + |lse'_t − lse_t|)``
     (``lse'_t`` the lse as merged), ``w_t = e^{lse_t − lse}`` the exact weights,
     ``|ŷ − y| ≤ M + e^{2E} Σ_t w_t B^y_t + (e^{2E} − 1) Σ_t w_t |y_t − y|`` plus the final
     rounding ``ū_in(|y| + ·)`` when the merge is wider than the input; ``M`` is
-    :func:`exactattn.bounds.merge_bounds` of the partials as merged (perturbing each lse by
+    :func:`exactattn.error.bounds.merge_bounds` of the partials as merged (perturbing each lse by
     ``ε_t``, ``|ε_t| ≤ E``, moves each normalised weight within ``w_t(e^{2E} − 1)``, and the
     weights' changes sum to 0). The exact partials ``(y_t, lse_t)`` are float64 runs.
     """
@@ -317,7 +318,7 @@ class _Split:
 class _Sink:
     """A configuration with one sink logit ``σ`` (one head): the tiled and the naive run with
     ``sinks=[σ]``. The bound, to first order in ``u``: the sink-free bound damped by the
-    sink, ``w·B^y`` (``w = 1/(1 + e^{σ−lse})``), plus :func:`exactattn.bounds.sink_bounds`
+    sink, ``w·B^y`` (``w = 1/(1 + e^{σ−lse})``), plus :func:`exactattn.error.bounds.sink_bounds`
     in the compute format with the pass's ``⌈n_k/b⌉ + 1`` steps (2 for naive attention),
     the row maxima ``m`` and the sink-free bound on the lse. Forward only."""
 
@@ -353,7 +354,7 @@ class _Sink:
 class _SinkReference:
     """The certified values of a case's attention with a sink ``σ``, from the sink-free
     reference's ``Y`` and ``lse``: ``Y_σ = Y/(1 + e^{σ−lse})``, ``lse_σ = lse + log(1 +
-    e^{σ−lse})`` (:mod:`exactattn.sinks`), in float64 with their radii carried through
+    e^{σ−lse})`` (:mod:`exactattn.core.sinks`), in float64 with their radii carried through
     (``|∂Y_σ/∂lse| ≤ |Y_σ|``, ``|∂lse_σ/∂lse| ≤ 1``) plus 4 float64 roundings."""
 
     hi: dict[str, np.ndarray]
@@ -467,7 +468,7 @@ def _bound_columns(
     of dQ, dK, dV), the largest bound on Y and the share of entries whose bound is infinite
     (the arithmetic cannot resolve them: only finiteness is checked there).
 
-    The bound is :func:`exactattn.bounds.bounds` on the exact float64 inputs with
+    The bound is :func:`exactattn.error.bounds.bounds` on the exact float64 inputs with
     ``input_rounding`` (the run rounds them to its storage first). The error is the
     distance to the reference's midpoint plus that entry's radius (not the largest radius:
     an entry far below the others, e.g. a gradient through weights ``e^{-700}``, has a bound
@@ -497,9 +498,9 @@ def _bound_columns(
 
 
 def expected_columns(error: np.ndarray, expected: np.ndarray) -> dict[str, float]:
-    """Y's measured error over its expected error (:mod:`exactattn.expected_bounds`) per
+    """Y's measured error over its expected error (:mod:`exactattn.error.expected_bounds`) per
     entry: the median, the share of entries above 1, the largest, and how many entries
-    (``0/0`` counts as 0, as in :func:`exactattn.bounds.ratio`)."""
+    (``0/0`` counts as 0, as in :func:`exactattn.error.bounds.ratio`)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(error == 0, 0.0, error / np.broadcast_to(expected, error.shape)).ravel()
     r = np.where(np.isnan(r), np.inf, r)

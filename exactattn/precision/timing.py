@@ -1,7 +1,7 @@
 """How long each certified reference takes at one size (``exactattn sweep --time-reference``).
 
-Arb balls (:mod:`exactattn.certified`) where affordable and the float64 reference
-(:mod:`exactattn.fast_reference`), on the precision sweep's normal inputs
+Arb balls (:mod:`exactattn.oracle.certified`) where affordable and the float64 reference
+(:mod:`exactattn.oracle.float64`), on the precision sweep's normal inputs
 (:func:`exactattn.cases.inputs.make_inputs`), with wall and CPU seconds and the largest
 radius: the numbers that decide which reference serves a long case.
 """
@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from ..cases.inputs import make_inputs
-from ..certified import certified_attention, cpu_seconds
-from ..fast_reference import fast_attention
+from ..oracle.certified import certified_attention, cpu_seconds
+from ..oracle.float64 import fast_attention
 
 ARB_AFFORDABLE_N = 4096  # arb forward + backward at n = 4096: ~45 s on 2 cores; beyond, hours
 BACKWARD_N = 8192  # timed forward + backward up to this n, the forward alone beyond

@@ -1,6 +1,6 @@
 """One registry of named attention targets: exactattn's own configurations and foreign ones.
 
-A target (:class:`~.base.Target`) is a callable with a calling convention
+A target (:class:`~exactattn.targets.target.Target`) is a callable with a calling convention
 (:mod:`.conventions`: ``api``, ``exactattn``, ``sdpa``, ``flash``, ``hf``, ``flex``,
 ``xformers``), its capabilities and its claimed arithmetic. The entries are exactattn's
 precision configurations and torch paths (:mod:`.builtin`) and the foreign
@@ -14,7 +14,6 @@ A :class:`Variant` is a target in one dtype on one device: the unit that runs ca
 holds inputs in its format and has one derived tolerance.
 """
 
-from .base import Capabilities, Claim, Target
 from .resolve import (
     UnknownTarget,
     from_callable,
@@ -26,6 +25,7 @@ from .resolve import (
     user_capabilities,
     user_target,
 )
+from .target import Capabilities, Claim, Target
 from .variants import Variant, claim_for, conventions, variant
 
 __all__ = [

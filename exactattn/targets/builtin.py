@@ -26,7 +26,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from .base import Capabilities, Claim, Options, Target
+from .target import Capabilities, Claim, Options, Target
 
 # name: (backend, storage, compute, p_cast, quantize)
 CONFIGS: dict[str, tuple[str, str, str, str | None, str | None]] = {
@@ -131,7 +131,7 @@ def config_target(name: str) -> Target:
     or a low-bit scheme)."""
     if EMU.fullmatch(name):
         return emulated_target(name)
-    from ..lowbit import SCHEMES
+    from ..error.lowbit import SCHEMES
 
     if name in SCHEMES:
         return lowbit_target(name)
@@ -185,10 +185,10 @@ def config_target(name: str) -> Target:
 
 
 def lowbit_target(name: str) -> Target:
-    """The entry of a low-bit attention scheme (:data:`exactattn.lowbit.SCHEMES`): fp32
+    """The entry of a low-bit attention scheme (:data:`exactattn.error.lowbit.SCHEMES`): fp32
     storage and compute on quantised inputs, forward only, no mask (reverse key order and
     the smoothing's exactness need all keys), run by the sweep (``--preset lowbit``)."""
-    from ..lowbit import SCHEMES
+    from ..error.lowbit import SCHEMES
 
     scheme = SCHEMES[name]
     return Target(
@@ -380,7 +380,7 @@ def fa2_claim(dtype: str) -> Claim:
 
 def entries() -> list[Target]:
     """Every built-in exactattn entry (``mpN`` beyond the listed widths on demand)."""
-    from ..lowbit import SCHEMES
+    from ..error.lowbit import SCHEMES
 
     out = [config_target(name) for name in CONFIGS]
     out += [config_target(f"mp{bits}") for bits in DIFFTEST_MP]

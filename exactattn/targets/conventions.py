@@ -11,7 +11,7 @@ for the ``api`` and ``exactattn`` conventions whose argument *is* a library mask
 * ``api``: exactattn's own number systems (``exactattn.attention`` /
   ``attention_backward`` with ``backend=ctx``), any leading dims.
 * ``exactattn``: a torch function with this library's keywords (``scale``, ``mask`` — an
-  :class:`exactattn.masks.Mask` —, ``dropout_p``, ``seed``, ``enable_gqa``, ``block_size``,
+  :class:`exactattn.core.masks.Mask` —, ``dropout_p``, ``seed``, ``enable_gqa``, ``block_size``,
   ``empty_rows``), tensors ``(B, H, n, d)``; e.g. ``exactattn.torch.attention``.
   GQA passes ``enable_gqa=True`` here and in ``api``.
 * ``sdpa``: ``F.scaled_dot_product_attention``'s signature: ``(B, H, n, d)``, boolean
@@ -26,7 +26,7 @@ for the ``api`` and ``exactattn`` conventions whose argument *is* a library mask
   ``training``; the mask is boolean (``sdpa``) or additive with the dtype's minimum
   (``eager``), as transformers' own mask builders make them.
 * ``flex``: ``flex_attention(q, k, v, block_mask=, scale=, enable_gqa=, return_lse=)``
-  with the block mask from ``create_block_mask`` (:mod:`.flex`).
+  with the block mask from ``create_block_mask`` (:mod:`exactattn.targets.flex_convention`).
 
 Score modification: the bias reaches a target as held in its input format, lifted like the
 inputs (:meth:`~exactattn.cases.Case.lifted_bias`): ``bias=`` for exactattn's own
@@ -37,7 +37,8 @@ tensor for Flex, and flash-attn's ``alibi_slopes`` when the bias is ALiBi in fla
 form; ``softcap=`` for exactattn's own and flash-attn (``softcap``), ``cap·tanh(s/cap)`` in
 Flex's ``score_mod``. A user's program (``mask_mod`` / ``score_mod``) runs as itself in the
 ``api`` and ``flex`` conventions (and its mask_mod in ``exactattn``). What a convention cannot
-take is a skip with the reason (:class:`~.base.Capabilities`, :meth:`Convention.unsupported`).
+take is a skip with the reason (:class:`~exactattn.targets.target.Capabilities`,
+:meth:`Convention.unsupported`).
 
 Leading batch dims are lifted to the 4-d ``(B, H)`` layout foreign functions take:
 ``()`` → ``(1, 1)``, ``(B,)`` → ``(B, 1)``, ``(B, H)`` unchanged (:func:`lift`).
@@ -533,7 +534,7 @@ class Api(Convention):
         if case.softcap is not None:  # the binary cap, exactly, for sympy
             keywords["softcap"] = _rational(case.softcap) if backend == "sympy" else case.softcap
         if case.score_mod is not None:
-            from .. import loading
+            from ..infra import loading
 
             keywords["score_mod"] = loading.load_callable(case.score_mod, "--score-mod")
         if case.group > 1:

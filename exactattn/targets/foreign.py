@@ -21,7 +21,7 @@ the source named; a claim that the measured error exceeds is a finding.
   claim bounds both.
 * FlexAttention compiled on the CPU (``torch/_inductor/codegen/cpp_flex_attention_template.py``):
   ``accum_t`` fp32, ``P`` cast to the input type for reduced types, key blocks of the
-  block mask's ``KV_BLOCK_SIZE`` (:data:`.flex.KV_BLOCK` here, passed to
+  block mask's ``KV_BLOCK_SIZE`` (:data:`exactattn.targets.flex_convention.KV_BLOCK` here, passed to
   ``create_block_mask``; ``torch/_inductor/kernel/flex/flex_cpu.py``); on CUDA the Triton
   template's blocks are not stated.
 * GQA backward (``enable_gqa``; transformers' ``repeat_kv``): ``K, V`` are expanded over the
@@ -38,8 +38,8 @@ import functools
 import importlib
 from typing import Any
 
-from .base import FLOAT_DTYPES, REVERSES, Capabilities, Claim, Options, Target
-from .flex import KV_BLOCK
+from .flex_convention import KV_BLOCK
+from .target import FLOAT_DTYPES, REVERSES, Capabilities, Claim, Options, Target
 
 CPU_QSPLIT = 32  # the CPU flash backward's smallest query split (32, 64 or 256 rows)
 # FA-2 policy (docstring); whether the CPU flash kernel flushes bf16 subnormals is measured

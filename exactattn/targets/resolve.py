@@ -10,13 +10,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .. import loading
+from ..infra import loading
 from . import builtin, foreign
-from .base import Capabilities, Claim, Options, Target
 from .conventions import USER_CONVENTIONS
-from .interfaces import FORWARD_ONLY
-from .interfaces import NAMES as INTERFACE_CONVENTIONS
+from .interface_conventions import FORWARD_ONLY
+from .interface_conventions import NAMES as INTERFACE_CONVENTIONS
 from .signature import keywords_taken, narrowed
+from .target import Capabilities, Claim, Options, Target
 
 
 class UnknownTarget(ValueError):
@@ -116,7 +116,8 @@ def user_capabilities(convention: str) -> Capabilities:
 
 def load_callable(spec: str) -> Any:
     """``package.module:function`` or ``path/to/file.py:function`` → the function
-    (:func:`exactattn.loading.load_callable`; an :class:`UnknownTarget` when it names none)."""
+    (:func:`exactattn.infra.loading.load_callable`; an :class:`UnknownTarget` when it names
+    none)."""
     try:
         return loading.load_callable(spec, f"target {spec!r}")
     except loading.LoadError as error:

@@ -23,7 +23,7 @@ import inspect
 from dataclasses import replace
 from typing import Any
 
-from .base import Capabilities
+from .target import Capabilities
 
 SDPA_KEYWORDS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 

@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from ..bounds import Arith
-from ..formats import Format, get_format, number_format
+from ..backends.formats import Format, get_format, number_format
+from ..error.bounds import Arith
 from . import builtin
-from .base import NAIVE_BLOCK, Claim, Target, size_of
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
-from .flex import Flex
-from .interfaces import CONVENTIONS as INTERFACES
+from .flex_convention import Flex
+from .interface_conventions import CONVENTIONS as INTERFACES
 from .resolve import UnknownTarget, get
+from .target import NAIVE_BLOCK, Claim, Target, size_of
 
 OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated", "lowbit")  # contexts whose Arith is known
 
@@ -93,7 +93,7 @@ class Variant:
 
         fmt = self.claim.input or self.dtype
         if fmt in ("e4m3", "e5m2"):  # per-tensor FP8 quantisation
-            from ..quantize import quantize_per_tensor
+            from ..backends.quantize import quantize_per_tensor
 
             return quantize_per_tensor(x, fmt)
         return hold(x, fmt)
@@ -122,7 +122,7 @@ class Variant:
 
     def arith(self, block: int | None, inputs: dict[str, np.ndarray] | None = None) -> Arith:
         """The arithmetic this variant claims at key-block size ``block``: the one map from a
-        claim to the :class:`~exactattn.bounds.Arith` the error bound reads (check, difftest
+        claim to the :class:`~exactattn.error.bounds.Arith` the error bound reads (check, difftest
         and the sweep all call it).
 
         exactattn's own IEEE, mpmath and emulated configurations: their context's arithmetic
@@ -136,7 +136,7 @@ class Variant:
         """
         options = self.target.options
         if options.backend == "lowbit" and inputs is not None:  # a low-bit scheme's own
-            from ..lowbit import SCHEMES
+            from ..error.lowbit import SCHEMES
 
             return SCHEMES[options.quantize].arith(block, inputs)
         if self.target.convention == "api" and options.backend in OWN_ARITHMETIC:
@@ -145,7 +145,7 @@ class Variant:
                 arith = replace(arith, p=number_format(options.p_cast))  # FP8's cast of p
             if options.quantize is None or inputs is None:
                 return arith
-            from ..quantize import tensor_scale
+            from ..backends.quantize import tensor_scale
 
             base = get_format(options.quantize)
             s = max(tensor_scale(inputs[x], options.quantize) for x in "qkv")
@@ -221,7 +221,7 @@ def _program(case: Any) -> bool:
 def _triton_unsupported(case: Any, device: str) -> str | None:
     if device == "cpu" and max(case.sizes.values()) > 16:
         return "under the Triton interpreter (no CUDA) only sizes <= 16 run"
-    from ..masks import Geometry
+    from ..core.masks import Geometry
     from .conventions import lifted_case
 
     lifted = lifted_case(case)

@@ -13,12 +13,12 @@ non-contiguous inputs, each dtype the target takes); the forward, the gradients 
 log-sum-exp (when returned) are judged against the certified reference within the bound
 derived from the claimed arithmetic (``claim="input=fp16,scores=fp32,stats=fp32,p=fp16,
 acc=fp32,block=128"``; default: the input dtype throughout, block size unstated = the worst
-case); a failure is shrunk to a minimal counterexample. The modules: :mod:`.spec` (masks and
-dropout from their definitions), :mod:`.reference` (the reference and the tolerance, one
-adapter each), :mod:`.judge`, :mod:`.suspicion` (an ok case far outside its expected error
-is ``SUSPICIOUS``, never failed), :mod:`.check` (one case through every variant), :mod:`.runner`
-(the hypothesis search), :mod:`.probes` (foreign dropout), :mod:`.session` and
-:mod:`.report`.
+case); a failure is shrunk to a minimal counterexample. The modules: :mod:`.tolerance` (the
+claimed arithmetic's bound), :mod:`.judge`, :mod:`.suspicion` (an ok case far outside its
+expected error is ``SUSPICIOUS``, never failed), :mod:`.case_check` (one case through every
+variant), :mod:`.search` (the hypothesis search), :mod:`.probes` (foreign dropout),
+:mod:`.session` and :mod:`.check_report`; masks and dropout from their definitions are
+:mod:`exactattn.cases.spec`, the reference :mod:`exactattn.cases.exact`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def assert_attention_close(
     Returns the :class:`~exactattn.testing.session.Result`.
     """
     from .. import targets
-    from .report import counterexample
+    from .check_report import counterexample
     from .session import Settings, run
 
     if isinstance(claim, str):

@@ -8,7 +8,7 @@ size ``b`` (the bound's; the case's own block size when the claim states none), 
 tail block (``n_k mod b ≠ 0``), the largest ``n``, the vacuous bounds and which reference
 served, and for cases with interface fields what they covered (sequences per batch,
 zero-length sequences, number of splits, empty splits and splits on a block edge, page
-sizes, shared pages, sinks above the lse: :func:`exactattn.cases.interface.coverage`);
+sizes, shared pages, sinks above the lse: :func:`exactattn.cases.interface_fields.coverage`);
 :func:`table` prints it beside the verdicts (and ``report.md``).
 """
 
@@ -18,7 +18,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from ..cases import interface
+from ..cases import interface_fields
 
 COLUMNS = (
     ("judged", "judged"),
@@ -68,7 +68,7 @@ def tally(counts: dict[str, Counter], finding: Any, draw: Any) -> None:
     c["largest"] = max(c["largest"], draw.n_q, draw.n_k)
     c["vacuous"] += bool(finding.vacuous)
     c["float64"] += finding.reference == "float64"
-    for key in interface.coverage(draw):
+    for key in interface_fields.coverage(draw):
         c[f"iface {key}"] += 1
 
 

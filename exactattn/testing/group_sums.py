@@ -6,7 +6,7 @@ A kernel that expands ``K, V`` over a group of ``g`` query heads (torch's SDPA w
 ``enable_gqa``) gets one gradient per expanded head, ``dK_h``, rounded to the output format
 ``o``, and sums the group's ``g`` of them in a format ``s`` (torch: the input's, fp16 for
 fp16 inputs): ``dK = fl_s(… fl_s(fl_o(dK_1) + fl_o(dK_2)) … + fl_o(dK_g))``. The claimed
-bound (:func:`exactattn.bounds.bounds`) charges one rounding of the exact sum; this one
+bound (:func:`exactattn.error.bounds.bounds`) charges one rounding of the exact sum; this one
 charges the ``g`` roundings to ``o`` and the ``g − 1`` additions in ``s``:
 
     |extra| ≤ (u_o + γ_{g−1}(s)·(1 + u_o))·Σ_h M_h + g·μ_o·(1 + γ_{g−1}(s)) + (g − 1)·μ_s,
@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.formats import Format
 from ..cases import Case
-from ..cases.reference import Reference
-from ..formats import Format
+from ..cases.exact import Reference
 
 MARGIN = 1 + 2.0**-30
 
@@ -126,7 +126,7 @@ def widened(variant: Any, case: Case, ref: Reference, bound: dict[str, Any]) -> 
     """``bound`` with the terms of the roundings the claim states beyond one per output:
     a GQA group's rounded per-head gradients summed (:attr:`~exactattn.targets.Variant.
     group_sum`), and the query-split parts of dK, dV (``Claim.qsplit``)."""
-    from ..formats import number_format
+    from ..backends.formats import number_format
 
     if "dk" not in bound:
         return bound

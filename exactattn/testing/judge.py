@@ -27,8 +27,8 @@ from typing import Any
 import mpmath
 import numpy as np
 
-from ..cases.reference import OUTPUTS, Reference
-from ..metrics import relative_error, scale_of, ulps
+from ..cases.exact import OUTPUTS, Reference
+from ..error.metrics import relative_error, scale_of, ulps
 from .tolerance import Allowed
 
 COMPARE_PREC = 220
@@ -77,7 +77,7 @@ _MPF = np.frompyfunc(_mpf, 1, 1)
 
 def _difference(out: Any, ref: Reference, name: str) -> tuple[np.ndarray, bool]:
     """``|out − ref|`` as float64 and whether the comparison was in mpmath (fine): float
-    outputs against the double-double midpoint (:meth:`exactattn.certified.Ball.error`),
+    outputs against the double-double midpoint (:meth:`exactattn.oracle.certified.Ball.error`),
     finer ones (mpf, longdouble) in mpmath against the exact midpoints (made only then: an
     mpmath number per entry costs more than the whole case at n = 512)."""
     arr = np.asarray(out)

@@ -5,9 +5,9 @@ blocks of 512 for the bound's claim) on two calling paths: ``is_causal`` square 
 no table) and key padding as a boolean ``attn_mask`` (an ``n_q × n_k`` table the target
 reads: it shows the memory guard). The target runs the whole problem, forward only. Its
 output is judged on strips of :data:`STRIP` query rows — the first, one across ``n/2`` and
-the last — where the float64 reference (:func:`exactattn.cases.reference.fast` on the
+the last — where the float64 reference (:func:`exactattn.cases.exact.fast` on the
 strip, the mask read a strip of rows at a time) and the bound
-(:func:`exactattn.bounds.bounds_max` of the strip's rows: the forward's bound of a row
+(:func:`exactattn.error.bounds.bounds_max` of the strip's rows: the forward's bound of a row
 reads that row only) cost ``O(STRIP·n·d)`` each, a small fraction of the target's run.
 
 Skipped, each with its reason printed once: a float64 target (only arb could certify it,
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import bounds as error_bounds
 from ..cases import Case
+from ..cases.exact import Reference
 from ..cases.inputs import make_inputs
-from ..cases.reference import Reference
+from ..error import bounds as error_bounds
 from ..targets import Variant
 from .judge import Finding, judge
 from .tolerance import Allowed, overflow_risk
@@ -154,7 +154,7 @@ def judge_strip(
 
 def _strip_reference(case: Case, part: Case, cut: dict, rows: tuple[int, int]) -> Reference:
     """The float64 reference of the strip: its rows of the whole case's mask, lazily."""
-    from ..fast_reference import fast_attention
+    from ..oracle.float64 import fast_attention
 
     r0 = rows[0]
     enclosure = fast_attention(

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..bounds import number_format
 from ..cases import Case
-from ..cases.reference import certified
+from ..cases.exact import certified
+from ..error.bounds import number_format
 from .tolerance import bounds
 
 KEEP_SIGMAS = 5.0

@@ -3,11 +3,11 @@
 :func:`run` resolves the targets' variants (each dtype each takes, on the device), draws
 cases with hypothesis (:mod:`exactattn.cases.strategies`: every mask kind and
 composition, both alignments, ``n_q ≠ n_k``, GQA, layouts, distributions), judges each
-variant on each case (:func:`.check.check_case`) through :func:`.runner.search` — in this
-process, in ``settings.workers`` local processes or on the Dask cluster of
-``settings.scheduler``, with the same report — shrinks failures, and probes foreign dropout
-(:mod:`.probes`). Worker processes rebuild the targets from their names (``names``);
-callables given as objects run in this process only.
+variant on each case (:func:`exactattn.testing.case_check.check_case`) through
+:func:`exactattn.testing.search.search` — in this process, in ``settings.workers`` local processes
+or on the Dask cluster of ``settings.scheduler``, with the same report — shrinks failures, and
+probes foreign dropout (:mod:`.probes`). Worker processes rebuild the targets from their names
+(``names``); callables given as objects run in this process only.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from typing import Any
 
 from .. import targets as registry
 from ..cases import LAYOUTS, Case, paths, strategies
-from ..executors import make_executor
-from ..journal import Journal
+from ..infra.executors import make_executor
+from ..infra.journal import Journal
 from ..targets import Target, Variant
-from ..targets.flex import STATS
-from ..targets.interfaces import NAMES as INTERFACES
-from .check import Options, check_case
+from ..targets.flex_convention import STATS
+from ..targets.interface_conventions import NAMES as INTERFACES
+from .case_check import Options, check_case
 from .judge import Finding
 from .known import reclassify
 from .probes import ProbeResult, probe
-from .runner import Report, search, single_thread
+from .search import Report, search, single_thread
 
 DEFAULT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
@@ -92,8 +92,8 @@ def plan(targets: list[Target], settings: Settings) -> tuple[list[Variant], dict
 
 @dataclass
 class Variants:
-    """The check's source of units (:mod:`.runner`): the variants of the targets ``names``
-    (``(name, keywords)`` as :func:`exactattn.targets.get` takes them), rebuilt wherever
+    """The check's source of units (:mod:`exactattn.testing.search`): the variants of the targets
+    ``names`` (``(name, keywords)`` as :func:`exactattn.targets.get` takes them), rebuilt wherever
     it runs, or ``given`` variants (this process only)."""
 
     settings: Settings
@@ -168,7 +168,7 @@ def run(
 def judge_cases(source: Any, cases: Any, settings: Settings, journal: Journal | None) -> Report:
     """The one runner of check and difftest: ``settings.examples`` cases drawn from the
     strategy ``cases`` at ``settings.seed``, judged on the units of ``source`` (see
-    :mod:`.runner`: ``build``, ``judge``, ``counters``) in this process, in
+    :mod:`exactattn.testing.search`: ``build``, ``judge``, ``counters``) in this process, in
     ``settings.workers`` processes or on the cluster of ``settings.scheduler``; each failure
     shrunk; ``journal`` keeps each judged case."""
     executor = make_executor(settings.workers, settings.scheduler)

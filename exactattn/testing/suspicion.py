@@ -1,7 +1,7 @@
 """The third verdict, ``SUSPICIOUS``: within the rigorous bound, far outside the expected error.
 
 A kernel that rounds as it claims has errors near its *expected* error
-(:mod:`exactattn.expected_bounds`: rounding errors as independent mean-zero variables,
+(:mod:`exactattn.error.expected_bounds`: rounding errors as independent mean-zero variables,
 ``λ = 3`` standard deviations), far below the rigorous worst case wherever that is loose
 (long chains, bf16 statistics over many key blocks: budgets ``(1 + u)^{n/b}``). An ``ok``
 finding whose Y error exceeds :data:`FAR` times the expected error somewhere is marked
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..cases.reference import Reference
-from ..expected_bounds import CONFIDENCE, expected_bounds
+from ..cases.exact import Reference
+from ..error.expected_bounds import CONFIDENCE, expected_bounds
 from .judge import Finding, _difference
 from .tolerance import claimed_bound
 

@@ -1,12 +1,12 @@
 """The tolerance a target is judged with: the error bound of the arithmetic it claims.
 
 The exact answer comes from the case model's one reference adapter
-(:func:`exactattn.cases.reference.certified`). :func:`bounds` is the only call into the
-error bound (:func:`exactattn.bounds.bounds`): the arithmetic a variant claims as an
-:class:`exactattn.bounds.Arith` (:meth:`exactattn.targets.Variant.arith`), the reverse's
+(:func:`exactattn.cases.exact.certified`). :func:`bounds` is the only call into the
+error bound (:func:`exactattn.error.bounds.bounds`): the arithmetic a variant claims as an
+:class:`exactattn.error.bounds.Arith` (:meth:`exactattn.targets.Variant.arith`), the reverse's
 structure where the target states it (frozen ``m, ℓ`` or ``lse``; ``δ = G·Y`` or naive
 attention's row sum), else the larger of both. A user's ``score_mod`` is bounded when it is
-an additive bias (:func:`exactattn.cases.reference.program_bias`), as that bias; no bound is
+an additive bias (:func:`exactattn.cases.exact.program_bias`), as that bias; no bound is
 derived for any other mod (only enclosures judge it). A GQA backward that rounds each
 head's gradient before the group's sum is charged for it (:mod:`.group_sums`). The bound
 assumes no overflow, so :func:`overflow_risk` says separately when a partial result may
@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import bounds as error_bounds
+from ..backends.formats import LARGEST
 from ..cases import Case
-from ..cases.reference import Reference
-from ..formats import LARGEST
+from ..cases.exact import Reference
+from ..error import bounds as error_bounds
 from . import group_sums
 
 
@@ -55,13 +55,13 @@ def claimed_bound(
     program_bias: np.ndarray | None = None,
     bound: Any = error_bounds.bounds,
 ) -> dict[str, np.ndarray]:
-    """:func:`exactattn.bounds.bounds` of the variant's arithmetic on ``inputs`` (``q, k, v,
+    """:func:`exactattn.error.bounds.bounds` of the variant's arithmetic on ``inputs`` (``q, k, v,
     g`` and an optional ``bias``), the largest over the reverse structures it may use
-    (:func:`exactattn.bounds.bounds_max`: one forward for all; ``input_rounding``: the
+    (:func:`exactattn.error.bounds.bounds_max`: one forward for all; ``input_rounding``: the
     inputs are exact values the variant rounds to its input format, as in the sweep;
     ``program_bias``: a user's additive score_mod, added to the bias; ``bound``: the
-    function evaluated, :func:`exactattn.bounds.bounds` or the expected error
-    :func:`exactattn.expected_bounds.expected_bounds`, which takes the same arguments)."""
+    function evaluated, :func:`exactattn.error.bounds.bounds` or the expected error
+    :func:`exactattn.error.expected_bounds.expected_bounds`, which takes the same arguments)."""
     arith = variant.arith(variant.bound_block(case), inputs)
     reverses = variant.target.options.reverses
     bias = inputs.get("bias")

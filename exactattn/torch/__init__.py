@@ -14,24 +14,24 @@ mask tensor, causal or sliding windows in either alignment, per-batch key length
 tensor, softcap; that is every SDPA call) runs the custom operator ``exactattn::attention``
 (:mod:`.op`: fake implementation, autograd formula, vmap rule), so ``torch.compile(
 fullgraph=True)``, ``torch.export`` and ``torch.func`` see one opaque op. A call with a Python
-predicate, ``mask_mod(b, h, i, j)``, another :class:`~exactattn.masks.Mask`, or a bias
+predicate, ``mask_mod(b, h, i, j)``, another :class:`~exactattn.core.masks.Mask`, or a bias
 function runs :class:`.function.TiledAttention` (an ``autograd.Function``) instead: those
 cannot cross an operator schema. Both run the same two passes (:mod:`.passes`): the generic
-:mod:`exactattn.algorithm`, or on CUDA the Triton kernels when they express the call
+:mod:`exactattn.core.algorithm`, or on CUDA the Triton kernels when they express the call
 (:mod:`.dispatch`).
 """
 
-from ..optional import needs
+from ..infra.optional import needs
 
 with needs("exactattn.torch"):  # the package's modules import torch freely after this
     import torch  # noqa: F401
 
-from .api import attention
 from .flex import flex_attention
 from .mode import ExactSDPA, exact_sdpa
 from .partials import attention_with_lse, merge_partials
 from .passes import DEFAULT_BLOCK_SIZE
 from .sdpa import SDPAInputError, scaled_dot_product_attention
+from .tensor_api import attention
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",

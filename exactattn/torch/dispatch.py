@@ -1,9 +1,9 @@
 """Which pass runs a call: the Triton kernels on CUDA when they express it, else the generic
-:mod:`exactattn.algorithm`.
+:mod:`exactattn.core.algorithm`.
 
-The kernels (:mod:`exactattn.torch.triton_kernels`) take a :class:`~exactattn.masks.Band`
+The kernels (:mod:`exactattn.torch.triton_kernels`) take a :class:`~exactattn.core.masks.Band`
 (causal or a window, either alignment, per-batch key lengths) and
-:class:`~exactattn.scores.KernelScores` (a softcap, then a bias tensor) over
+:class:`~exactattn.core.scores.KernelScores` (a softcap, then a bias tensor) over
 ``(B, H, n, d)`` float16/bfloat16/float32 inputs with ``d ≤ 256``, without dropout; every
 other call takes the generic path.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..masks import Band, Mask
-from ..scores import KernelScores, ScoreMod
+from ..core.masks import Band, Mask
+from ..core.scores import KernelScores, ScoreMod
 
 IMPLS = ("auto", "generic", "triton")
 

@@ -16,12 +16,12 @@ program moves here by changing its import.
 
 What differs: nothing is compiled (mods are evaluated per tile, in eager torch), the
 backward runs on the CPU as on CUDA, and a ``BlockMask`` whose block structure disagrees
-with its mask_mod is an error instead of a silent answer (:class:`exactattn.masks.FlexBlockMask`).
-``kernel_options`` tune FlexAttention's kernels and are accepted and ignored (the tiles
-never change the result). ``AuxRequest(max_scores=True)`` works on the CPU too (where
-FlexAttention raises) and runs the generic pass. Beyond FlexAttention's signature,
-``block_mask`` may be any mask exactattn takes (a ``mask_mod`` itself, an
-:class:`exactattn.masks.Mask`).
+with its mask_mod is an error instead of a silent answer
+(:class:`exactattn.core.masks.FlexBlockMask`). ``kernel_options`` tune FlexAttention's kernels and
+are accepted and ignored (the tiles never change the result). ``AuxRequest(max_scores=True)`` works
+on the CPU too (where FlexAttention raises) and runs the generic pass. Beyond FlexAttention's
+signature, ``block_mask`` may be any mask exactattn takes (a ``mask_mod`` itself, an
+:class:`exactattn.core.masks.Mask`).
 
 Gradients reach ``query``, ``key``, ``value`` and the tensors a score_mod reads that require
 grad (a learned bias table): those found through its closure, default arguments, the
@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from .. import algorithm, calls
-from ..scores import ScoreFn, param_name, score_fn
+from ..core import algorithm, calls
+from ..core.scores import ScoreFn, param_name, score_fn
 from . import passes
 
 # How deep captured_tensors follows functions that a score_mod calls or closes over.

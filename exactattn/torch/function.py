@@ -1,8 +1,8 @@
 """The non-operator path: an ``autograd.Function`` over a whole :class:`.passes.Plan`.
 
 A custom operator's schema carries tensors and plain scalars only, so a call whose mask is
-a Python predicate or ``mask_mod(b, h, i, j)``, a :class:`~exactattn.masks.Mask` that does
-not lower to a :class:`~exactattn.masks.Band`, or whose bias is a function ``fn(b, h, i, j)``
+a Python predicate or ``mask_mod(b, h, i, j)``, a :class:`~exactattn.core.masks.Mask` that does
+not lower to a :class:`~exactattn.core.masks.Band`, or whose bias is a function ``fn(b, h, i, j)``
 cannot go through ``exactattn::attention``: it runs here, with the same two passes
 (:func:`exactattn.torch.passes.forward` / :func:`~exactattn.torch.passes.backward`).
 Eager autograd and ``torch.func.grad`` work (``setup_context``); ``torch.compile`` traces

@@ -9,7 +9,7 @@ Two custom operators (:func:`torch.library.custom_op`), opaque to ``torch.compil
   -> (dQ, dK, dV, dB)``
 
 An operator's schema takes tensors and plain scalars, so the mask crosses it lowered: the
-window of a :class:`~exactattn.masks.Band` (``left``, ``right``, ``alignment``: causal is
+window of a :class:`~exactattn.core.masks.Band` (``left``, ``right``, ``alignment``: causal is
 ``right = 0``), per-batch key lengths ``kv_lengths`` (``j < L_b``), a caller-owned boolean
 ``allowed`` (True = attend), all ANDed; the additive bias ``B_ij`` as a tensor (``−∞``
 excludes a pair); dropout's keep-bits ``r(seed, b·H + h, i, j)`` from an int64 ``seed``
@@ -37,11 +37,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import calls
 from ..backends.torch_backend import HALF_DTYPES
-from ..dropout import Dropout
-from ..masks import And, Band, Dense, Geometry, KeyPadding, Mask, SlidingWindow
-from ..scores import Bias, Softcap, chain
+from ..core import calls
+from ..core.dropout import Dropout
+from ..core.masks import And, Band, Dense, Geometry, KeyPadding, Mask, SlidingWindow
+from ..core.scores import Bias, Softcap, chain
 from . import passes
 
 OPTIONS = (
@@ -169,7 +169,7 @@ def lowered_band(
     alignment: str,
     geometry: Geometry,
 ) -> Band | None:
-    """The :class:`~exactattn.masks.Band` the operator's mask arguments spell, read off them
+    """The :class:`~exactattn.core.masks.Band` the operator's mask arguments spell, read off them
     (they are a lowered mask: nothing is lowered again), or None where no band says it — a
     dense ``allowed``, or key lengths that are not one per batch element of ``(B, H)``
     inputs (per head, or lifted by ``vmap``): what :func:`lowered_mask`'s mask lowers to."""

@@ -9,7 +9,7 @@ dropout, sinks, key range) on torch tensors and returns ``(Y, lse)``; its revers
     parts = [attention_with_lse(q, k, v, key_range=r) for r in ranges]
     y, lse = merge_partials(parts)        # the fold of ⋆, made of torch operations
 
-:func:`merge_partials` is :func:`exactattn.merge.merge_partials` itself: on torch tensors its
+:func:`merge_partials` is :func:`exactattn.core.merge.merge_partials` itself: on torch tensors its
 fold is differentiable as it stands.
 """
 
@@ -21,7 +21,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import api
-from ..merge import merge_partials
+from ..core.merge import merge_partials
 
 __all__ = ["attention_with_lse", "merge_partials"]
 

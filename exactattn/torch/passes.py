@@ -2,12 +2,12 @@
 
 A :class:`Plan` holds everything a call decides besides the tensors (context, sizes,
 ``c``, ``b``, the mask ``A_i`` and its lowering, the score modifications, dropout, the
-kernel choice), made by :func:`plan_for` from the prepared :class:`~exactattn.calls.Call`
+kernel choice), made by :func:`plan_for` from the prepared :class:`~exactattn.core.calls.Call`
 and the mask lowered once (:func:`lower`: the kernels, ``b`` and the split into pieces all
-read that one :class:`~exactattn.masks.Band`);
+read that one :class:`~exactattn.core.masks.Band`);
 :func:`forward` gives ``(Y, lse)`` with ``lse = m + log ℓ`` and :func:`backward` gives
 ``(dQ, dK, dV)`` and, on request, ``dB = Σ γ`` for a bias array — the library's own
-:func:`exactattn.algorithm.forward` / :func:`~exactattn.algorithm.backward` over a
+:func:`exactattn.core.algorithm.forward` / :func:`~exactattn.core.algorithm.backward` over a
 :class:`~exactattn.backends.torch_backend.TorchContext`, or the Triton kernels when
 :mod:`exactattn.torch.dispatch` chose them. No check runs here: rows whose ``A_i`` is empty
 end at ⊥ and give ``Y = 0``, ``lse = −∞`` and zero gradients (SDPA ≥ 2.5's convention);
@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from .. import algorithm
 from ..backends.torch_backend import TorchContext
-from ..calls import Call
-from ..dropout import Dropout
-from ..masks import Band, Geometry, Mask
-from ..scores import ScoreMod
+from ..core import algorithm
+from ..core.calls import Call
+from ..core.dropout import Dropout
+from ..core.masks import Band, Geometry, Mask
+from ..core.scores import ScoreMod
 from . import dispatch
 from .dispatch import Kernel
 
@@ -104,7 +104,7 @@ def context(dtype: torch.dtype, device: torch.device) -> TorchContext:
 
 
 def lower(mask: Mask | None, geometry: Geometry) -> Band | None:
-    """``mask`` as the kernels' :class:`~exactattn.masks.Band` (no mask: the empty band), or
+    """``mask`` as the kernels' :class:`~exactattn.core.masks.Band` (no mask: the empty band), or
     None when no band says it: a call's one lowering, kept in its :attr:`Plan.band`."""
     return Band() if mask is None else mask.lower(geometry)
 

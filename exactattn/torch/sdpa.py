@@ -19,7 +19,7 @@ tiled algorithm, through the operator ``exactattn::attention``:
 * ``scale``: a number or a 0-dim tensor (read as a number); default ``1/sqrt(E)``.
 * ``sinks`` (exactattn's keyword, not SDPA's): one logit ``σ_h`` per query head, a floating
   tensor of shape ``(Hq,)``, one more term ``e^{σ_h}`` of every row's denominator only
-  (gpt-oss's sink, FA4's ``learnable_sink``: :mod:`exactattn.sinks`); ``sinks.grad`` is
+  (gpt-oss's sink, FA4's ``learnable_sink``: :mod:`exactattn.core.sinks`); ``sinks.grad`` is
   ``∂L/∂σ``. A row with no allowed key then gives 0. Such a call runs the generic pass
   (:func:`exactattn.torch.partials.attention_with_lse`), so a floating ``attn_mask`` that
   requires grad is refused with it.
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..masks import Band, Dense, causal
+from ..core.masks import Band, Dense, causal
 from . import op, partials
 
 SEED_HIGH = 1 << 62  # keep-bit seeds are drawn uniformly from [0, 2^62)

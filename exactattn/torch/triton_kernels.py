@@ -1,10 +1,10 @@
 """FlashAttention-2 kernels in Triton: the CUDA path of exactattn.torch.
 
-The same algorithm as ``exactattn.algorithm`` (specified in ``docs/algorithm.md``), fused
+The same algorithm as ``exactattn.core.algorithm`` (specified in ``docs/algorithm.md``), fused
 into GPU kernels in the style of Triton's tutorial ``06-fused-attention.py``; it exists to
 be compared against the generic code and the naive reference, never to replace them.
 
-Scores, with the score modification of ``exactattn.scores`` in its order (soft-capping,
+Scores, with the score modification of ``exactattn.core.scores`` in its order (soft-capping,
 then the additive bias, then the mask)::
 
     s_ij = cap * tanh(c * <Q_i, K_j> / cap) + b_ij  (-inf where j is not in A_i)
@@ -68,7 +68,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 
-from exactattn.optional import needs  # absolute: tests load patched copies of this file
+from exactattn.infra.optional import needs  # absolute: tests load patched copies of this file
 
 with needs("the Triton kernels (exactattn.torch.triton_kernels)"):
     import torch

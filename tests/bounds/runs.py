@@ -1,10 +1,11 @@
-"""Real runs measured against a certified reference and divided by :func:`exactattn.bounds.bounds`.
+"""Real runs measured against a certified reference and divided by
+:func:`exactattn.error.bounds.bounds`.
 
 A :class:`Case` is sizes, an input distribution, the allowed set, dropout, bias, soft-cap,
 GQA and a block size; a :class:`Target` is one implementation with the arithmetic it
 claims. :func:`measure` rounds the float64 inputs to the target's storage format, runs the
 target forward and backward, computes the exact answer on the *same held inputs* as arb
-balls (:func:`exactattn.certified.certified_attention`), and returns, per output,
+balls (:func:`exactattn.oracle.certified.certified_attention`), and returns, per output,
 ``max |computed − exact| / bound`` (≤ 1 wherever the bound holds).
 
 The specification side is written from the definitions, not through the code under test:
@@ -23,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import exactattn
-from exactattn import masks
 from exactattn.backends import MpmathContext, NumpyContext
-from exactattn.bounds import Arith, bounds, ratio
-from exactattn.dropout import Dropout
+from exactattn.core import masks
+from exactattn.core.dropout import Dropout
+from exactattn.error.bounds import Arith, bounds, ratio
 from tests.optional import requires
 
 if TYPE_CHECKING:
-    from exactattn.certified import Ball
+    from exactattn.oracle.certified import Ball
 
 GRADS = ("dq", "dk", "dv")
 
@@ -239,7 +240,7 @@ def _torch_row_block(dtype: str):
         import torch
 
         from exactattn.backends.torch_backend import TorchContext
-        from exactattn.masks import Geometry
+        from exactattn.core.masks import Geometry
         from exactattn.torch.passes import row_block_size
 
         batch = (case.heads,) if case.heads > 1 else ()
@@ -369,7 +370,7 @@ def reference(case: Case, held: dict[str, Any]) -> dict[str, Ball]:
     """Enclosures of the exact outputs on the held inputs: y, lse, dq, dk, dv (and dbias),
     with the dropout factors ρ = r/(1 − p) from the same keep-bits."""
     requires("flint")
-    from exactattn.certified import certified_attention
+    from exactattn.oracle.certified import certified_attention
 
     enc = certified_attention(
         *(held[x] for x in "qkvg"),

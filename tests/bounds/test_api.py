@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import exactattn
-import exactattn.bounds as B
-from exactattn.bounds import Arith, bounds, ratio
+from exactattn.error import bounds as B
+from exactattn.error.bounds import Arith, bounds, ratio
 
 from .runs import Case, distance, inputs, reference
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import exactattn
-from exactattn.bounds import HALF_FUNCS, Arith, number_format
+from exactattn.error.bounds import HALF_FUNCS, Arith, number_format
 from tests.optional import requires
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-import exactattn.bounds as B
+from exactattn.error import bounds as B
 from tests.optional import requires
 
 from .runs import TARGETS, Case, measure
@@ -162,7 +162,7 @@ def test_subnormal_weights_amplified_downstream_stay_within_the_bound(monkeypatc
     from pathlib import Path
 
     import exactattn
-    from exactattn.certified import certified_attention
+    from exactattn.oracle.certified import certified_attention
 
     path = Path(__file__).parents[1] / "regressions" / "difftest_subnormal_weights_amplified.json"
     data = json.loads(path.read_text())

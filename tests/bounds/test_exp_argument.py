@@ -2,7 +2,7 @@
 
 Against exp evaluated by mpmath at the float32 arguments, the relative error of torch's
 ``exp_shifted`` exceeds one rounding of the argument (``u|s − m|``) plus the functions'
-``funcs·u``, and stays within the three roundings ``exactattn.bounds`` charges
+``funcs·u``, and stays within the three roundings ``exactattn.error.bounds`` charges
 (``EXP_ARG_ROUNDINGS``: the subtraction, ``log₂e`` and the product).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from exactattn import bounds
+from exactattn.error import bounds
 from tests.optional import requires
 
 torch = requires("torch")

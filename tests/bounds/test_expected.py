@@ -1,4 +1,4 @@
-"""The expected error of Y (:mod:`exactattn.expected_bounds`): its pieces and its calibration.
+"""The expected error of Y (:mod:`exactattn.error.expected_bounds`): its pieces and its calibration.
 
 The random-order partial-sum formula is checked against its definition (the mean over every
 order); the calibration in miniature measures real runs (NumPy fp16, the FA-2 policy and
@@ -15,9 +15,9 @@ import math
 import numpy as np
 import pytest
 
-from exactattn import bounds
-from exactattn.cases.reference import fast
-from exactattn.expected_bounds import _random_order, expected_bounds
+from exactattn.cases.exact import fast
+from exactattn.error import bounds
+from exactattn.error.expected_bounds import _random_order, expected_bounds
 from exactattn.precision.grid import Problem
 from exactattn.precision.tasks import expected_columns, unit_of
 from tests.optional import requires

@@ -1,4 +1,5 @@
-"""Validate :func:`exactattn.bounds.bounds` against real runs: ``python -m tests.bounds.validate``.
+"""Validate :func:`exactattn.error.bounds.bounds` against real runs: ``python -m
+tests.bounds.validate``.
 
 Every target (NumPy fp16/fp32/fp64 and the FA-2 policy, naive attention in the same types,
 mpmath at 8–24 bits, torch fp16/bf16/fp32, the torch path with its FA-2 policy and lse
@@ -26,7 +27,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from exactattn.bounds import bounds
+from exactattn.error.bounds import bounds
 
 from .runs import GRADS, TARGETS, Case, Measurement, held_inputs, measure, reference
 

@@ -1,12 +1,12 @@
 """FlexAttention programs for the tests of ``exactattn check --mask-mod/--score-mod``.
 
 Written as a Flex user writes them (torch tensors indexed by the index tensors); the
-non-additive one uses :mod:`exactattn.ops` so that it also runs over arb balls.
+non-additive one uses :mod:`exactattn.core.ops` so that it also runs over arb balls.
 """
 
 import torch
 
-from exactattn import ops
+from exactattn.core import ops
 
 DOC = torch.arange(64) // 5  # documents of five positions each
 SLOPES = torch.tensor([2.0 ** -(h + 1) for h in range(8)])
@@ -23,7 +23,7 @@ def alibi(score, b, h, q_idx, kv_idx):
 
 
 def capped(score, b, h, q_idx, kv_idx):
-    """Soft-capping with exactattn.ops: runs on every backend and over arb balls."""
+    """Soft-capping with exactattn.core.ops: runs on every backend and over arb balls."""
     return 3 * ops.tanh(score / 3)
 
 

@@ -1,7 +1,7 @@
 """A seed draws the same cases in every process, whatever that process imported.
 
 Hypothesis mixes the literal constants of the local modules imported so far into its
-choices; the runner's draws hold them out (:func:`exactattn.testing.runner.seed_only`), so
+choices; the runner's draws hold them out (:func:`exactattn.testing.search.seed_only`), so
 ``exactattn check --seed S`` draws the same cases before and after more code is loaded: a
 check of a correct kernel once changed the cases drawn for the broken one checked after it
 (tests/check/test_broken_kernels.py then passed the no-max-subtraction kernel). Each run is
@@ -21,16 +21,16 @@ SCRIPT = """
 import contextlib, sys
 sys.path.insert(0, {root!r})
 from exactattn.cases import paths
-from exactattn.testing import assert_attention_close, runner
+from exactattn.testing import assert_attention_close, search
 from tests.check import kernels
 if {without}:
-    runner.seed_only = contextlib.nullcontext
+    search.seed_only = contextlib.nullcontext
 strategy = paths.check_draws(blocks=(4,), max_n=64, dtypes=("float32",))
-before = runner.draw(strategy, 60, 0)
+before = search.draw(strategy, 60, 0)
 assert_attention_close(kernels.sdpa(None), convention="sdpa", claim=kernels.CLAIM,
                        supports="dropout=no", examples=60, dtypes=("float32",), max_n=12,
                        dropout_probe=False)
-print("same" if runner.draw(strategy, 60, 0) == before else "different")
+print("same" if search.draw(strategy, 60, 0) == before else "different")
 """
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exactattn.optional import install_hint
+from exactattn.infra.optional import install_hint
 
 # found, not imported (so not tests.optional.requires): triton must first be imported with
 # TRITON_INTERPRET set (by whoever runs the kernels on the CPU), or its kernels are built for

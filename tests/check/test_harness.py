@@ -66,7 +66,7 @@ def test_unknown_names_and_import_errors_are_clear(capsys):
     assert "unknown target 'no-such-kernel'; available:" in err and "sdpa-math" in err
     assert cli.main(["no_such_package.attn:forward"]) == 2
     assert "ModuleNotFoundError: No module named 'no_such_package'" in capsys.readouterr().err
-    assert cli.main(["exactattn.masks:no_such_function"]) == 2
+    assert cli.main(["exactattn.core.masks:no_such_function"]) == 2
     assert "has no attribute 'no_such_function'" in capsys.readouterr().err
     assert cli.main(["sdpa", "--claim", "input=fp17"]) == 2
     assert "unknown number format 'fp17'" in capsys.readouterr().err

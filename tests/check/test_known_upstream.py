@@ -20,7 +20,7 @@ from exactattn import targets
 from exactattn.cases import Case
 from exactattn.commands.check import main
 from exactattn.targets import Claim
-from exactattn.testing.check import Options, check_case
+from exactattn.testing.case_check import Options, check_case
 from exactattn.testing.known import UPSTREAM, reclassify
 from tests.optional import requires
 
@@ -107,7 +107,7 @@ def test_the_cpu_flash_backward_query_split_is_claimed_and_charged():
     subnormal off; those replays are megabytes, not kept): qsplit=32 on the CPU only, and
     the bound it adds is charged where n_q > 32."""
     from exactattn.cases import Draw, build_case
-    from exactattn.cases.reference import fast
+    from exactattn.cases.exact import fast
     from exactattn.testing.tolerance import bounds
 
     assert Claim.parse("qsplit=64").qsplit == 64
@@ -224,7 +224,7 @@ def test_the_cpu_flash_gemms_flush_before_the_scale_is_claimed_and_needed(seed, 
     Where the kernel rounds (the probe), the claim states no flush and passes the case."""
     import numpy as np
 
-    from exactattn.formats import number_format
+    from exactattn.backends.formats import number_format
     from exactattn.targets.foreign import cpu_flash_flush
 
     measured = cpu_flash_flush()

@@ -1,6 +1,6 @@
 """check's case distribution (:mod:`exactattn.cases.paths`) has the shares it states.
 
-Drawn at a seed as check draws them (:func:`exactattn.testing.runner.draw`): every calling
+Drawn at a seed as check draws them (:func:`exactattn.testing.search.draw`): every calling
 path within a few points of its stated share, at least 15% of cases with ``n_k > 3b`` and 10%
 with ``n_k mod b ≠ 0`` for the claimed ``b``, the large ones within ``B·H ≤ 2`` and
 ``d ≤ 64``, ill-conditioned cases labelled and at most 5%. The same assertions refute the
@@ -18,7 +18,7 @@ import pytest
 
 from exactattn.cases import paths, spec, strategies
 from exactattn.testing.coverage import path_of
-from exactattn.testing.runner import draw
+from exactattn.testing.search import draw
 
 B = 128
 N = 300

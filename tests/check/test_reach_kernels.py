@@ -94,12 +94,12 @@ def test_the_twin_passes_where_its_dk_is_float32_subnormal(seed):
     """Found by the default check of the twin (b = 32, 64; seeds 0, 1, 4): autograd through
     ``s = c·(q·k)`` rounds ``c·γ_ij`` before the dK products, so their underflows are μ each
     in the scaled sum — the bound had charged ``c·μ`` (failed on every seed here before
-    :func:`exactattn.bounds._key_side` stopped shrinking them by ``|c| = 1/8``)."""
+    :func:`exactattn.error.bounds._key_side` stopped shrinking them by ``|c| = 1/8``)."""
     import numpy as np
 
     from exactattn import targets
     from exactattn.cases import Case
-    from exactattn.testing.check import Options, check_case
+    from exactattn.testing.case_check import Options, check_case
 
     claim = targets.Claim.parse(kernels.CLAIM.replace(f"block={kernels.BLOCK}", "block=16"))
     supports = targets.Capabilities.parse("dropout=no", targets.user_capabilities("sdpa"))

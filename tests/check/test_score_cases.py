@@ -20,7 +20,7 @@ import pytest
 
 from exactattn import targets
 from exactattn.cases import Case, Draw, build_case, spec
-from exactattn.testing.check import Options, check_case
+from exactattn.testing.case_check import Options, check_case
 from tests.optional import requires
 
 PROGRAM = "tests.check.program_mods"
@@ -173,7 +173,7 @@ def test_a_target_that_mishandles_the_modification_fails(kind, broken, grads):
 
 def test_a_reference_that_drops_the_score_mods_slope_is_caught(monkeypatch):
     requires("flint", "torch")
-    from exactattn import certified
+    from exactattn.oracle import certified
 
     case = build_case(Draw((1, 2), 4, 4, 2, 2, 2, score_mod=f"{PROGRAM}:capped", data_seed=3))
     flint = targets.variant("flint")
@@ -218,7 +218,7 @@ def test_a_document_mask_with_alibi_runs_through_check():
 @pytest.mark.slow  # FlexAttention compiles (~10 s each)
 def test_flex_on_a_users_program_and_a_flex_that_ignores_the_score_mod():
     requires("flint", "torch")
-    from exactattn.targets import flex
+    from exactattn.targets import flex_convention
     from exactattn.testing import session
 
     settings = session.Settings(
@@ -227,14 +227,14 @@ def test_flex_on_a_users_program_and_a_flex_that_ignores_the_score_mod():
     )  # fmt: skip
     result = session.run([targets.get("flex")], settings)
     assert not result.report.failures and result.report.counts["flex[float32]"]["ok"] > 0
-    honest = flex._score_mod
+    honest = flex_convention._score_mod
     try:
-        flex._score_mod = lambda case, held, padded, device: honest(
+        flex_convention._score_mod = lambda case, held, padded, device: honest(
             dataclasses.replace(case, score_mod=None), held, padded, device
         )
         result = session.run([targets.get("flex")], settings)
     finally:
-        flex._score_mod = honest
+        flex_convention._score_mod = honest
     assert result.report.failures
 
 
@@ -244,7 +244,7 @@ def test_flex_on_a_users_program_and_a_flex_that_ignores_the_score_mod():
         (["--score-mod", f"{PROGRAM}:nothing"], "has no attribute 'nothing'"),
         (["--score-mod", f"{PROGRAM}:not_callable"], "is a int, not a function"),
         (["--score-mod", "no_such_module_here:f"], "cannot import 'no_such_module_here'"),
-        (["--score-mod", f"{PROGRAM}:torch_only"], "exactattn.ops.tanh"),
+        (["--score-mod", f"{PROGRAM}:torch_only"], "exactattn.core.ops.tanh"),
         (["--mask-mod", f"{PROGRAM}:alibi"], "--mask-mod"),
     ],
 )
@@ -261,7 +261,7 @@ def test_module_fn_finds_modules_in_the_current_directory(tmp_path):
     (tmp_path / "user_prog_here.py").write_text("def mask(b, h, i, j):\n    return j <= i\n")
     code = (
         "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
-        "from exactattn.loading import load_callable\n"
+        "from exactattn.infra.loading import load_callable\n"
         "print(load_callable('user_prog_here:mask').__name__)\n"
     )
     out = subprocess.run(

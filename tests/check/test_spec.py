@@ -2,7 +2,7 @@
 
 :mod:`exactattn.cases.spec` writes each mask kind as inequalities on ``i, j``, offsets and
 lengths, and the keep-bits as the documented hash in unsigned 64-bit arithmetic, without
-calling :mod:`exactattn.masks` or :mod:`exactattn.dropout`. These tests hold the two
+calling :mod:`exactattn.core.masks` or :mod:`exactattn.core.dropout`. These tests hold the two
 independent implementations against each other, over every kind and and/or composition
 (depth 2), both alignments, ``n_q ≠ n_k`` and batch shapes; and show the cross-check fails
 when one side is wrong.
@@ -18,12 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exactattn import masks
 from exactattn.cases import Draw, build_case, spec
 from exactattn.cases.strategies import BATCHES
 from exactattn.cases.strategies import masks as mask_templates
 from exactattn.cases.strategies import scores as score_templates
-from exactattn.dropout import Dropout
+from exactattn.core import masks
+from exactattn.core.dropout import Dropout
 
 
 def _library_allowed(case) -> np.ndarray:

@@ -18,9 +18,9 @@ import pytest
 
 from exactattn.cases import Case
 from exactattn.targets import Claim, Variant, from_callable
-from exactattn.testing import report
-from exactattn.testing.check import Options, check_case
-from exactattn.testing.runner import Report, single_thread
+from exactattn.testing import check_report
+from exactattn.testing.case_check import Options, check_case
+from exactattn.testing.search import Report, single_thread
 from exactattn.testing.session import Result, Settings
 from exactattn.testing.suspicion import FAR
 from tests.optional import requires
@@ -82,12 +82,12 @@ def test_suspicious_is_reported_and_never_fails_the_run(tmp_path):
     run.add(findings)
     result = Result(Settings(), run, [f.target for f in findings])
     assert not result.failed  # the exit code follows result.failed
-    rows = report.summary(result)
+    rows = check_report.summary(result)
     assert [r["suspicious"] for r in rows] == [1, 0]
-    [line] = report.suspicious(rows)
+    [line] = check_report.suspicious(rows)
     assert line.startswith("SUSPICIOUS k-toward-zero[bfloat16]: 1 of 1 cases"), line
     assert "exit code unchanged" in line
-    md, js = report.write(result, tmp_path, [])
+    md, js = check_report.write(result, tmp_path, [])
     assert "## Suspicious" in md.read_text() and "SUSPICIOUS k-toward-zero[" in md.read_text()
     assert "| /expected max | suspicious |" in md.read_text()
     data = json.loads(js.read_text())

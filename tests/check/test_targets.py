@@ -134,7 +134,7 @@ def test_flex_passes_a_short_check_with_bounded_compiles(monkeypatch):
     """One compile per bucket: the calls' padded shapes, dtype, score_mod and GQA flag are
     what a static-shape compile is keyed on; more compiles than distinct keys is a
     recompile per case, and some calls must reuse a kernel."""
-    from exactattn.targets import flex as flex_convention
+    from exactattn.targets import flex_convention
 
     target = targets.get("flex")
     why = targets.unavailable(target)

@@ -14,8 +14,8 @@ import pytest
 
 from exactattn import targets
 from exactattn.cases import Case
-from exactattn.metrics import scale_of
-from exactattn.testing.check import Options, check_case
+from exactattn.error.metrics import scale_of
+from exactattn.testing.case_check import Options, check_case
 from exactattn.testing.judge import certain
 from tests.optional import requires
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from exactattn import masks
-from exactattn.masks import Geometry
+from exactattn.core import masks
+from exactattn.core.masks import Geometry
 
 
 def inputs(rng, batch, n_q, n_k, d, v, dtype=np.float64):

@@ -206,7 +206,7 @@ def test_overflowed_rows_are_named_with_their_batch_and_row(monkeypatch, strip):
     """Rows whose every score overflowed to −∞ in float16 are told apart from masked rows
     (checked a strip of rows at a time, ``validation.ROWS_CHECKED`` pairs): each is named
     as ``(*batch, i)``, whatever the strip size; a masked-out row is not among them."""
-    from exactattn import validation
+    from exactattn.core import validation
 
     monkeypatch.setattr(validation, "ROWS_CHECKED", strip)
     q = np.ones((2, 7, 1), np.float16)

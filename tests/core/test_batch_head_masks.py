@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import exactattn as ea
-from exactattn import algorithm, masks
 from exactattn.backends import NumpyContext
-from exactattn.masks import Geometry, TileKind
+from exactattn.core import algorithm, masks
+from exactattn.core.masks import Geometry, TileKind
 
 from . import definition as spec
 
@@ -219,7 +219,7 @@ def test_gqa_with_split_rows_and_a_bias_gradient():
     q, k, v, g = _gqa_inputs(5)
     bias = np.random.default_rng(6).standard_normal((H, N_Q, N_K))
     ctx = NumpyContext("float64")
-    from exactattn import scores
+    from exactattn.core import scores
 
     kw = dict(scale=0.5, block_size=2, score_mod=scores.bias(bias), enable_gqa=True, row_block=2)
     y, st = algorithm.forward(ctx, q, k, v, **kw)

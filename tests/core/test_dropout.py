@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import exactattn as ea
-from exactattn.dropout import Dropout
+from exactattn.core.dropout import Dropout
 
 from .helpers import inputs
 

@@ -16,7 +16,7 @@ import pytest
 
 import exactattn as ea
 from exactattn.backends import NumpyContext
-from exactattn.dropout import Dropout
+from exactattn.core.dropout import Dropout
 
 HEADS, N = 4, 256
 

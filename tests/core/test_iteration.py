@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import exactattn as ea
-from exactattn import algorithm, masks
 from exactattn.backends import NumpyContext
+from exactattn.core import algorithm, masks
 
 from . import definition as spec
 

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import exactattn as ea
-from exactattn import algorithm, masks
-from exactattn.masks import Geometry, TileKind
+from exactattn.core import algorithm, masks
+from exactattn.core.masks import Geometry, TileKind
 
 from .helpers import dense_of
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import exactattn as ea
-from exactattn import algorithm, scores
 from exactattn.backends import NumpyContext
+from exactattn.core import algorithm, scores
 
 from . import definition as spec
 

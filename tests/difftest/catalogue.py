@@ -19,7 +19,7 @@ import mpmath
 import numpy as np
 
 import exactattn as ea
-from exactattn import masks
+from exactattn.core import masks
 
 FORWARD = ("attention", "naive_attention", "flash_attention", "self_attention", "torch.attention")
 BACKWARD = ("attention_backward", "naive_attention_backward", "self_attention_backward")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from exactattn.cases import Case
-from exactattn.cases.reference import certified
+from exactattn.cases.exact import certified
 from exactattn.targets import Variant
 from exactattn.testing.tolerance import bounds
 from tests.optional import requires

@@ -15,7 +15,7 @@ import pytest
 from exactattn import targets
 from exactattn.cases import Case, Draw, build_case
 from exactattn.commands import difftest as cli
-from exactattn.difftest.runner import check_case, run, save_failures, search
+from exactattn.difftest.campaign import check_case, run, save_failures, search
 from tests.optional import requires
 
 
@@ -99,12 +99,12 @@ def test_the_reference_is_the_definition_with_dropout_and_a_mask():
     every value of the mathematical definition (300-bit witness) lies in its interval."""
     import mpmath
 
-    from exactattn.cases import reference
+    from exactattn.cases import exact
     from tests.precision.test_certified import witness
 
     case = build_case(Draw((2,), 4, 5, 3, 2, 2, mask={"kind": "padding"}, dropout_p=0.25, seed=7))
-    values = reference.certified(case)
-    keep = reference.keep_bits(case)
+    values = exact.certified(case)
+    keep = exact.keep_bits(case)
     assert keep is not None and 0 < keep.mean() < 1
     point = witness(case.q, case.k, case.v, case.g, allowed=case.allowed(), keep=keep, p=0.25)
     with mpmath.workprec(400):

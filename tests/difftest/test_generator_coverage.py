@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from exactattn import masks
 from exactattn.cases import Case
-from exactattn.difftest.runner import search
+from exactattn.core import masks
+from exactattn.difftest.campaign import search
 from exactattn.difftest.targets import discover
 from tests.optional import requires
 

@@ -21,7 +21,7 @@ import pytest
 
 from exactattn import targets
 from exactattn.cases import Case
-from exactattn.testing.check import Options, check_case
+from exactattn.testing.case_check import Options, check_case
 from tests.optional import requires
 
 FOLDER = Path(__file__).resolve().parents[1] / "regressions"

@@ -1,4 +1,5 @@
-"""Run a selection of flash-attn's own ``tests/test_flash_attn.py`` against exactattn.flash_attn.
+"""Run a selection of flash-attn's own ``tests/test_flash_attn.py`` against
+exactattn.flash_attn.
 
 Not part of the default suite (the file's name is not ``test_*``): it needs flash-attn's test
 file, which is never committed here, and einops (the test file's one extra dependency). To

@@ -2,7 +2,7 @@
 
 The mods are written as the FlexAttention blog and attention-gym write them (index tensors,
 torch constants indexed by them, ``and_masks``/``or_masks``), except that the soft-cap calls
-``exactattn.ops.tanh`` (torch's ``tanh`` on torch tensors, so FlexAttention runs it too) so
+``exactattn.core.ops.tanh`` (torch's ``tanh`` on torch tensors, so FlexAttention runs it too) so
 that every program also runs on the NumPy, mpmath, flint and sympy backends. The ``allowed``
 and ``bias`` of each program are the same definitions written independently, with NumPy
 broadcasting over the whole grid (:mod:`.spec`), never by calling the mods.
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import and_masks, or_masks
 
-from exactattn import masks, ops
+from exactattn.core import masks, ops
 
 from . import spec
 

@@ -16,8 +16,8 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 import exactattn as ea
 import exactattn.torch as exactattn_torch
-from exactattn import masks
-from exactattn.masks import Geometry, TileKind
+from exactattn.core import masks
+from exactattn.core.masks import Geometry, TileKind
 from exactattn.torch import flex_attention
 
 from . import spec

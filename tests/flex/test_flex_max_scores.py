@@ -18,7 +18,7 @@ from tests.optional import requires
 torch = requires("torch")
 from torch.nn.attention.flex_attention import AuxRequest
 
-from exactattn import masks
+from exactattn.core import masks
 from exactattn.torch import flex_attention
 
 SLOPES = torch.tensor([1.0, 0.5, 0.25, 0.125], dtype=torch.float64)

@@ -1,6 +1,6 @@
-"""exactattn.ops: values and derivatives of the functions a score_mod calls, per backend.
+"""exactattn.core.ops: values and derivatives of the functions a score_mod calls, per backend.
 
-The derivative carried by a :class:`~exactattn.ops.Dual` is checked against sympy's own
+The derivative carried by a :class:`~exactattn.core.ops.Dual` is checked against sympy's own
 ``diff`` of the same formula written with sympy (exact), against mpmath's numerical
 differentiation (60 digits), and against torch autograd of the formula on torch tensors
 (float64) — three derivatives computed without the dual numbers.
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import sympy
 
-from exactattn import ops
 from exactattn.backends import MpmathContext, NumpyContext, SympyContext
+from exactattn.core import ops
 from tests.optional import requires
 
-# (name, f written with exactattn.ops and operators, the same f written with sympy)
+# (name, f written with exactattn.core.ops and operators, the same f written with sympy)
 HALF, QUARTER = sympy.Rational(1, 2), sympy.Rational(1, 4)
 FORMULAS = [
     ("soft-cap", lambda x: 3 * ops.tanh(x / 3), lambda x: 3 * sympy.tanh(x / 3)),

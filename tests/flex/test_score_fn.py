@@ -10,7 +10,7 @@ import pytest
 import sympy
 
 import exactattn as ea
-from exactattn import ops
+from exactattn.core import ops
 from tests.optional import requires
 
 torch = requires("torch")

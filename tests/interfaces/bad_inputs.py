@@ -80,7 +80,7 @@ def _sink_rows(out) -> bool:
 def _flash_attn(**kw):
     import torch
 
-    from exactattn import flash_attn
+    from exactattn.layouts import flash_attn
 
     q = torch.zeros(1, 1, 1, 4)
     return flash_attn.flash_attn_with_kvcache(

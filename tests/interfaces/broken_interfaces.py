@@ -1,6 +1,6 @@
 """Targets of the interface conventions: correct adapters and deliberately broken copies.
 
-The correct ones are exactattn's (``exactattn.flash_attn``) or thin adapters of
+The correct ones are exactattn's (``exactattn.layouts.flash_attn``) or thin adapters of
 :func:`exactattn.torch.merge_partials` to xformers' ``merge_attentions`` and FlashInfer's
 ``merge_state`` signatures. Each broken copy makes one mistake a real kernel could make;
 ``exactattn check`` must catch every one (``test_check_conventions.py``), e.g.::
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 import exactattn.torch as et
-from exactattn import flash_attn as fa
+from exactattn.layouts import flash_attn as fa
 
 
 # --- correct -------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The interface fields of the case model: drawn where kernels break, read by the conventions.
 
-``seqlens``, ``splits``, ``pages`` and ``sinks`` (:mod:`exactattn.cases.interface`): the
+``seqlens``, ``splits``, ``pages`` and ``sinks`` (:mod:`exactattn.cases.interface_fields`): the
 check's strategy draws them only for interface conventions and last (the other draws keep
 their seeds); a block table from its definition; shared pages hold equal keys; the
 conventions read the fields and the certified reference judges them (zero-length
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from exactattn.cases import Case, Draw, build_case, interface, paths
-from exactattn.testing.runner import seed_only
+from exactattn.cases import Case, Draw, build_case, interface_fields, paths
+from exactattn.testing.search import seed_only
 from tests.optional import requires
 
 
@@ -43,7 +43,7 @@ def test_the_fields_are_drawn_only_for_interface_conventions():
 
 def test_the_shares_aim_where_kernels_break():
     drawn = _draws(300, interface=True)
-    seen = Counter(key for d in drawn for key in interface.coverage(build_case(d)))
+    seen = Counter(key for d in drawn for key in interface_fields.coverage(build_case(d)))
     sizes = Counter(d.pages["size"] for d in drawn)
     share = {key: seen[key] / len(drawn) for key in seen}
     assert share["zero-length seq"] >= 0.03
@@ -55,7 +55,7 @@ def test_the_shares_aim_where_kernels_break():
 
 
 def test_a_block_table_from_its_definition():
-    pages = interface.fill_pages({"size": 3, "shared": 2, "order": 7}, B=3, n_k=10)
+    pages = interface_fields.fill_pages({"size": 3, "shared": 2, "order": 7}, B=3, n_k=10)
     table = np.asarray(pages["table"])
     assert table.shape == (3, 4)  # ceil(10 / 3) pages per sequence
     assert (table[1:, :2] == table[0, :2]).all()  # the shared prefix is sequence 0's pages
@@ -84,7 +84,7 @@ def test_shared_pages_hold_equal_keys_and_the_case_replays():
 
 def _judged(fn, convention, case, supports):
     from exactattn import targets
-    from exactattn.testing.check import check_case
+    from exactattn.testing.case_check import check_case
 
     target = targets.from_callable(
         fn, convention=convention,
@@ -112,7 +112,7 @@ def _field_case(**fields) -> Case:
 def test_the_conventions_read_the_fields_and_broken_copies_are_caught():
     requires("torch")
     import exactattn.torch as et
-    from exactattn import flash_attn as fa
+    from exactattn.layouts import flash_attn as fa
 
     from . import broken_interfaces as broken
 

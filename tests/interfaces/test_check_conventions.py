@@ -9,7 +9,7 @@ from tests.optional import requires
 requires("torch")
 
 import exactattn.torch as et
-from exactattn import flash_attn as fa
+from exactattn.layouts import flash_attn as fa
 from exactattn.testing import assert_attention_close
 
 from . import broken_interfaces as broken

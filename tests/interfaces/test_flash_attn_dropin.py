@@ -1,4 +1,4 @@
-"""exactattn.flash_attn: flash-attn 2.8's functions against per-sequence attention."""
+"""exactattn.layouts.flash_attn: flash-attn 2.8's functions against per-sequence attention."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from tests.optional import requires
 
 torch = requires("torch")
 
-from exactattn import flash_attn as fa
+from exactattn.layouts import flash_attn as fa
 
 from . import spec
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import exactattn
-from exactattn import masks
-from exactattn.algorithm import Summary
+from exactattn.core import masks
+from exactattn.core.algorithm import Summary
 
 from .spec import softmax_rows
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import exactattn
-from exactattn import bounds
 from exactattn.backends import NumpyContext
+from exactattn.error import bounds
 
 U = {"float32": 2.0**-24, "float16": 2.0**-11}
 

@@ -33,8 +33,8 @@ from tests.optional import requires
 torch = requires("torch")
 
 import exactattn.torch as et
-from exactattn import flash_attn as fa
-from exactattn import masks
+from exactattn.core import masks
+from exactattn.layouts import flash_attn as fa
 
 F64 = torch.float64
 ATOL = 1e-12

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from exactattn.proofs import engine, interfaces
+from exactattn.proofs.engine import ledger
+from exactattn.proofs.families import interfaces
 
 
 def _run(obligations):
-    return [engine.outcome(ob, engine.check(ob)) for ob in obligations]
+    return [ledger.outcome(ob, ledger.check(ob)) for ob in obligations]
 
 
 def test_every_broken_twin_is_refuted_with_a_counterexample():
     twins = [ob for ob in interfaces.obligations(3) if ob.expect_refuted]
     assert len(twins) == 4
     for outcome in _run(twins):
-        assert outcome.status == engine.REFUTED, (outcome.obligation.name, outcome.detail)
+        assert outcome.status == ledger.REFUTED, (outcome.obligation.name, outcome.detail)
 
 
 def test_a_few_obligations_prove():
@@ -26,7 +27,7 @@ def test_a_few_obligations_prove():
         interfaces.merge_without_overflow(),
     ]
     for outcome in _run(fast):
-        assert outcome.status == engine.PROVED, (outcome.obligation.name, outcome.detail)
+        assert outcome.status == ledger.PROVED, (outcome.obligation.name, outcome.detail)
 
 
 @pytest.mark.slow

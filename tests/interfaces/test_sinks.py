@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import exactattn
-from exactattn import masks
+from exactattn.core import masks
 
 from .spec import softmax_rows
 

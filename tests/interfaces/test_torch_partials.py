@@ -9,7 +9,7 @@ from tests.optional import requires
 torch = requires("torch")
 
 import exactattn.torch as et
-from exactattn import masks
+from exactattn.core import masks
 
 from .spec import softmax_rows
 

@@ -76,9 +76,9 @@ def test_varlen_equals_attention_per_sequence(lengths, options, block_size):
 
 
 def test_varlen_tiles_between_sequences_are_never_computed():
-    from exactattn import algorithm
     from exactattn.backends import NumpyContext
-    from exactattn.masks import Geometry, PackedSequences
+    from exactattn.core import algorithm
+    from exactattn.core.masks import Geometry, PackedSequences
 
     cu = np.array([0, 4, 8, 12])
     tiles = list(

@@ -1,4 +1,4 @@
-"""The low-bit formats of :mod:`exactattn.quantize` against reference implementations
+"""The low-bit formats of :mod:`exactattn.backends.quantize` against reference implementations
 (``ml_dtypes``, torch's float8 dtypes) and against their definitions."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from exactattn import quantize as qz
+from exactattn.backends import quantize as qz
 from tests.optional import requires
 
 

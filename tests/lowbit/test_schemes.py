@@ -1,4 +1,4 @@
-"""The low-bit schemes (:mod:`exactattn.lowbit`) over the one algorithm, and the bound's
+"""The low-bit schemes (:mod:`exactattn.error.lowbit`) over the one algorithm, and the bound's
 new terms (``Arith.quant_rel/quant_abs``, ``pv_acc``/``pv_chunk``), each shown necessary by
 a run it must cover and a claim without it that the bound then refutes."""
 
@@ -10,11 +10,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from exactattn import api, bounds
+from exactattn import api
+from exactattn.backends.formats import get_format
 from exactattn.backends.lowbit_backend import LowbitContext
 from exactattn.cases.inputs import make_inputs
-from exactattn.formats import get_format
-from exactattn.lowbit import SCHEMES, Operand, rotation
+from exactattn.error import bounds
+from exactattn.error.lowbit import SCHEMES, Operand, rotation
 from exactattn.precision.grid import Point
 from exactattn.precision.lowbit_report import predicted_underflow
 from exactattn.precision.tasks import reference_task, run_task

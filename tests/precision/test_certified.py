@@ -20,8 +20,8 @@ from tests.optional import requires
 
 requires("flint")
 
-from exactattn import certified
-from exactattn.certified import certified_attention
+from exactattn.oracle import certified
+from exactattn.oracle.certified import certified_attention
 from exactattn.precision.timing import time_reference
 
 WITNESS_PREC = 300

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import exactattn
-from exactattn import bounds
 from exactattn.cases.inputs import make_inputs
+from exactattn.error import bounds
 from exactattn.precision.configs import available, get_config
 from exactattn.precision.grid import Point
 from tests.optional import requires
@@ -69,7 +69,7 @@ def test_torch_rows_plug_in_when_the_backend_imports():
 
 def test_fp8_quantisation_is_per_tensor_and_on_the_grid():
     torch = requires("torch")
-    from exactattn import quantize as fp8
+    from exactattn.backends import quantize as fp8
 
     x = make_inputs("fa3-outliers", 64, 16, seed=0)["q"]
     xq = fp8.quantize_per_tensor(x, "e4m3")

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import exactattn
-from exactattn import masks
 from exactattn.backends import backend_of, resolve_backend
+from exactattn.core import masks
 from tests.optional import requires
 
 flint = requires("flint")

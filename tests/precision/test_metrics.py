@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from exactattn.formats import Format, get_format
-from exactattn.metrics import deviation, error_metrics
+from exactattn.backends.formats import Format, get_format
+from exactattn.error.metrics import deviation, error_metrics
 
 FP16 = get_format("float16")
 
@@ -69,7 +69,7 @@ def test_deviation_and_shape_check():
 def test_ulps_without_a_spacing_at_the_scale_is_nan():
     """p11 has no exponent floor: its spacing at 3e-323 is below float64's range (0.0), and
     the count is NaN rather than a division by zero (a difftest replay's float64 dQ)."""
-    from exactattn.metrics import ulps
+    from exactattn.error.metrics import ulps
 
     ref = np.array([3.0e-323, -1.5e-323])
     assert math.isnan(ulps(np.array([1e-45, 0.0]), ref, "p11"))

@@ -15,7 +15,7 @@ from tests.optional import requires
 
 pd, *_ = requires("pandas", "flint", "matplotlib", "rich")
 
-from exactattn.precision.runner import COLUMNS, run_sweep
+from exactattn.precision.sweep_run import COLUMNS, run_sweep
 
 TIMING = ["seconds", "ref_seconds"]
 

@@ -49,9 +49,9 @@ def test_a_citation_of_a_missing_document_is_caught():
     """certified.py once cited the seed's ALGORITHM document, which is not in the checkout
     (the names are spelt in pieces here so that this file cites nothing itself)."""
     md = ".md"
-    files = {f"docs/algorithm{md}", "exactattn/certified.py", f"README{md}"}
+    files = {f"docs/algorithm{md}", "exactattn/oracle/certified.py", f"README{md}"}
     text = f"see ALGORITHM{md} and docs/algorithm{md}, docs/gone{md}; writes DIR/report{md}"
-    assert unresolved("exactattn/certified.py", text, files) == [
-        f"exactattn/certified.py: ALGORITHM{md}",
-        f"exactattn/certified.py: docs/gone{md}",
+    assert unresolved("exactattn/oracle/certified.py", text, files) == [
+        f"exactattn/oracle/certified.py: ALGORITHM{md}",
+        f"exactattn/oracle/certified.py: docs/gone{md}",
     ]

@@ -1,4 +1,5 @@
-"""No module of exactattn imports from a layer above its own, and no imports form a cycle.
+"""No module of exactattn (nor of its proofs) imports from a layer above its own, and no
+imports form a cycle.
 
 The layers, lowest first, are the table of ``docs/layers.md``: a module
 imports only from its own layer or below. Imports are read from the source (every
@@ -13,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "exactattn"
+PROOFS = ROOT / "proofs"  # shipped as exactattn.proofs
 DOC = ROOT / "docs" / "layers.md"
 
 
@@ -28,12 +30,15 @@ def layers() -> list[list[str]]:
 
 
 def module_names() -> dict[str, Path]:
+    """Every module of ``exactattn/`` and ``proofs/`` by its dotted name (``proofs/x.py`` is
+    ``exactattn.proofs.x``)."""
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
+    for root, prefix in ((PACKAGE, ["exactattn"]), (PROOFS, ["exactattn", "proofs"])):
+        for path in root.rglob("*.py"):
+            parts = prefix + list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
     return out
 
 
@@ -65,14 +70,15 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer_of(module: str, table: list[list[str]]) -> int:
-    """The layer of a module: the row naming it, its package (``x/``) or, for the package
-    face ``exactattn`` itself, the public API's row."""
+    """The layer of a module: the row naming it, its innermost package (``x/``, ``x/y/``)
+    or, for the package face ``exactattn`` itself, the public API's row."""
     relative = module.removeprefix("exactattn").lstrip(".") or "__init__"
     parts = relative.split(".")
     for depth in range(len(parts), 0, -1):
         key = ".".join(parts[:depth])
+        folder = "/".join(parts[:depth]) + "/"
         for index, row in enumerate(table):
-            if key in row or f"{key}/" in row or f"{key}.py" in row:
+            if key in row or folder in row or f"{key}.py" in row:
                 return index
     raise AssertionError(f"{module} is in no layer of docs/layers.md: add it to the table")
 
@@ -154,6 +160,7 @@ def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", package)
+    monkeypatch.setattr(__import__(__name__, fromlist=["PROOFS"]), "PROOFS", tmp_path / "proofs")
     monkeypatch.setattr(
         __import__(__name__, fromlist=["DOC"]), "DOC", tmp_path / "docs" / "layers.md"
     )

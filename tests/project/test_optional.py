@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from exactattn import cli
-from exactattn.optional import PACKAGES, install_hint, needs
+from exactattn.infra.optional import PACKAGES, install_hint, needs
 
 # Modules that exist to wrap an optional package, and one package each cannot do without.
 WRAPPERS = {
@@ -29,7 +29,7 @@ WRAPPERS = {
     "exactattn.backends.fp8_backend": "torch",
     "exactattn.backends.flint_backend": "flint",
     "exactattn.precision.plots": "matplotlib",
-    "exactattn.precision.report": "pandas",
+    "exactattn.precision.sweep_report": "pandas",
 }
 
 

@@ -3,15 +3,17 @@ all of them are, and an UNKNOWN (or missing) verdict shows in the chain, never P
 
 from __future__ import annotations
 
-from exactattn.proofs import blockmask, chain, engine, general, interfaces, smt
+from exactattn.proofs import chain
 from exactattn.proofs.certificate import certificate
+from exactattn.proofs.engine import ledger
+from exactattn.proofs.families import blockmask, general, interfaces, smt
 
 FAMILIES = {"general": general, "smt": smt, "interfaces": interfaces}
 
 
-def _outcomes(status_of=lambda ob: engine.PROVED) -> list[engine.Outcome]:
+def _outcomes(status_of=lambda ob: ledger.PROVED) -> list[ledger.Outcome]:
     obligations = [ob for module in FAMILIES.values() for ob in module.obligations()]
-    return [engine.Outcome(ob, status_of(ob), 0.0) for ob in obligations]
+    return [ledger.Outcome(ob, status_of(ob), 0.0) for ob in obligations]
 
 
 def test_every_link_names_obligations_of_its_families():
@@ -29,11 +31,11 @@ def test_the_chains_are_proved_when_their_obligations_are():
 
 
 def test_a_blockmask_or_interface_obligation_not_proved_shows_in_its_chains():
-    def status_of(ob: engine.Obligation) -> str:
+    def status_of(ob: ledger.Obligation) -> str:
         return (
-            engine.UNKNOWN
-            if ob.name in (blockmask.KIND, interfaces.layouts.PAGED_GATHER)
-            else engine.PROVED
+            ledger.UNKNOWN
+            if ob.name in (blockmask.KIND, interfaces.layouts_all_n.PAGED_GATHER)
+            else ledger.PROVED
         )
 
     text = chain.lines(_outcomes(status_of))
@@ -44,8 +46,8 @@ def test_a_blockmask_or_interface_obligation_not_proved_shows_in_its_chains():
 
 
 def test_an_unknown_solver_answer_leaves_the_chain_unproved():
-    def status_of(ob: engine.Obligation) -> str:
-        return engine.UNKNOWN if ob.name == smt.LOOP[4] else engine.PROVED
+    def status_of(ob: ledger.Obligation) -> str:
+        return ledger.UNKNOWN if ob.name == smt.LOOP[4] else ledger.PROVED
 
     text = chain.lines(_outcomes(status_of))
     assert text[0].endswith("NOT PROVED")

@@ -1,4 +1,4 @@
-"""The proof context's realness shortcut (:func:`exactattn.proofs.context._real`)."""
+"""The proof context's realness shortcut (:func:`exactattn.proofs.engine.context._real`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import sympy
 
-from exactattn.proofs import context
+from exactattn.proofs.engine import context
 
 X, Y = sympy.Symbol("x", real=True), sympy.Symbol("y", real=True)
 

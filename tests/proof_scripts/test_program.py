@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from unittest import mock
 
-from exactattn import algorithm
 from exactattn.commands import prove
-from exactattn.proofs import engine, mutants, program
+from exactattn.core import algorithm
+from exactattn.proofs.engine import ledger
+from exactattn.proofs.families import flex_program, mutants
 
 from . import programs
 
@@ -23,15 +24,19 @@ def test_a_program_is_proved_from_the_command_line(capsys):
 
 
 def test_per_batch_masks_and_empty_free_rows_are_proved():
-    obligations = program.obligations_for(program.Program(programs.document, None, (2, 1)), 2)
-    assert all(o.status == engine.PROVED for o in engine.run(obligations, stream=None))
+    obligations = flex_program.obligations_for(
+        flex_program.Program(programs.document, None, (2, 1)), 2
+    )
+    assert all(o.status == ledger.PROVED for o in ledger.run(obligations, stream=None))
 
 
 def test_a_broken_merge_is_refuted_on_the_program():
-    ob = program.obligations_for(program.Program(programs.causal, programs.alibi, (1, 2)), 3)
+    ob = flex_program.obligations_for(
+        flex_program.Program(programs.causal, programs.alibi, (1, 2)), 3
+    )
     with mock.patch.object(algorithm, "merge", mutants._merge_no_rescale(algorithm.merge)):
-        (outcome,) = engine.run(ob[4:5], stream=None)
-    assert outcome.status == engine.REFUTED and "program's Y" in outcome.counterexample.short()
+        (outcome,) = ledger.run(ob[4:5], stream=None)
+    assert outcome.status == ledger.REFUTED and "program's Y" in outcome.counterexample.short()
 
 
 def test_bad_program_arguments_are_usage_errors(capsys):
@@ -48,32 +53,34 @@ def test_bad_program_arguments_are_usage_errors(capsys):
 FLEX = HERE / "flex_programs.py"
 
 
-def _all_n(fn: str, **options) -> list[engine.Outcome]:
+def _all_n(fn: str, **options) -> list[ledger.Outcome]:
     from tests.optional import requires
 
     requires("z3")
     requires("torch")
-    mods = {k: program.load(f"{FLEX}:{v}", k) for k, v in options.pop("mods", {}).items()}
-    pb = program.Program(program.load(f"{FLEX}:{fn}", "mask_mod"), None, all_n=True, **mods,
-                         **options)  # fmt: skip
-    obligations = [o for o in program.all_n_obligations(pb, 3) if o.family == program.FAMILY]
-    return engine.run(obligations, stream=None)
+    mods = {k: flex_program.load(f"{FLEX}:{v}", k) for k, v in options.pop("mods", {}).items()}
+    mask_mod = flex_program.load(f"{FLEX}:{fn}", "mask_mod")
+    pb = flex_program.Program(mask_mod, None, all_n=True, **mods, **options)
+    obligations = [
+        o for o in flex_program.all_n_obligations(pb, 3) if o.family == flex_program.FAMILY
+    ]
+    return ledger.run(obligations, stream=None)
 
 
 def test_flexattentions_examples_are_proved_for_every_length():
     for fn in ("causal", "sliding_window", "prefix_lm", "dilated"):
         outcomes = _all_n(fn)
-        assert [o.status for o in outcomes] == [engine.PROVED] * 2, (fn, outcomes)
+        assert [o.status for o in outcomes] == [ledger.PROVED] * 2, (fn, outcomes)
     document = _all_n("document", assume=(("DOCUMENT", "nondecreasing"),))
-    assert [o.status for o in document] == [engine.PROVED] * 2
+    assert [o.status for o in document] == [ledger.PROVED] * 2
 
 
 def test_a_sound_block_structure_is_proved_and_a_wrong_one_refuted_at_the_smallest_length():
     right = _all_n("causal", mods={"block_mod": "causal_blocks"})
     assert "block structure" in right[-1].obligation.name
-    assert right[-1].status == engine.PROVED
+    assert right[-1].status == ledger.PROVED
     outcome = _all_n("causal", mods={"block_mod": "causal_blocks_diagonal_full"})[-1]
-    assert outcome.status == engine.REFUTED
+    assert outcome.status == ledger.REFUTED
     cex = outcome.counterexample
     assert cex.point["n"] == "2" and cex.lhs == "FULL" and cex.rhs == "masked"
     assert int(cex.point["i"]) < int(cex.point["j"])  # a pair above the diagonal, in a FULL block
@@ -99,7 +106,7 @@ def test_the_tracer_reads_where_and_refuses_a_python_if():
     requires("torch")
     import torch
 
-    from exactattn.proofs import trace
+    from exactattn.proofs.engine import trace
 
     found = trace.trace(lambda b, h, i, j: torch.where(i >= j, True, False) & (j >= 0))
     assert "If" in str(found.allowed)
@@ -126,8 +133,8 @@ def test_the_all_n_example_the_mutants_are_judged_by_is_proved():
     from tests.optional import requires
 
     requires("z3")
-    outcomes = engine.run(program.example_obligations(), stream=None)
-    assert [o.status for o in outcomes] == [engine.PROVED] * 3
+    outcomes = ledger.run(flex_program.example_obligations(), stream=None)
+    assert [o.status for o in outcomes] == [ledger.PROVED] * 3
     assert {m.name for m in mutants.MUTANTS if m.of_the_proofs} == {
         "trace: q_idx ≥ kv_idx traced as q_idx > kv_idx",
         "block structure: the diagonal (partial) blocks marked FULL",

@@ -7,24 +7,25 @@ import sys
 
 import pytest
 
-from exactattn import masks
-from exactattn.proofs import blockmask, engine, mutants, smt, solver
+from exactattn.core import masks
+from exactattn.proofs.engine import ledger, solver
+from exactattn.proofs.families import blockmask, mutants, smt
 from tests.optional import requires
 
 BY_NAME = {ob.name: ob for ob in smt.obligations()}
 NEEDS_NO_SOLVER = {smt.COMPOSITION[1], smt.LOOP[2]}
 
 
-def _run(name: str) -> engine.Outcome:
-    (outcome,) = engine.run([BY_NAME[name]], stream=None)
+def _run(name: str) -> ledger.Outcome:
+    (outcome,) = ledger.run([BY_NAME[name]], stream=None)
     return outcome
 
 
 def test_every_obligation_is_proved():
     requires("z3")
-    outcomes = engine.run(smt.obligations(), stream=None)
-    assert [o.status for o in outcomes] == [engine.PROVED] * len(outcomes), [
-        (o.obligation.name, o.detail) for o in outcomes if o.status != engine.PROVED
+    outcomes = ledger.run(smt.obligations(), stream=None)
+    assert [o.status for o in outcomes] == [ledger.PROVED] * len(outcomes), [
+        (o.obligation.name, o.detail) for o in outcomes if o.status != ledger.PROVED
     ]
 
 
@@ -57,7 +58,7 @@ def test_each_broken_formula_is_refuted_with_a_counterexample(mutant, obligation
         requires("z3")
     with mutants.BY_NAME[mutant].applied():
         outcome = _run(obligation)
-    assert outcome.status == engine.REFUTED, outcome.detail
+    assert outcome.status == ledger.REFUTED, outcome.detail
     cex = outcome.counterexample
     assert cex is not None and cex.point and cex.lhs != cex.rhs
 
@@ -74,7 +75,7 @@ def test_the_loop_statements_can_fail():
     inside [s, e), and a tile counted without its kind contract over-counts."""
     requires("z3")
     s, e, w, f = solver.ints("s e w f")
-    with pytest.raises(engine.Refuted, match="false"):
+    with pytest.raises(ledger.Refuted, match="false"):
         solver.prove("a run [f, f + w) is inside [s, e)", f + w <= e, [w >= 1, s <= f, f < e])
     solver.prove("a run [f, min(f + w, e)) is inside [s, e)", solver.Z3.min(f + w, e) <= e)
 
@@ -83,12 +84,12 @@ def test_the_iterators_own_formulas_run_on_symbols_and_a_changed_one_is_refuted(
     """The all-n obligations call ``algorithm.key_block`` / ``row_run`` / ``run_widths`` /
     ``runs`` themselves: a change there (not in a copy) is what they refute."""
     requires("z3")
-    assert _run(smt.LOOP[3]).status == engine.PROVED
+    assert _run(smt.LOOP[3]).status == ledger.PROVED
     with mutants.BY_NAME["key_block: the last key block runs past n_k"].applied():
         outcome = _run(smt.LOOP[3])
-    assert outcome.status == engine.REFUTED and "n_k=" in outcome.counterexample.short()
+    assert outcome.status == ledger.REFUTED and "n_k=" in outcome.counterexample.short()
     with mutants.BY_NAME["row_run: runs after the first start one row late"].applied():
-        assert _run(smt.LOOP[4]).status == engine.REFUTED
+        assert _run(smt.LOOP[4]).status == ledger.REFUTED
 
 
 def test_a_solver_unknown_or_timeout_is_unknown_never_proved():
@@ -99,12 +100,12 @@ def test_a_solver_unknown_or_timeout_is_unknown_never_proved():
     def check() -> None:
         solver.prove("no cubes add up to a cube", x < 0, hard, timeout_ms=1)
 
-    outcome = engine.outcome(ob := engine.Obligation("smt", "hard", "-", check), engine.check(ob))
-    assert outcome.status == engine.UNKNOWN and not outcome.ok
+    outcome = ledger.outcome(ob := ledger.Obligation("smt", "hard", "-", check), ledger.check(ob))
+    assert outcome.status == ledger.UNKNOWN and not outcome.ok
     assert "UNKNOWN" in outcome.line() and "PROVED" not in outcome.line()
-    assert "1 FAILED" in engine.summary([outcome], 1.0)
-    twin = engine.Obligation("mutants", "m", "-", check, expect_refuted=True)
-    assert not engine.outcome(twin, engine.check(twin)).ok  # a mutant left unknown: not killed
+    assert "1 FAILED" in ledger.summary([outcome], 1.0)
+    twin = ledger.Obligation("mutants", "m", "-", check, expect_refuted=True)
+    assert not ledger.outcome(twin, ledger.check(twin)).ok  # a mutant left unknown: not killed
 
 
 def test_paths_explores_every_outcome_of_the_codes_comparisons():
@@ -132,18 +133,18 @@ def test_without_z3_the_solver_obligations_are_skipped_never_proved(monkeypatch)
     monkeypatch.setitem(sys.modules, "z3", None)
     solver.load.cache_clear()
     try:
-        outcomes = engine.run(smt.obligations(), stream=None)
-        skipped = [o for o in outcomes if o.status == engine.SKIPPED]
+        outcomes = ledger.run(smt.obligations(), stream=None)
+        skipped = [o for o in outcomes if o.status == ledger.SKIPPED]
         assert {o.obligation.name for o in skipped} == set(BY_NAME) - NEEDS_NO_SOLVER
         assert all("pip install 'exactattn[proofs]'" in o.detail for o in skipped)
         assert all(o.ok for o in outcomes)  # SKIPPED is not a failure ...
-        summary = engine.summary(outcomes, 1.0)
+        summary = ledger.summary(outcomes, 1.0)
         proved = len(NEEDS_NO_SOLVER)
         assert f"{proved} proved" in summary and f"{len(skipped)} skipped" in summary
         # ... and a mutant only the solver judges is SKIPPED, not "not killed"
         probes = {"smt": [BY_NAME[smt.LOWERING]]}
         wider = mutants.BY_NAME["Band.intersect: the wider window side kept"]
-        with pytest.raises(engine.Skipped, match="exactattn\\[proofs\\]"):
+        with pytest.raises(ledger.Skipped, match="exactattn\\[proofs\\]"):
             mutants.kill(wider, probes, {})
     finally:
         solver.load.cache_clear()

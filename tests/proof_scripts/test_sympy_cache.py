@@ -1,11 +1,12 @@
-"""sympy's cache sized for a proof run (:mod:`exactattn.proofs.sympy_cache`)."""
+"""sympy's cache sized for a proof run (:mod:`exactattn.proofs.engine.sympy_cache`)."""
 
 from __future__ import annotations
 
 import sympy
 from sympy.core import cache
 
-from exactattn.proofs import runner, sympy_cache
+from exactattn.proofs import proof_run
+from exactattn.proofs.engine import sympy_cache
 
 
 def test_widen_gives_every_cached_sympy_function_the_proof_size_once():
@@ -24,6 +25,6 @@ def test_the_widened_cache_still_memoises_construction():
 def test_every_proof_task_widens_the_cache_before_it_checks(monkeypatch):
     calls = []
     monkeypatch.setattr(sympy_cache, "widen", lambda: calls.append("widen"))
-    source = runner.Source("monoid", 1)
-    verdict = runner.prove(source, 0, runner.key_of(runner._rebuilt(source)[0]))
+    source = proof_run.Source("monoid", 1)
+    verdict = proof_run.prove(source, 0, proof_run.key_of(proof_run._rebuilt(source)[0]))
     assert calls == ["widen"] and verdict.status == "PROVED"

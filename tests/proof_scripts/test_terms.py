@@ -1,5 +1,5 @@
-"""The proofs' exact terms (:mod:`exactattn.proofs.terms`): the values sympy builds, the forms
-the zero test reads, and a wrong rule caught by the proofs themselves."""
+"""The proofs' exact terms (:mod:`exactattn.proofs.engine.terms`): the values sympy builds, the
+forms the zero test reads, and a wrong rule caught by the proofs themselves."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exactattn.proofs import engine, forward, numeric, symbolic, terms
+from exactattn.proofs.engine import counterexamples, ledger, terms, zero_test
+from exactattn.proofs.families import forward
 
 X, Y, Z = (sympy.Symbol(n, real=True) for n in "xyz")
 POSITIVE = sympy.Symbol("p", positive=True)
@@ -65,8 +66,8 @@ def test_a_term_is_the_value_sympy_builds(pair):
     term, expr = pair
     at = {X: sympy.Rational(3, 4), Y: sympy.Rational(-5, 4), Z: sympy.Integer(2)}
     at[POSITIVE] = sympy.Rational(1, 2)
-    assert float(numeric.evaluate(term, at)) == pytest.approx(
-        float(numeric.evaluate(expr, at)), rel=1e-12, abs=1e-12
+    assert float(counterexamples.evaluate(term, at)) == pytest.approx(
+        float(counterexamples.evaluate(expr, at)), rel=1e-12, abs=1e-12
     )
 
 
@@ -74,14 +75,14 @@ def test_a_term_is_the_value_sympy_builds(pair):
 @given(expressions(depth=3))
 def test_the_zero_test_proves_a_term_equal_to_sympys_expression(pair):
     term, expr = pair
-    assert symbolic.equal(term, expr)
+    assert zero_test.equal(term, expr)
 
 
 def test_an_exponent_reads_minus_log_l_as_a_term_of_its_own():
     """``e^{s − (m + log ℓ)}`` is ``e^{s−m}/ℓ`` to the zero test: the reverse's frozen lse."""
     s, m, l_ = (terms.as_term(v) for v in (X, Y, 1 + Z**2))
     shifted = terms.exp(s - (m + terms.log(l_)))
-    assert symbolic.equal(shifted, sympy.exp(X - Y) / (1 + Z**2))
+    assert zero_test.equal(shifted, sympy.exp(X - Y) / (1 + Z**2))
 
 
 @pytest.mark.parametrize(
@@ -148,8 +149,8 @@ def test_a_wrong_term_rule_is_caught_by_the_forward_proofs(monkeypatch):
     """A power rule that reads ``t⁻¹`` as ``t⁻²``: the library's ``Y = z/ℓ`` is then built
     wrong, and the forward obligation refutes it."""
     ob = next(o for o in forward.obligations(2) if "symbolic c" in o.name and "n_q=3" in o.sizes)
-    assert engine.check(ob).status == engine.PROVED
+    assert ledger.check(ob).status == ledger.PROVED
     original = terms.power.__wrapped__
     monkeypatch.setattr(terms, "_MEMO", {})
     monkeypatch.setattr(terms, "power", terms._memo(lambda t, n: original(t, n - (n < 0))))
-    assert engine.check(ob).status == engine.REFUTED
+    assert ledger.check(ob).status == ledger.REFUTED

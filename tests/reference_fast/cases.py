@@ -1,8 +1,8 @@
 """Drawn cases for the float64 reference, and the containment check against arb.
 
 Every mask, bias and keep set is written here from its definition (``j ≤ i``, ``|i − j| ≤
-w``, ``j < L_b``, …), never through :mod:`exactattn.masks`. The judge is the arb reference
-(:func:`exactattn.certified.certified_attention`), whose balls are ~2^-70 wide relative (and
+w``, ``j < L_b``, …), never through :mod:`exactattn.core.masks`. The judge is the arb reference
+(:func:`exactattn.oracle.certified.certified_attention`), whose balls are ~2^-70 wide relative (and
 a few subnormal spacings absolute): a fast enclosure is *shown correct* on an output element
 when it contains the whole arb ball, ``|mid_fast − mid_arb| + rad_arb ≤ rad_fast``, and
 *refuted* when it contains no point of it, ``|mid_fast − mid_arb| − rad_arb > rad_fast``,

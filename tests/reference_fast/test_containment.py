@@ -23,8 +23,8 @@ from tests.optional import requires
 
 requires("flint")
 
-from exactattn.certified import certified_attention
-from exactattn.fast_reference import fast_attention
+from exactattn.oracle.certified import certified_attention
+from exactattn.oracle.float64 import fast_attention
 from tests.reference_fast.cases import check, draw, judge
 
 FAST_CASES = 120

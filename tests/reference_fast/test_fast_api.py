@@ -12,8 +12,8 @@ from tests.optional import requires
 
 requires("flint")
 
-from exactattn.certified import certified_attention
-from exactattn.fast_reference import NeedsArb, fast_attention
+from exactattn.oracle.certified import certified_attention
+from exactattn.oracle.float64 import NeedsArb, fast_attention
 from tests.reference_fast.cases import judge
 
 

@@ -20,7 +20,7 @@ from tests.optional import requires
 
 requires("flint")
 
-from exactattn.fast_reference import FUNC_ABS, FUNC_ULPS, MU, U
+from exactattn.oracle.float64 import FUNC_ABS, FUNC_ULPS, MU, U
 
 
 def _arguments(name: str) -> np.ndarray:

@@ -13,7 +13,7 @@ from exactattn.commands import check, difftest
 from exactattn.commands import sweep as sweep_cli
 from exactattn.precision.grid import expand
 from exactattn.precision.presets import PRESETS
-from exactattn.testing import runner
+from exactattn.testing import search
 from tests.optional import requires
 from tests.scaleout import tasks
 
@@ -66,18 +66,18 @@ class _Interrupting:
         return _JUDGE(source, draws, only)
 
 
-_JUDGE = runner.judge_chunk
+_JUDGE = search.judge_chunk
 
 
 def test_an_interrupted_difftest_resumes_to_the_same_table(tmp_path, monkeypatch, capsys):
     requires("flint")  # the difftest's certified reference
     journal = str(tmp_path / "journal.jsonl")
     whole = _difftest(["--workers", "1"], capsys)
-    monkeypatch.setattr(runner, "judge_chunk", _Interrupting(at=7))
+    monkeypatch.setattr(search, "judge_chunk", _Interrupting(at=7))
     status, out = _difftest(["--workers", "1", "--journal", journal], capsys)
     assert status == 130 and "difftest: 6 examples" in out and "INTERRUPTED" in out
     again = _Interrupting()
-    monkeypatch.setattr(runner, "judge_chunk", again)
+    monkeypatch.setattr(search, "judge_chunk", again)
     assert _difftest(["--workers", "1", "--journal", journal, "--resume"], capsys) == whole
     assert again.cases == 16 - 6
     status = difftest.main([*DIFFTEST, "--examples", "17", "--journal", journal, "--resume"])
@@ -128,7 +128,7 @@ def test_a_sweep_worker_that_dies_leaves_its_rows_missing_and_the_run_goes_on(
     tmp_path, monkeypatch
 ):
     requires("flint", "pandas", "matplotlib")  # the certified reference, the sweep's outputs
-    from exactattn.precision import runner as sweep_runner
+    from exactattn.precision import sweep_run as sweep_runner
 
     honest = sweep_runner.run_task
     monkeypatch.setattr(sweep_runner, "run_task", tasks.sweep_run_or_dies)
@@ -145,7 +145,7 @@ def test_a_sweep_worker_that_dies_leaves_its_rows_missing_and_the_run_goes_on(
 
 def test_sweep_reports_an_unreachable_scheduler(monkeypatch, tmp_path, capsys):
     requires("dask")
-    from exactattn import executors
+    from exactattn.infra import executors
 
     monkeypatch.setattr(executors, "CONNECT_TIMEOUT_S", 1)
     argv = ["--preset", "tiny", "--out", str(tmp_path), "--scheduler", "tcp://127.0.0.1:1"]

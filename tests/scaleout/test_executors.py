@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from exactattn import executors
-from exactattn.executors import LocalExecutor, WorkerDied, as_completed, make_executor
+from exactattn.infra import executors
+from exactattn.infra.executors import LocalExecutor, WorkerDied, as_completed, make_executor
 from tests.optional import requires
 from tests.scaleout import tasks
 
@@ -126,7 +126,7 @@ def test_workers_left_running_are_stopped_at_exit(tmp_path):
     import sys
 
     script = (
-        "from exactattn.executors import LocalExecutor, as_completed\n"
+        "from exactattn.infra.executors import LocalExecutor, as_completed\n"
         "from tests.scaleout import tasks\n"
         "ex = LocalExecutor(2)\n"
         "print([d.value for d in as_completed(ex, [(tasks.square, (4,))])])\n"

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from exactattn.commands import prove as cli
-from exactattn.journal import Journal
-from exactattn.proofs import engine, monoid, mutants, runner
+from exactattn.infra.journal import Journal
+from exactattn.proofs import proof_run
+from exactattn.proofs.engine import ledger
+from exactattn.proofs.families import monoid, mutants
 from tests.optional import requires
 
 FAMILIES = ["monoid", "general", "dropout"]  # fast, and enough obligations to interleave
@@ -81,18 +83,20 @@ def test_the_mutants_verdicts_are_the_same_on_dask(tmp_path, capsys):
 
 
 def test_a_mutant_task_carries_the_unmutated_verdicts_reached_before_it():
-    sources = [runner.Source("monoid", 1), runner.Source("mutants", 1)]
+    sources = [proof_run.Source("monoid", 1), proof_run.Source("mutants", 1)]
     planned = [(s, i, ob) for s in sources for i, ob in enumerate(s.obligations())]
-    proved = engine.Verdict(engine.PROVED, 0.0)
+    proved = ledger.Verdict(ledger.PROVED, 0.0)
     verdicts = {p: proved for p, (s, _, _) in enumerate(planned) if s.family == "monoid"}
     todo = [p for p in range(len(planned)) if p not in verdicts]
     fn, (source, index, key, timeout, unmutated) = next(
-        runner._tasks(planned, todo, verdicts, timeout=2.0)
+        proof_run._tasks(planned, todo, verdicts, timeout=2.0)
     )
-    assert fn is runner.prove and source.family == "mutants" and timeout == 2.0
-    assert key == runner.key_of(planned[todo[0]][2]) and index == 0
-    assert {k for k, _ in unmutated} == {runner.key_of(ob) for _, _, ob in planned[: len(verdicts)]}
-    assert {status for _, status in unmutated} == {engine.PROVED}
+    assert fn is proof_run.prove and source.family == "mutants" and timeout == 2.0
+    assert key == proof_run.key_of(planned[todo[0]][2]) and index == 0
+    assert {k for k, _ in unmutated} == {
+        proof_run.key_of(ob) for _, _, ob in planned[: len(verdicts)]
+    }
+    assert {status for _, status in unmutated} == {ledger.PROVED}
 
 
 def test_a_worker_that_dies_leaves_its_obligation_lost_and_the_run_goes_on(capsys):
@@ -101,7 +105,7 @@ def test_a_worker_that_dies_leaves_its_obligation_lost_and_the_run_goes_on(capsy
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("program")]
     assert [line.split()[-1] for line in lines] == ["PROVED", "PROVED", "LOST", "LOST"]
-    assert out.count("died (killed by SIGKILL) while running exactattn.proofs.runner.prove") == 2
+    assert out.count("died (killed by SIGKILL) while running exactattn.proofs.proof_run.prove") == 2
     assert "4 obligations: 2 proved" in out and "2 FAILED" in out
 
 
@@ -123,28 +127,28 @@ def _swallowing() -> str:
 
 @pytest.mark.parametrize("check", [_spin, _swallowing])
 def test_an_obligation_past_its_limit_times_out_in_any_thread(check):
-    ob = engine.Obligation("monoid", "spins", "", check)
+    ob = ledger.Obligation("monoid", "spins", "", check)
     start = time.perf_counter()
-    assert engine.check(ob, timeout=0.2).status == engine.TIMEOUT
+    assert ledger.check(ob, timeout=0.2).status == ledger.TIMEOUT
     found = []
-    thread = threading.Thread(target=lambda: found.append(engine.check(ob, timeout=0.2)))
+    thread = threading.Thread(target=lambda: found.append(ledger.check(ob, timeout=0.2)))
     thread.start()
     thread.join()
-    assert found[0].status == engine.TIMEOUT and "no verdict within 0.2 s" in found[0].detail
+    assert found[0].status == ledger.TIMEOUT and "no verdict within 0.2 s" in found[0].detail
     assert time.perf_counter() - start < 1.2  # two limits, not two full spins
-    assert engine.check(ob, timeout=None).status == engine.PROVED  # no limit: it ends
+    assert ledger.check(ob, timeout=None).status == ledger.PROVED  # no limit: it ends
 
 
 def test_a_mutant_that_timed_out_or_was_lost_was_not_killed():
-    ob = engine.Obligation("mutants", "broken", "", _spin, expect_refuted=True)
-    for status in (engine.TIMEOUT, engine.LOST):
-        outcome = engine.Outcome(ob, status, 1.0)
+    ob = ledger.Obligation("mutants", "broken", "", _spin, expect_refuted=True)
+    for status in (ledger.TIMEOUT, ledger.LOST):
+        outcome = ledger.Outcome(ob, status, 1.0)
         assert not outcome.ok and "MUTANT NOT KILLED" in outcome.line()
-    assert engine.Outcome(ob, engine.REFUTED, 1.0).ok
+    assert ledger.Outcome(ob, ledger.REFUTED, 1.0).ok
 
 
 def test_the_command_times_out_one_obligation_and_goes_on(monkeypatch, capsys):
-    spins = engine.Obligation("monoid", "spins", "", _spin)
+    spins = ledger.Obligation("monoid", "spins", "", _spin)
     monkeypatch.setattr(monoid, "obligations", lambda max_n: [spins, *_original(max_n)[:2]])
     assert cli.main(["monoid", "--timeout", "0.3"]) == 1
     out = capsys.readouterr().out
@@ -169,21 +173,21 @@ class _Interrupting:
         return _PROVE(*args)
 
 
-_PROVE = runner.prove
+_PROVE = proof_run.prove
 
 
 def test_an_interrupted_run_resumes_to_the_same_certificate(tmp_path, monkeypatch, capsys):
     journal, report = tmp_path / "journal.jsonl", tmp_path / "certificate.md"
     whole = _prove(FAMILIES, report, capsys)
     total = int(re.search(r"(\d+) obligations", whole[1]).group(1))
-    monkeypatch.setattr(runner, "prove", _Interrupting(at=6))
+    monkeypatch.setattr(proof_run, "prove", _Interrupting(at=6))
     assert cli.main([*FAMILIES, "--journal", str(journal)]) == 130
     assert f"interrupted: 5 of {total} obligations checked; {journal} keeps them" in (
         capsys.readouterr().out
     )
     assert len(journal.read_text().splitlines()) == 1 + 5  # the settings, five verdicts
     again = _Interrupting()
-    monkeypatch.setattr(runner, "prove", again)
+    monkeypatch.setattr(proof_run, "prove", again)
     resumed = _prove([*FAMILIES, "--journal", str(journal), "--resume"], report, capsys)
     assert again.calls == total - 5
     assert resumed == whole
@@ -233,7 +237,7 @@ def test_the_certificate_names_what_was_proved_not_where(tmp_path, capsys):
 # --- progress ------------------------------------------------------------------------------
 def test_the_progress_bar_counts_to_the_end_with_the_time_left(capsys):
     requires("rich")  # the bar; without it there is none
-    assert runner.run(["monoid"], 1, progress=True) == 0
+    assert proof_run.run(["monoid"], 1, progress=True) == 0
     captured = capsys.readouterr()
     count = captured.out.count("PROVED")
     assert re.search(rf"obligations .* {count}/{count} .*ETA", captured.err), captured.err

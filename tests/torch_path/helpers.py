@@ -41,7 +41,7 @@ def assert_close(got, want, atol, rtol=0.0, what=""):
 def count_lowerings(monkeypatch) -> list[int]:
     """A one-item list counting the outermost ``Mask.lower`` calls from now on (a spy on
     every mask class's ``lower``; an AND lowering its parts is one lowering, not three)."""
-    from exactattn import masks
+    from exactattn.core import masks
 
     classes, todo = [], [masks.Mask]
     while todo:

@@ -1,5 +1,5 @@
 """A call lowers its mask once: the kernels' choice, the key-block size ``b`` and the split
-into pieces all read the one :class:`~exactattn.masks.Band`, and the operator reads its band
+into pieces all read the one :class:`~exactattn.core.masks.Band`, and the operator reads its band
 off its own arguments (they are the lowered mask) instead of lowering a rebuilt mask again.
 
 Counted with a spy on every mask class's ``lower`` (:func:`.helpers.count_lowerings`: a
@@ -18,7 +18,7 @@ from tests.optional import requires
 torch = requires("torch")
 
 import exactattn.torch as et
-from exactattn import masks
+from exactattn.core import masks
 from exactattn.torch import passes
 
 from .helpers import count_lowerings, qkv, randn

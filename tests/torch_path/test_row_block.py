@@ -15,7 +15,7 @@ from tests.optional import requires
 torch = requires("torch")
 
 import exactattn.torch as et
-from exactattn import algorithm, masks
+from exactattn.core import algorithm, masks
 from exactattn.torch import passes
 
 from ..core import definition as spec

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import exactattn
 import exactattn.torch as et
-from exactattn import masks
+from exactattn.core import masks
 from exactattn.torch import passes
 
 from .helpers import assert_close, qkv, randn

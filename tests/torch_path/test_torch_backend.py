@@ -9,9 +9,9 @@ from tests.optional import requires
 
 torch = requires("torch")
 
-from exactattn import algorithm, masks
 from exactattn.backends import NumpyContext, backend_of
 from exactattn.backends.torch_backend import TorchContext
+from exactattn.core import algorithm, masks
 
 from .helpers import assert_close, qkv
 

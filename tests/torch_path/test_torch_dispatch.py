@@ -9,8 +9,8 @@ from tests.optional import requires
 torch = requires("torch")
 
 import exactattn.torch as et
-from exactattn import masks
 from exactattn.backends.torch_backend import TorchContext
+from exactattn.core import masks
 from exactattn.torch import dispatch
 
 from .helpers import qkv

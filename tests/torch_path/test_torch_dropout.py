@@ -11,7 +11,7 @@ torch = requires("torch")
 
 import exactattn
 import exactattn.torch as et
-from exactattn.dropout import Dropout
+from exactattn.core.dropout import Dropout
 
 from .helpers import assert_close, qkv, randn
 
@@ -57,7 +57,7 @@ def test_dropout_results_match_numpy_for_the_same_seed(seed):
     """Same seed, same keep-bits: forward and all three gradients agree with NumPy float64."""
     q, k, v = qkv((2, 3, 11, 4), (2, 3, 13, 4), (2, 3, 13, 5), seed=1)
     g = randn(2, 3, 11, 5, seed=2)
-    keywords = dict(dropout_p=0.4, seed=seed, mask=exactattn.masks.causal("bottom-right"))
+    keywords = dict(dropout_p=0.4, seed=seed, mask=exactattn.core.masks.causal("bottom-right"))
     got, want = _torch_run(q, k, v, g, **keywords), _numpy_run(q, k, v, g, **keywords)
     for name, a, b in zip(("y", "dq", "dk", "dv"), got, want):
         assert_close(a, b, atol=1e-13, what=name)

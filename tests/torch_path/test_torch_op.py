@@ -14,7 +14,7 @@ torch = requires("torch")
 import torch.nn.functional as F
 
 import exactattn.torch as et
-from exactattn import masks
+from exactattn.core import masks
 from exactattn.torch import op
 
 from .helpers import assert_close, qkv, randn

@@ -18,8 +18,8 @@ from tests.optional import requires
 torch = requires("torch")
 
 import exactattn.torch as et
-from exactattn import algorithm, masks
 from exactattn.backends.torch_backend import TorchContext
+from exactattn.core import algorithm, masks
 from exactattn.torch import passes
 
 from .helpers import assert_close, qkv, randn

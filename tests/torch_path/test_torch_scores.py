@@ -12,7 +12,7 @@ from tests.optional import requires
 torch = requires("torch")
 
 import exactattn.torch as et
-from exactattn import masks
+from exactattn.core import masks
 from exactattn.torch import passes
 
 from .helpers import assert_close, qkv, randn

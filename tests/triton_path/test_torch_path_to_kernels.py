@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import exactattn.torch as eat
-from exactattn import masks
+from exactattn.core import masks
 from tests.torch_path.helpers import count_lowerings
 
 from .score_spec import U_ACC, UNIT_ROUNDOFF, allowed_pairs, expected

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import exactattn
-from exactattn import masks
+from exactattn.core import masks
 from tests.optional import requires
 
 torch, _ = requires("torch", "triton")
@@ -46,7 +46,7 @@ def tolerance(u: float, n: int, ref: np.ndarray) -> float:
 
 
 def reference_mask(causal=None, window=None, alignment=None, kv_lengths=None):
-    """The same mask built from exactattn.masks, independently of the kernels' code."""
+    """The same mask built from exactattn.core.masks, independently of the kernels' code."""
     align = causal or alignment or "top-left"
     pieces = []
     if causal is not None:

@@ -1,0 +1,469 @@
+"""Calling conventions of today's kernel interfaces: varlen, KV caches, split-KV merges.
+
+Each takes an ordinary case (dense ``q, k, v`` over ``(B, H)``) and calls the target through
+the interface, so the case's certified reference judges the result unchanged:
+
+* ``flash-varlen``: ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k,
+  max_seqlen_q, max_seqlen_k, ...)``: the ``B`` batch elements packed as sequences; a
+  key-padding mask becomes unequal key lengths (only the real keys are packed: their
+  ``dK``, ``dV`` come back in place, the padded keys' are 0); causal and windows aligned
+  bottom-right as ``flash``.
+* ``flash-kvcache``: ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=,
+  block_table=, ...)``: the keys placed in a paged cache, pages of the case's
+  :class:`InterfaceDraw` size in a shuffled order (key padding: ``cache_seqlens``);
+  forward only (flash-attn's function has no backward).
+* ``fa4-combine``, ``xformers-merge``, ``flashinfer-merge``: the target is a *merge*: the
+  keys are split into the case's number of parts, each part's partial ``(y_t, lse_t)`` is
+  computed in float64 by :func:`exactattn.attention` (``key_range``) and rounded to the case
+  dtype, and the target merges them: FA4's ``flash_attn_combine(out_partial (S, B, n, H,
+  v), lse_partial (S, B, n, H))``, xformers' ``merge_attentions(attn_split (S, B, n, H, v),
+  lse_split (S, B, H, n))``, FlashInfer's ``merge_state(v_a, s_a, v_b, s_b)`` (``(n, H, v)``,
+  ``(n, H)``, lse in base 2, folded over the parts). Forward only.
+* ``exactattn-sinks``: a sink-capable attention returning ``(y, lse)``
+  (:class:`Sinks`: the sink given and taken out again). Forward only.
+
+Each reads the case's interface fields (:mod:`exactattn.cases.interface_fields`: ``seqlens``,
+``splits``, ``pages``, ``sinks``), which ``exactattn check`` draws whenever a target runs
+through one of these conventions. A case without them (drawn for another convention, or
+replayed from an older file) gets a layout derived from its contents,
+:meth:`InterfaceDraw.of`, so a replay gets the same one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..cases import Case, interface_fields
+from .conventions import (
+    Convention,
+    autograd,
+    dtype_name,
+    flash_alibi,
+    flash_window,
+    four_g,
+    lift,
+    tensor,
+    to_numpy,
+)
+
+PAGE_SIZES = (1, 2, 3, 5, 16)
+LOG2_E = 1 / math.log(2)
+
+
+@dataclass(frozen=True)
+class InterfaceDraw:
+    """The layout of a case without interface fields: ``splits`` equal parts of the keys,
+    pages of ``page_size`` in the order ``seed`` draws."""
+
+    splits: int
+    page_size: int
+    seed: int
+
+    @classmethod
+    def of(cls, case: Case) -> InterfaceDraw:
+        digest = hashlib.sha256(np.ascontiguousarray(case.k).tobytes()).digest()
+        seed = int.from_bytes(digest[:4], "little")
+        n_k = case.sizes["n_k"]
+        return cls(
+            splits=max(1, min(n_k, 2 + seed % 3)),
+            page_size=PAGE_SIZES[(seed >> 3) % len(PAGE_SIZES)],
+            seed=seed,
+        )
+
+    @staticmethod
+    def edges(case: Case) -> list[int]:
+        """The split-KV key boundaries: the case's ``splits``, else equal parts."""
+        if case.splits is not None:
+            return list(case.splits)
+        splits = InterfaceDraw.of(case).splits
+        return np.linspace(0, case.sizes["n_k"], splits + 1).round().astype(int).tolist()
+
+    @staticmethod
+    def pages(case: Case, B: int) -> dict[str, Any]:
+        """The paged cache's block table: the case's ``pages``, else unshared pages."""
+        if case.pages is not None:
+            return case.pages
+        derived = InterfaceDraw.of(case)
+        template = {"size": derived.page_size, "shared": 0, "order": derived.seed}
+        return interface_fields.fill_pages(template, B, case.sizes["n_k"])
+
+
+def _key_lengths(case: Case, B: int) -> tuple[np.ndarray, str | None]:
+    """Per-sequence key lengths: the case's ``seqlens`` (its mask is their key padding), the
+    padding lengths for a pure key-padding mask, else n_k."""
+    n_k = case.sizes["n_k"]
+    if case.seqlens is not None:
+        return np.asarray(case.seqlens, dtype=np.int64), None
+    if case.mask["kind"] != "padding":
+        return np.full(B, n_k), None
+    lengths = np.asarray(case.mask["lengths"]).reshape(-1)
+    if lengths.shape[0] != B:
+        return lengths, "padding lengths per head are not sequence lengths"
+    return lengths.astype(np.int64), None
+
+
+def _window_of(case: Case) -> tuple[int, int] | str:
+    if case.mask["kind"] == "padding":
+        return (-1, -1)
+    return flash_window(case)
+
+
+def _flash_kwargs(case: Case, device: str) -> dict[str, Any]:
+    left, right = _window_of(case)  # type: ignore[misc]
+    kwargs: dict[str, Any] = {
+        "softmax_scale": case.c(),
+        "causal": right == 0 and left == -1,
+        "window_size": (left, right),
+    }
+    if case.softcap is not None:
+        kwargs["softcap"] = case.softcap
+    if case.bias is not None:
+        import torch
+
+        slopes = np.asarray(case.score["slopes"], dtype=np.float32)
+        kwargs["alibi_slopes"] = torch.from_numpy(slopes).to(device)
+    return kwargs
+
+
+def _bnhd(held: dict[str, np.ndarray], B: int) -> dict[str, np.ndarray]:
+    return {x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3) for x in "qkv"}
+
+
+class _Flash(Convention):
+    """What flash-attn's packed conventions share: the masks they express."""
+
+    def unsupported(self, target, case, device, grads):
+        window = _window_of(case)
+        if isinstance(window, str):
+            return window
+        B, _ = lift(case.batch)
+        reason = _key_lengths(case, B)[1]
+        if reason is None and case.bias is not None:
+            if case.mask["kind"] == "padding":
+                return (
+                    "flash-attn aligns ALiBi to each sequence's own key length; the padded "
+                    "case aligns it to n_k"
+                )
+            return flash_alibi(case)
+        return reason
+
+
+class FlashVarlen(_Flash):
+    name = "flash-varlen"
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        fn = target.load()
+        B, H = lift(case.batch)
+        n = case.sizes
+        bnhd = _bnhd(held, B)
+        lengths, _ = _key_lengths(case, B)
+        packed = {"q": bnhd["q"].reshape((-1, *bnhd["q"].shape[2:]))}
+        for x in "kv":
+            packed[x] = np.concatenate([bnhd[x][b, : lengths[b]] for b in range(B)])
+        views = [tensor(packed[x], case.dtype, device, case.layout, grads) for x in "qkv"]
+        cu_q = torch.arange(B + 1, dtype=torch.int32, device=device) * n["n_q"]
+        cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+        want_lse = target.caps.lse is True
+        result = fn(
+            *views,
+            cu_q,
+            cu_k.to(device),
+            n["n_q"],
+            int(lengths.max(initial=0)),
+            return_attn_probs=want_lse,
+            **_flash_kwargs(case, device),
+        )
+        y = result[0] if isinstance(result, (tuple, list)) else result
+        dense_y = to_numpy("y", y, (B * n["n_q"], H, n["v"])).reshape(B, n["n_q"], H, n["v"])
+        out = {"y": dense_y.transpose(0, 2, 1, 3).reshape(held["g"].shape), "_dtype": dtype_name(y)}
+        if want_lse:
+            lse = to_numpy("lse", result[1], (H, B * n["n_q"])).reshape(H, B, n["n_q"])
+            out["lse"] = lse.transpose(1, 0, 2).reshape(held["g"].shape[:-1])
+        if grads:
+            g = four_g(held, B).transpose(0, 2, 1, 3).reshape((-1, H, n["v"])).copy()
+            dq, dk, dv = autograd(y, views, g, case.dtype, device)
+            dense = {"dq": (dq, "q"), "dk": (dk, "k"), "dv": (dv, "v")}
+            for name, (grad, x) in dense.items():
+                flat = to_numpy(name, grad, packed[x].shape)
+                back = np.zeros(bnhd[x].shape)
+                if x == "q":
+                    back[:] = flat.reshape(back.shape)
+                else:
+                    offsets = np.concatenate([[0], np.cumsum(lengths)])
+                    for b in range(B):
+                        back[b, : lengths[b]] = flat[offsets[b] : offsets[b + 1]]
+                out[name] = back.transpose(0, 2, 1, 3).reshape(held[x].shape)
+        return out
+
+
+class FlashKvcache(_Flash):
+    name = "flash-kvcache"
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        fn = target.load()
+        B, H = lift(case.batch)
+        n = case.sizes
+        bnhd = _bnhd(held, B)
+        lengths, _ = _key_lengths(case, B)
+        pages = InterfaceDraw.pages(case, B)
+        size, table = pages["size"], np.asarray(pages["table"])
+        caches = {}
+        for x in "kv":
+            cache = np.zeros((pages["pool"], size, *bnhd[x].shape[2:]))
+            for b in range(B):  # a shared page is written by each sequence with the same keys
+                for t in range(n["n_k"]):
+                    cache[table[b, t // size], t % size] = bnhd[x][b, t]
+            caches[x] = tensor(cache, case.dtype, device, "contiguous", False)
+        q = tensor(bnhd["q"], case.dtype, device, case.layout, False)
+        want_lse = target.caps.lse is True
+        result = fn(
+            q,
+            caches["k"],
+            caches["v"],
+            cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=device),
+            block_table=torch.tensor(table, dtype=torch.int32, device=device),
+            return_softmax_lse=want_lse,
+            **_flash_kwargs(case, device),
+        )
+        y = result[0] if isinstance(result, (tuple, list)) else result
+        dense_y = to_numpy("y", y, (B, n["n_q"], H, n["v"])).transpose(0, 2, 1, 3)
+        out = {"y": dense_y.reshape(held["g"].shape), "_dtype": dtype_name(y)}
+        if want_lse:
+            lse = to_numpy("lse", result[1], (B, H, n["n_q"]))
+            out["lse"] = lse.reshape(held["g"].shape[:-1])
+        return out
+
+
+def partials(case: Case, held: dict[str, np.ndarray], edges: list[int]) -> list[tuple[Any, Any]]:
+    """The case's keys in the contiguous parts between ``edges``, each part's ``(y_t,
+    lse_t)`` in float64 (``(*batch, n_q, v)``, ``(*batch, n_q)``): rows with no key in a part
+    (an empty part included) are ``(0, −∞)``."""
+    from .. import api
+
+    out = []
+    for start, stop in itertools.pairwise(edges):
+        y, stats = api.attention(
+            held["q"],
+            held["k"],
+            held["v"],
+            scale=case.c(),
+            mask=case.allowed(),
+            bias=held.get("bias"),
+            softcap=case.softcap,
+            enable_gqa=case.group > 1,
+            key_range=(int(start), int(stop)),
+            check_finite=False,
+            return_stats=True,
+        )
+        out.append((y, stats.lse))
+    return out
+
+
+class _Merge(Convention):
+    """A merge of split-KV partials; subclasses lay them out and call the target."""
+
+    def unsupported(self, target, case, device, grads):
+        if case.dropout_p:
+            return "a merge of partials has no dropout of its own"
+        if case.score_mod is not None:
+            return "the partials are computed with the library's masks and bias only"
+        return None
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        B, H = lift(case.batch)
+        n = case.sizes
+        parts = partials(case, held, InterfaceDraw.edges(case))
+        ys = np.stack([y.reshape(B, H, n["n_q"], n["v"]) for y, _ in parts])
+        lses = np.stack([lse.reshape(B, H, n["n_q"]) for _, lse in parts])
+        dtype = getattr(torch, case.dtype)
+        y, lse = self.merge(
+            target.load(),
+            torch.from_numpy(ys).to(dtype).to(device),
+            torch.from_numpy(lses).float().to(device),
+        )
+        out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
+        out["y"] = out["y"].reshape(held["g"].shape)
+        if target.caps.lse is True:
+            out["lse"] = to_numpy("lse", lse, (B, H, n["n_q"])).reshape(held["g"].shape[:-1])
+        return out
+
+    def merge(self, fn, ys, lses):
+        """``(y (B, H, n, v), lse (B, H, n))`` of ``ys (S, B, H, n, v)``, ``lses (S, B, H, n)``."""
+        raise NotImplementedError
+
+
+class Fa4Combine(_Merge):
+    name = "fa4-combine"
+
+    def merge(self, fn, ys, lses):
+        y, lse = fn(ys.permute(0, 1, 3, 2, 4), lses.permute(0, 1, 3, 2))
+        return y.permute(0, 2, 1, 3), lse.permute(0, 2, 1)
+
+
+class XformersMerge(_Merge):
+    name = "xformers-merge"
+
+    def merge(self, fn, ys, lses):
+        y, lse = fn(ys.permute(0, 1, 3, 2, 4), lses)
+        return y.permute(0, 2, 1, 3), lse
+
+
+class FlashinferMerge(_Merge):
+    """FlashInfer's ``merge_state``: ``(n, H, v)`` and base-2 ``(n, H)``, one batch element and
+    two states per call (folded over the parts, in float32)."""
+
+    name = "flashinfer-merge"
+
+    def merge(self, fn, ys, lses):
+        import torch
+
+        S, B = ys.shape[:2]
+        dtype, ys = ys.dtype, ys.float()  # exact; else every step would round to the dtype
+        y_out, lse_out = [], []
+        for b in range(B):
+            v, s = ys[0, b].transpose(0, 1), lses[0, b].transpose(0, 1) * LOG2_E
+            for t in range(1, S):
+                v, s = fn(v, s, ys[t, b].transpose(0, 1), lses[t, b].transpose(0, 1) * LOG2_E)
+            y_out.append(v.transpose(0, 1))
+            lse_out.append(s.transpose(0, 1) / LOG2_E)
+        return torch.stack(y_out).to(dtype), torch.stack(lse_out)
+
+
+class Sinks(Convention):
+    """A sink-capable attention ``fn(q, k, v, *, sinks, scale, mask, bias, softcap,
+    enable_gqa, empty_rows) -> (y, lse)`` on ``(B, H, n, ·)`` tensors, as
+    :func:`exactattn.torch.attention_with_lse` (FA4's ``learnable_sink``, gpt-oss).
+
+    The case's maths has no sink, so the convention gives the target one and takes it out
+    again: ``σ_h = δ_h + min_{b,i} lse_{b,h,i}`` with the case's sink offset ``δ_h``
+    (:mod:`exactattn.cases.interface_fields`; −2 for a case without the field) and the lse of a
+    float64 run; the target's ``(y, lse)`` give the case's as
+    ``y·(1 + e^{σ−lse₆₄})`` (``lse₆₄`` from that float64 run: the target's rounded lse would
+    move the factor by ``u·|lse|``) and ``lse + log(1 − e^{σ−lse})`` with the target's lse.
+    A sink in the numerator, a sink missing from the lse or the wrong head's sink leave an
+    error of order ``p_σ``.
+
+    The case's bound has no sink term, so the sink's own rounding is charged as a radius on
+    each output (the judge adds it to the bound): :func:`exactattn.error.bounds.sink_bounds` in the
+    claim's statistics format, with the float64 run's ``(y, lse)`` and row maxima ``m``, and
+    the sink carried through the claimed number of key blocks (one key per block when the
+    claim states none), carried to the case's scale: both outputs' errors are multiplied by
+    ``1 + e^{σ−lse}`` (``y`` by the rescale; ``lse`` by ``1/(1 − p_σ)``, ``p_σ = e^{σ−lse_σ}``
+    the sink's weight in the target's row, which is that factor). To first order the
+    target's own sink-free error comes back unchanged (the rescale undoes the sink's
+    damping).
+    """
+
+    name = "exactattn-sinks"
+
+    def unsupported(self, target, case, device, grads):
+        if case.dropout_p or case.score_mod is not None:
+            return "the sink convention runs without dropout and user score_mods"
+        return None
+
+    def run(self, target, case, held, device, grads):
+        import torch
+
+        from .. import api
+
+        fn = target.load()
+        B, H = lift(case.batch)
+        n = case.sizes
+        four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])) for x in "qkv"}
+        allowed = case.allowed().reshape((*lift(case.batch), n["n_q"], n["n_k"]))
+        bias4 = case.lifted_bias(held["bias"]) if "bias" in held else None
+        keywords = dict(
+            scale=case.c(),
+            mask=allowed,
+            bias=bias4,
+            softcap=case.softcap,
+            enable_gqa=case.group > 1,
+            empty_rows="zero",
+        )
+        y64, stats = api.attention(
+            *four.values(), return_stats=True, check_finite=False, **keywords
+        )
+        finite = np.where(np.isneginf(stats.lse), np.inf, stats.lse)
+        offsets = np.full(H, -2.0) if case.sinks is None else np.asarray(case.sinks, np.float64)
+        sigma = np.nan_to_num(finite.min(axis=(0, 2)), posinf=0.0) + offsets  # (H,)
+        sinks = torch.from_numpy(sigma).to(getattr(torch, case.dtype))
+        sigma = sinks.double().numpy()  # the sink as the target holds it
+        views = [tensor(four[x], case.dtype, device, case.layout, False) for x in "qkv"]
+        as_tensor = {"mask": torch.from_numpy(allowed.copy()).to(device)}
+        if bias4 is not None:
+            as_tensor["bias"] = torch.from_numpy(bias4.copy()).to(getattr(torch, case.dtype))
+        y, lse = fn(
+            *views,
+            sinks=torch.from_numpy(sigma).to(getattr(torch, case.dtype)),
+            **{**keywords, **as_tensor},
+        )
+        y_np = to_numpy("y", y, (B, H, n["n_q"], n["v"]))
+        lse_np = to_numpy("lse", lse, (B, H, n["n_q"]))
+        empty = np.isneginf(stats.lse)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            # y: through the float64 lse (the target's, rounded, would move p_σ by u·|lse|)
+            rescale = 1 + np.exp(sigma[None, :, None] - stats.lse.reshape(lse_np.shape))
+            y_case = np.where(empty[..., None], 0.0, y_np * rescale[..., None])
+            p_sink = np.exp(sigma[None, :, None] - lse_np)  # the target's own lse, judged
+            lse_case = np.where(empty, -np.inf, lse_np + np.log1p(-p_sink))
+        radius = _sink_radius(target, case, held, y64, stats, sigma)
+        out = {"y": (y_case.reshape(held["g"].shape), radius["y"].reshape(held["g"].shape))}
+        out["_dtype"] = dtype_name(y)
+        if target.caps.lse is True:
+            lse_radius = radius["lse"].reshape(held["g"].shape[:-1])
+            out["lse"] = (lse_case.reshape(held["g"].shape[:-1]), lse_radius)
+        return out
+
+
+def _sink_radius(target: Any, case: Case, held, y64, stats, sigma) -> dict[str, np.ndarray]:
+    """:func:`exactattn.error.bounds.sink_bounds` of the target's stated claim on the case (its
+    compute format; ``steps``: the claimed key blocks + 1; the sink-free pass's lse bound,
+    :func:`exactattn.error.bounds.bounds` in the claimed arithmetic), on the case's scale."""
+    from ..error.bounds import bounds, sink_bounds
+
+    claim, n_k = target.claim.resolve(case.dtype), case.sizes["n_k"]
+    block = claim.bound_block(n_k)
+    arith = claim.arith(block)
+    u = arith.compute.u
+    blocks = n_k if block is None else -(-n_k // max(block, 1))
+    free = bounds(
+        arith, held["q"], held["k"], held["v"], None,
+        scale=case.scale, allowed=case.allowed(), bias=held.get("bias"), softcap=case.softcap,
+        enable_gqa=case.group > 1,
+    )["lse"]  # fmt: skip
+    lse = np.asarray(stats.lse, dtype=np.float64)
+    bound = sink_bounds(
+        y64, lse, sigma, u, steps=max(1, blocks) + 1, m=stats.m,
+        lse_error=free.reshape(lse.shape),
+    )  # fmt: skip
+    empty = np.isneginf(lse)
+    with np.errstate(over="ignore", invalid="ignore"):
+        grow = 1 + np.where(empty, 0.0, np.exp(sigma[None, :, None] - np.where(empty, 0.0, lse)))
+    return {
+        "y": np.where(empty[..., None], 0.0, bound["y"] * grow[..., None]),
+        "lse": np.where(empty, 0.0, bound["lse"] * grow),
+    }
+
+
+CONVENTIONS = (
+    FlashVarlen(),
+    FlashKvcache(),
+    Fa4Combine(),
+    XformersMerge(),
+    FlashinferMerge(),
+    Sinks(),
+)
+NAMES = tuple(c.name for c in CONVENTIONS)
+FORWARD_ONLY = NAMES[1:]  # what they return has no gradient with respect to q, k, v

@@ -1,0 +1,1 @@
+"""The theorem families, one module each, every one exposing ``obligations(max_n)``."""
