@@ -312,7 +312,7 @@ def forward(
     )
     if initial is not None:  # shaped like the result's summary
         for name in ("m", "l", "z"):
-            getattr(state, name)[...] = _tile_layout(geometry, getattr(initial, name))
+            getattr(state, name)[...] = tile_layout(geometry, getattr(initial, name))
     flat_index = geometry.flat_index(ctx) if dropout is not None else None
     for tile in tiles(ctx, mask, geometry, block_size, row_block, edge_first=True):
         rows, cols = tile.rows, tile.cols
@@ -328,11 +328,11 @@ def forward(
         block = block_summary(ctx, s, v[..., cols, :], rho, **running)
         new = merge(ctx, old, block)
         state.m[..., rows], state.l[..., rows], state.z[..., rows, :] = new.m, new.l, new.z
-    merged = Summary(*(_logical(geometry, x) for x in (state.m, state.l, state.z)))
+    merged = Summary(*(logical_layout(geometry, x) for x in (state.m, state.l, state.z)))
     return finalize(ctx, merged), merged
 
 
-def _logical(geometry: Geometry, x: Array) -> Array:
+def logical_layout(geometry: Geometry, x: Array) -> Array:
     """Per-row state (*tile_batch, n_q, ...) back in the logical layout (*batch, n_q, ...)."""
     if geometry.group == 1:
         return x
@@ -340,7 +340,7 @@ def _logical(geometry: Geometry, x: Array) -> Array:
     return x.reshape((*geometry.batch, *x.shape[lead:]))
 
 
-def _tile_layout(geometry: Geometry, x: Array) -> Array:
+def tile_layout(geometry: Geometry, x: Array) -> Array:
     """Per-row arrays (*batch, n_q, ...) in the tile layout (*tile_batch, n_q, ...)."""
     if geometry.group == 1:
         return x
@@ -380,10 +380,10 @@ def backward(
     geometry = geometry_of(q, k, v, enable_gqa)
     q_shape, k_shape, v_shape = tuple(q.shape), tuple(k.shape), tuple(v.shape)
     q, k, v = grouped(geometry, ctx.compute(q), ctx.compute(k), ctx.compute(v))
-    g, y, m, l = (_tile_layout(geometry, x) for x in (ctx.compute(g), ctx.compute(y), m, l))
+    g, y, m, l = (tile_layout(geometry, x) for x in (ctx.compute(g), ctx.compute(y), m, l))
     delta = softmax_delta(ctx, g, y)
     if grad_lse is not None:
-        delta = delta - _tile_layout(geometry, ctx.compute(grad_lse))
+        delta = delta - tile_layout(geometry, ctx.compute(grad_lse))
     dq = ctx.zeros((*geometry.tile_batch, geometry.n_q, q.shape[-1]))
     dk = ctx.zeros(tuple(k.shape))
     dv = ctx.zeros(tuple(v.shape))
@@ -408,5 +408,5 @@ def backward(
         dk[..., cols, :] += ctx.sum_to(key_gradient(ctx, gamma, q_t, scale), dk[..., cols, :].shape)
         dv[..., cols, :] += ctx.sum_to(value_gradient(ctx, weights, g_t), dv[..., cols, :].shape)
     if geometry.group != 1:
-        dq, dk, dv = _logical(geometry, dq), dk[..., 0, :, :], dv[..., 0, :, :]
+        dq, dk, dv = logical_layout(geometry, dq), dk[..., 0, :, :], dv[..., 0, :, :]
     return ctx.sum_to(dq, q_shape), ctx.sum_to(dk, k_shape), ctx.sum_to(dv, v_shape)

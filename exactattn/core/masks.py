@@ -468,7 +468,7 @@ class Dense(Mask):
         return Dense(ctx.adopt(self.mask))
 
     def validate(self, geometry: Geometry) -> None:
-        _check_broadcasts("mask", tuple(self.mask.shape), geometry)
+        check_broadcasts("mask", tuple(self.mask.shape), geometry)
 
     def allowed(self, index: TileIndex, geometry: Geometry) -> Any:
         mask = self.mask
@@ -478,7 +478,7 @@ class Dense(Mask):
         return geometry.split_heads(mask[..., rows, cols])
 
 
-def _check_broadcasts(name: str, shape: tuple[int, ...], geometry: Geometry) -> None:
+def check_broadcasts(name: str, shape: tuple[int, ...], geometry: Geometry) -> None:
     target = (*geometry.batch, geometry.n_q, geometry.n_k)
     try:
         ok = len(shape) <= len(target) and np.broadcast_shapes(shape, target) == target

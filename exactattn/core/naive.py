@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..backends.protocol import Array, ArrayContext
-from .algorithm import _logical, _tile_layout, geometry_of, grouped, safe_shift
+from .algorithm import geometry_of, grouped, logical_layout, safe_shift, tile_layout
 from .masks import Geometry, Mask, create_mask, tile_index
 from .scores import ScoreMod
 
@@ -60,7 +60,7 @@ def naive_forward(
     p, m, l, rho, _ = _probabilities(ctx, geometry, q, k, v, scale, mask, dropout, score_mod)
     weights = p if rho is None else p * rho
     y = ctx.pv_product(weights, ctx.compute(v))
-    return tuple(_logical(geometry, x) for x in (y, m, l))
+    return tuple(logical_layout(geometry, x) for x in (y, m, l))
 
 
 def naive_backward(
@@ -86,7 +86,7 @@ def naive_backward(
     q, k, v = grouped(geometry, q, k, v)
     p, _, _, rho, mod = _probabilities(ctx, geometry, q, k, v, scale, mask, dropout, score_mod)
     qc, kc, vc = (ctx.compute(x) for x in (q, k, v))
-    gc = _tile_layout(geometry, ctx.compute(g))
+    gc = tile_layout(geometry, ctx.compute(g))
     dp = ctx.matmul(gc, ctx.transpose(vc))
     weights = p
     if rho is not None:
@@ -94,7 +94,7 @@ def naive_backward(
     ds = p * (dp - ctx.rowsum(p * dp)[..., None])
     if mod is not None:
         ds = mod.pullback(ds, {} if mod_grads is None else mod_grads)
-    dq = _logical(geometry, ctx.matmul(ds, kc) * scale)
+    dq = logical_layout(geometry, ctx.matmul(ds, kc) * scale)
     dk = ctx.matmul(ctx.transpose(ds), qc) * scale
     dv = ctx.matmul(ctx.transpose(weights), gc)
     if geometry.group != 1:

@@ -38,8 +38,8 @@ from . import ops
 from .masks import (
     Geometry,
     TileIndex,
-    _check_broadcasts,
     call_mod,
+    check_broadcasts,
     check_same_library,
     check_tile_shape,
     describe_tile,
@@ -146,7 +146,7 @@ class Bias(ScoreMod):
         return Bias(ctx.as_compute(self.values))
 
     def validate(self, geometry: Geometry) -> None:
-        _check_broadcasts("bias", tuple(self.values.shape), geometry)
+        check_broadcasts("bias", tuple(self.values.shape), geometry)
 
     def gradients(self) -> dict[str, tuple[int, ...]]:
         return {"bias": tuple(self.values.shape)}

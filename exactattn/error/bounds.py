@@ -297,7 +297,7 @@ def _cast(src: Format, dst: Format | None) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
-class _Units:
+class Units:
     """The rounding budgets one evaluation needs (see :class:`Arith` for the formats)."""
 
     uc: float  # ū of compute
@@ -322,7 +322,7 @@ class _Units:
     pv_chunk: int | None = None
 
     @classmethod
-    def of(cls, arith: Arith, input_rounding: bool) -> _Units:
+    def of(cls, arith: Arith, input_rounding: bool) -> Units:
         c = arith.compute
         ux, mx = _cast(arith.input, c)
         if input_rounding:
@@ -377,7 +377,7 @@ class _Units:
 
 # --- the problem, checked and laid out -----------------------------------------------------
 @dataclass(frozen=True)
-class _Problem:
+class Problem:
     """Inputs as float64 views over the logical batch ``(*B, …)`` and what the bound needs."""
 
     q: np.ndarray  # (*B, n_q, d)
@@ -435,7 +435,7 @@ def _broadcast(name: str, x: Any, shape: tuple[int, ...], dtype: Any) -> np.ndar
         raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {shape}") from None
 
 
-def _problem(q, k, v, g, scale, allowed, rho, bias, softcap, enable_gqa, units) -> _Problem:
+def problem_of(q, k, v, g, scale, allowed, rho, bias, softcap, enable_gqa, units) -> Problem:
     q, k, v = (_float_array(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
     shapes = {"q": q.shape, "k": k.shape, "v": v.shape}
     if q.shape[-1] != k.shape[-1]:
@@ -506,7 +506,7 @@ def _problem(q, k, v, g, scale, allowed, rho, bias, softcap, enable_gqa, units) 
         if not (math.isfinite(softcap) and softcap > 0):
             raise ValueError(f"softcap must be finite and > 0; got {softcap}")
         softcap = float(softcap)
-    return _Problem(
+    return Problem(
         q, k, v, g, float(scale), allowed, rho, bias, softcap, drho, rho_max, shapes, group
     )
 
@@ -523,7 +523,7 @@ def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.sum(axis=axes, keepdims=True) if axes else x
 
 
-def _to_input(prob: _Problem, name: str, x: np.ndarray) -> np.ndarray:
+def _to_input(prob: Problem, name: str, x: np.ndarray) -> np.ndarray:
     """A logical-batch array (*B, n, ·) summed into the shape of input ``name`` (GQA too)."""
     if prob.group != 1 and name in ("k", "v"):
         x = x.reshape((*x.shape[:-3], x.shape[-3] // prob.group, prob.group, *x.shape[-2:]))
@@ -543,7 +543,7 @@ class _Scores:
     dslope: np.ndarray | None
 
 
-def _scores(prob: _Problem, un: _Units, rows: slice) -> _Scores:
+def _scores(prob: Problem, un: Units, rows: slice) -> _Scores:
     """``s = bias + cap·tanh(c·q·k/cap)`` and ``|ŝ − s| ≤ E`` (docs/error_bound.md, step 1)."""
     qc, k = prob.q[..., rows, :], prob.k
     d, ac = qc.shape[-1], abs(prob.c)
@@ -633,7 +633,7 @@ class _Forward:
     dlse: np.ndarray
 
 
-def _forward(prob: _Problem, un: _Units, arith: Arith, rows: slice) -> _Forward:
+def _forward(prob: Problem, un: Units, arith: Arith, rows: slice) -> _Forward:
     """Steps 1–7 of docs/error_bound.md for the rows ``rows``."""
     sc = _scores(prob, un, rows)
     ok, s, E = sc.ok, sc.s, sc.E
@@ -703,7 +703,7 @@ class _Sums:
     db: np.ndarray | None
 
 
-def _sums(prob: _Problem) -> _Sums:
+def _sums(prob: Problem) -> _Sums:
     k, v = prob.k, prob.v
     db = None if prob.bias is None else np.zeros(prob.shapes["bias"])
     return _Sums(
@@ -730,7 +730,7 @@ def _into_bias(target: np.ndarray, chunk: np.ndarray, rows: slice) -> None:
 
 
 def _reverse(
-    prob: _Problem, un: _Units, fw: _Forward, rows: slice, stats: str, delta: str, out: _Sums
+    prob: Problem, un: Units, fw: _Forward, rows: slice, stats: str, delta: str, out: _Sums
 ) -> None:
     """Steps 8–12 of docs/error_bound.md: γ and its error on the rows, into the sums."""
     sc, w, ok = fw.sc, fw.w, fw.sc.ok
@@ -812,12 +812,12 @@ def _reverse(
     out.count += ok.sum(axis=-2)
 
 
-def _cast_out(un: _Units, bound: np.ndarray, exact: np.ndarray) -> np.ndarray:
+def _cast_out(un: Units, bound: np.ndarray, exact: np.ndarray) -> np.ndarray:
     """The bound after rounding to the output format: ``|x̂(1+ε) − x| ≤ (1+u)Δ + u|x|``."""
     return bound * (1 + un.uo) + un.uo * np.abs(exact) + un.mo
 
 
-def _key_side(prob: _Problem, un: _Units, s: _Sums, row_block: int | None) -> dict[str, Any]:
+def _key_side(prob: Problem, un: Units, s: _Sums, row_block: int | None) -> dict[str, Any]:
     """dK, dV from the row sums: products of ``rows_j`` terms, ``R_j`` row tiles, copies."""
     n_q = prob.q.shape[-2]
     per_tile = 1 if row_block is None else row_block  # None: one row per tile (worst case)
@@ -928,15 +928,15 @@ def bounds_max(
         raise ValueError(f"row_block must be an int >= 1 or None; got {row_block!r}")
     if not isinstance(input_rounding, bool):
         raise TypeError(f"input_rounding must be a bool; got {input_rounding!r}")
-    un = _Units.of(arith, input_rounding)
-    prob = _problem(q, k, v, g, scale, allowed, rho, bias, softcap, enable_gqa, un)
+    un = Units.of(arith, input_rounding)
+    prob = problem_of(q, k, v, g, scale, allowed, rho, bias, softcap, enable_gqa, un)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # inf: vacuous
         return _evaluate(prob, un, arith, tuple(reverses), row_block)
 
 
 def _evaluate(
-    prob: _Problem,
-    un: _Units,
+    prob: Problem,
+    un: Units,
     arith: Arith,
     reverses: tuple[tuple[str, str], ...],
     row_block: int | None,
@@ -963,7 +963,7 @@ def _evaluate(
     return {name: np.where(np.isnan(x), np.inf, x) for name, x in out.items()}
 
 
-def _gradients(prob: _Problem, un: _Units, sums: _Sums, row_block: int | None) -> dict:
+def _gradients(prob: Problem, un: Units, sums: _Sums, row_block: int | None) -> dict:
     """dQ, dK, dV (and dbias) bounds from one reverse structure's sums."""
     dq = _sum_to(sums.dq, prob.shapes["q"])
     out = {"dq": _cast_out(un, dq, _sum_to(sums.dq_exact, prob.shapes["q"]))}

@@ -103,8 +103,8 @@ def expected_bounds(
     )
     if directed(arith):
         return {"y": rigorous.bounds(arith, q, k, v, **keywords)["y"]}
-    un = rigorous._Units.of(arith, input_rounding)
-    prob = rigorous._problem(q, k, v, None, scale, allowed, rho, bias, softcap, enable_gqa, un)
+    un = rigorous.Units.of(arith, input_rounding)
+    prob = rigorous.problem_of(q, k, v, None, scale, allowed, rho, bias, softcap, enable_gqa, un)
     batch, n_q, n_k = prob.batch, prob.q.shape[-2], prob.k.shape[-2]
     out = np.zeros((*batch, n_q, prob.v.shape[-1]))
     step = max(1, rigorous.CHUNK // max(1, math.prod(batch) * n_k))

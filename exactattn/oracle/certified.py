@@ -80,19 +80,26 @@ import mpmath
 import numpy as np
 
 from ..infra.optional import needs
+from .problem import (
+    FLOOR,
+    Problem,
+    batch_source,
+    check_int,
+    check_problem,
+    check_real,
+    meets_target,
+)
 
 with needs("exactattn.certified"):
     import flint
     from flint import arb, arb_mat, fmpq, fmpz
 
 LADDER = (96, 128, 192, 320)
-TARGET_BITS = 70
 ROW_BLOCK_BALLS = 2**19  # r·n_k balls per block of rows (~50 MB per tile of balls)
 
 _ZERO = arb(0)
 _ONE = arb(1)
 _TINY = 2.0**-1074
-_FLOOR = 2.0**-1060  # an absolute radius below anything float64 can measure
 
 
 # --- the result -------------------------------------------------------------------------
@@ -116,7 +123,7 @@ class Ball:
     def accuracy_bits(self) -> float:
         """``min log2(terms / rad)`` over the elements whose radius exceeds the 2^-1060 floor
         (inf if none): how far below its summands' magnitude each element is certified."""
-        wide = self.rad > _FLOOR
+        wide = self.rad > FLOOR
         with np.errstate(divide="ignore"):
             bits = np.log2(self.terms[wide]) - np.log2(self.rad[wide])
         return float(bits.min(initial=math.inf))
@@ -128,7 +135,7 @@ class Ball:
         ``x − hi`` is formed exactly (TwoSum), so float64 results are measured to ~2^-104
         relative. Equal infinities (an empty row's ``lse``) have error 0, others inf.
         """
-        x = self._like(_check_real("x", x)).astype(np.float64)
+        x = self._like(check_real("x", x)).astype(np.float64)
         with np.errstate(invalid="ignore"):
             s = x - self.hi
             b = s - x
@@ -228,145 +235,6 @@ def _precision(bits: int) -> Iterator[None]:
         flint.ctx.prec = saved
 
 
-# --- input checks -----------------------------------------------------------------------
-def _check_real(name: str, x: Any) -> np.ndarray:
-    if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
-        got = f"dtype {x.dtype}" if isinstance(x, np.ndarray) else type(x).__name__
-        raise TypeError(f"{name} must be a real NumPy float array; got {got}")
-    return x
-
-
-def _check_shape(name: str, x: np.ndarray, grid: tuple[int, ...], kind: str) -> np.ndarray:
-    """``x`` as an array of ``kind`` (``b``: booleans, ``f``: floats) that broadcasts to grid."""
-    x = np.asarray(x)
-    if kind == "b" and x.dtype != bool:
-        raise TypeError(f"{name} must be a boolean array; got dtype {x.dtype}")
-    if kind == "f":
-        _check_real(name, x)
-    if x.ndim < 2:
-        raise ValueError(f"{name} needs at least 2 dims (n_q, n_k); got shape {x.shape}")
-    try:
-        np.broadcast_to(x, grid)
-    except ValueError:
-        raise ValueError(f"{name} of shape {x.shape} does not broadcast to {grid}") from None
-    return x
-
-
-def _check_number(name: str, x: Any, *, positive: bool = False) -> float | int:
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name} must be a real number; got {x!r}")
-    if not math.isfinite(float(x)) or (positive and not x > 0):
-        what = "a positive finite" if positive else "a finite"
-        raise ValueError(f"{name} must be {what} number; got {x!r}")
-    return int(x) if isinstance(x, numbers.Integral) else x
-
-
-def _check_int(name: str, x: Any, low: int) -> int | None:
-    if x is None:
-        return None
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < low:
-        raise ValueError(f"{name} must be an integer >= {low} or None; got {x!r}")
-    return int(x)
-
-
-@dataclass(frozen=True)
-class _Problem:
-    """The validated inputs (the caller's arrays, not broadcast copies) and settings."""
-
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    g: np.ndarray | None
-    batch: tuple[int, ...]
-    scale: Any
-    allowed: np.ndarray | None
-    keep: np.ndarray | None
-    dropout_p: float
-    bias: np.ndarray | None
-    softcap: float | None
-    group: int  # query heads per key/value head (grouped-query attention), else 1
-    score_mod: Callable[..., Any] | None = None
-
-    @property
-    def grid(self) -> tuple[int, ...]:
-        return (*self.batch, self.q.shape[-2], self.k.shape[-2])
-
-
-def _check(
-    q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, gqa, score_mod=None
-) -> _Problem:
-    named = [("q", q), ("k", k), ("v", v)] + ([("g", g)] if g is not None else [])
-    for name, x in named:
-        _check_real(name, x)
-        if x.ndim < 2:
-            raise ValueError(f"{name} must have shape (..., n, features); got {x.shape}")
-        if not np.isfinite(x).all():
-            first = np.argwhere(~np.isfinite(x))[0].tolist()
-            raise ValueError(f"{name} contains NaN or inf (first at index {first})")
-    shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
-    if q.shape[-1] != k.shape[-1] or q.shape[-1] == 0:
-        raise ValueError(f"q and k must share a head dim d >= 1 (last axis); got {shapes}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same number of keys (axis -2); got {shapes}")
-    if not isinstance(gqa, bool):
-        raise TypeError(f"enable_gqa must be a bool; got {gqa!r}")
-    if gqa and (
-        min(q.ndim, k.ndim, v.ndim) < 3
-        or v.shape[-3] != k.shape[-3]
-        or k.shape[-3] == 0
-        or q.shape[-3] % k.shape[-3]
-    ):
-        raise ValueError(
-            "enable_gqa needs a head axis (..., H, n, d) with k and v holding H_kv heads, "
-            f"H_kv dividing the H query heads; got {shapes}"
-        )
-    lead = 3 if gqa else 2
-    try:
-        batch = tuple(np.broadcast_shapes(*(x.shape[:-lead] for x in (q, k, v))))
-    except ValueError:
-        raise ValueError(f"the leading (batch/head) dims do not broadcast: {shapes}") from None
-    batch = (*batch, q.shape[-3]) if gqa else batch
-    if g is not None and g.shape != (*batch, q.shape[-2], v.shape[-1]):
-        want = (*batch, q.shape[-2], v.shape[-1])
-        raise ValueError(f"g must have the shape of y, {want}; got {g.shape}")
-    grid = (*batch, q.shape[-2], k.shape[-2])
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
-        raise TypeError(f"dropout_p must be a number in [0, 1); got {dropout_p!r}")
-    if not 0 <= dropout_p < 1:
-        raise ValueError(f"dropout_p must be a number in [0, 1); got {dropout_p!r}")
-    if keep is None and dropout_p:
-        raise ValueError("dropout_p > 0 needs keep=<the boolean keep-bits r_ij>")
-    if bias is not None:
-        bias = _check_shape("bias", bias, grid, "f")
-        if np.isnan(bias).any() or (bias == np.inf).any():
-            raise ValueError("bias contains NaN or +inf (−inf is allowed: it excludes the pair)")
-    if score_mod is not None:
-        if not callable(score_mod):
-            raise TypeError(
-                f"score_mod must be a callable score_mod(score, b, h, q_idx, kv_idx); "
-                f"got {score_mod!r}"
-            )
-        if len(batch) > 2:
-            raise ValueError(f"a score_mod indexes (b, h): at most 2 batch dims; got batch {batch}")
-    return _Problem(
-        q=q,
-        k=k,
-        v=v,
-        g=g,
-        batch=batch,
-        scale=None if scale is None else _check_number("scale", scale),
-        allowed=None if allowed is None else _check_shape("allowed", allowed, grid, "b"),
-        keep=None if keep is None else _check_shape("keep", keep, grid, "b"),
-        dropout_p=float(dropout_p),
-        bias=bias,
-        softcap=None
-        if softcap is None
-        else float(_check_number("softcap", softcap, positive=True)),
-        group=q.shape[-3] // k.shape[-3] if gqa else 1,
-        score_mod=score_mod,
-    )
-
-
 # --- the public functions ---------------------------------------------------------------
 def certified_attention(
     q: np.ndarray,
@@ -405,30 +273,26 @@ def certified_attention(
     ``H`` for q and ``H_kv`` (dividing ``H``) for k and v; query head ``h`` reads key/value
     head ``h // (H/H_kv)`` (torch SDPA's convention), and dK, dV sum over each group.
     """
-    problem = _check(
+    problem = check_problem(
         q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, enable_gqa, score_mod
     )
-    prec = _check_int("prec", prec, 16)
-    workers = _check_int("workers", workers, 1)
-    rows = _check_int("row_block", row_block, 1) or _row_block(problem, workers)
+    prec = check_int("prec", prec, 16)
+    workers = check_int("workers", workers, 1)
+    rows = check_int("row_block", row_block, 1) or _row_block(problem, workers)
     start = time.perf_counter()
     for bits in (prec,) if prec is not None else LADDER:
         balls, empty = _evaluate(problem, bits, rows, workers)
-        met = all(_meets_target(ball) for ball in balls.values())
+        met = all(meets_target(ball) for ball in balls.values())
         if met:
             break
     return Enclosure(balls, bits, time.perf_counter() - start, empty, met)
 
 
-def _row_block(problem: _Problem, workers: int) -> int:
+def _row_block(problem: Problem, workers: int) -> int:
     """~2^19 / n_k rows (GEMMs lose speed below ~128 rows), at least one block per worker."""
     n_q, batch = problem.q.shape[-2], math.prod(problem.batch)
     rows = max(1, ROW_BLOCK_BALLS // max(problem.k.shape[-2], 1))
     return max(1, min(rows, -(-n_q * batch // workers)))
-
-
-def _meets_target(ball: Ball) -> bool:
-    return bool(np.all(ball.rad <= 2.0**-TARGET_BITS * ball.terms + _FLOOR))
 
 
 def cpu_seconds() -> float:
@@ -447,7 +311,7 @@ Part = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # hi, lo, rad, ter
 
 
 def _evaluate(
-    problem: _Problem, prec: int, rows: int, workers: int
+    problem: Problem, prec: int, rows: int, workers: int
 ) -> tuple[dict[str, Ball], np.ndarray]:
     n_q = problem.q.shape[-2]
     items = [
@@ -506,7 +370,7 @@ class _Sums:
         return out
 
 
-def _run_share(problem: _Problem, prec: int, items: list[Item]) -> _Share:
+def _run_share(problem: Problem, prec: int, items: list[Item]) -> _Share:
     share, sums = _Share(), _Sums()
     keys: dict[tuple, _Keys] = {}
     nb = len(problem.batch)
@@ -514,7 +378,7 @@ def _run_share(problem: _Problem, prec: int, items: list[Item]) -> _Share:
         consts = _Consts.of(problem)
         for item in items:
             src = tuple(
-                _source(item[0], x.shape, nb, problem.group) for x in (problem.k, problem.v)
+                batch_source(item[0], x.shape, nb, problem.group) for x in (problem.k, problem.v)
             )
             if src not in keys:
                 keys[src] = _Keys.of(problem.k[src[0]], problem.v[src[1]], consts)
@@ -528,17 +392,7 @@ def _run_share(problem: _Problem, prec: int, items: list[Item]) -> _Share:
     return share
 
 
-def _source(
-    index: tuple[int, ...], shape: tuple[int, ...], nb: int, group: int = 1
-) -> tuple[int, ...]:
-    """The batch index of an input of ``shape`` that broadcast batch element ``index`` reads
-    (``group > 1``: a key/value input, whose head ``h // group`` serves query head ``h``)."""
-    lead = (1,) * (nb + 2 - len(shape)) + tuple(shape[:-2])
-    index = (*index[:-1], index[-1] // group) if group > 1 else index
-    return tuple(i if n != 1 else 0 for i, n in zip(index, lead))[nb + 2 - len(shape) :]
-
-
-def _assemble(problem: _Problem, shares: list[_Share]) -> tuple[dict[str, Ball], np.ndarray]:
+def _assemble(problem: Problem, shares: list[_Share]) -> tuple[dict[str, Ball], np.ndarray]:
     """The processes' shares as one :class:`Ball` per output, each shaped like its input."""
     p = problem
     n_q = p.q.shape[-2]
@@ -636,7 +490,7 @@ class _Consts:
     ctx: Any  # the balls as a number system, for a score_mod's Dual
 
     @classmethod
-    def of(cls, p: _Problem) -> _Consts:
+    def of(cls, p: Problem) -> _Consts:
         from ..backends.flint_backend import FlintContext
 
         c = arb(p.q.shape[-1]).rsqrt() if p.scale is None else _exact_float(p.scale)
@@ -683,11 +537,11 @@ def _entries(x: np.ndarray) -> list[Any]:
 class _Block:
     """Rows ``r0:r1`` of batch element ``index`` against every key: forward, then reverse."""
 
-    def __init__(self, p: _Problem, consts: _Consts, keys: _Keys, index, r0: int, r1: int):
+    def __init__(self, p: Problem, consts: _Consts, keys: _Keys, index, r0: int, r1: int):
         self.p, self.consts, self.keys, self.index = p, consts, keys, index
         self.item = (index, r0, r1)
         nb = len(p.batch)
-        self.q = p.q[_source(index, p.q.shape, nb)][r0:r1]
+        self.q = p.q[batch_source(index, p.q.shape, nb)][r0:r1]
         r, n_k = r1 - r0, keys.k_float.shape[0]
         self.r, self.n_k = r, n_k
         at = (*index, slice(r0, r1))
@@ -869,9 +723,9 @@ class _Block:
         ds_abs = prho_dp + self.p_float * prho_dp.sum(axis=1, keepdims=True)
         ds_tilde_abs = abs(consts.c_float) * ds_abs * self.slope
         src = (
-            _source(self.index, p.q.shape, nb),
-            _source(self.index, p.k.shape, nb, p.group),
-            _source(self.index, p.v.shape, nb, p.group),
+            batch_source(self.index, p.q.shape, nb),
+            batch_source(self.index, p.k.shape, nb, p.group),
+            batch_source(self.index, p.v.shape, nb, p.group),
         )
         r0 = self.item[1]
         sums.add("dq", (src[0], r0), arb_mat(r, d, dq), ds_tilde_abs @ np.abs(keys.k_float))
@@ -890,7 +744,7 @@ class _Block:
         """``dB = dS`` summed to the bias's shape (rows and/or columns of size 1 are sums)."""
         p, r, n_k = self.p, self.r, self.n_k
         shape = p.bias.shape
-        src = _source(self.index, shape, len(p.batch))
+        src = batch_source(self.index, shape, len(p.batch))
         if shape[-2] != 1 and shape[-1] != 1:
             part = arb_mat(r, n_k, [x * self.inv_l[i // n_k] for i, x in enumerate(self._full(ds))])
         elif shape[-2] != 1:

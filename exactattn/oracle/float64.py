@@ -57,7 +57,8 @@ import numpy as np
 from ..infra.optional import needs
 
 with needs("exactattn.fast_reference"):
-    from .certified import Ball, Enclosure, _check, _meets_target, _source
+    from .certified import Ball, Enclosure
+from .problem import batch_source, check_problem, meets_target
 
 U = 2.0**-53  # unit roundoff of float64
 UB = U / (1 - U)  # ū ≥ |log(1 + ε)| for |ε| ≤ u
@@ -140,9 +141,9 @@ class _Lazy:
 
 @dataclass(frozen=True)
 class _Fast:
-    """The validated problem (see :func:`exactattn.oracle.certified._check`) and its lazy parts."""
+    """The validated problem (:func:`exactattn.oracle.problem.check_problem`), its lazy parts."""
 
-    p: Any  # certified._Problem with the dense inputs
+    p: Any  # problem.Problem with the dense inputs
     allowed: _Lazy
     bias: _Lazy
     keep: _Lazy
@@ -165,7 +166,7 @@ def _problem(q, k, v, g, scale, allowed, keep, dropout_p, bias, softcap, gqa) ->
     # a lazy keep passes certified's dropout check with a stand-in (its rows are checked
     # as they are read)
     keep_checked = np.ones((1, 1), dtype=bool) if lazy_keep else dense["keep"]
-    p = _check(
+    p = check_problem(
         q, k, v, g, scale, dense["allowed"], keep_checked, dropout_p, dense["bias"], softcap, gqa
     )
     if p.scale is None:  # 1/sqrt(d): two correct roundings, none where d is a power of 4
@@ -528,12 +529,12 @@ def fast_attention(
         for r0 in range(0, n_q, rows):
             r1 = min(r0 + rows, n_q)
             for index in np.ndindex(*p.batch):
-                src_k = _source(index, p.k.shape, nb, p.group)
-                src_v = _source(index, p.v.shape, nb, p.group)
+                src_k = batch_source(index, p.k.shape, nb, p.group)
+                src_v = batch_source(index, p.v.shape, nb, p.group)
                 if (src_k, src_v) not in keys:
                     keys[src_k, src_v] = _Keys.of(p.k[src_k], p.v[src_v])
                 kv = keys[src_k, src_v]
-                src_q = _source(index, p.q.shape, nb)
+                src_q = batch_source(index, p.q.shape, nb)
                 qb = p.q[src_q][r0:r1].astype(np.float64)
                 at = (*index, slice(None), slice(None))[: nb + 2]
                 fw = _forward(f, kv, qb, at, (r0, r1), tiles)
@@ -557,7 +558,7 @@ def fast_attention(
     }
     if p.g is not None:
         balls.update(_finish(f, sums, counts))
-    met = all(_meets_target(ball) for ball in balls.values())
+    met = all(meets_target(ball) for ball in balls.values())
     return Enclosure(balls, 53, time.perf_counter() - start, empty, met)
 
 
@@ -577,7 +578,7 @@ def _add_bias(acc: _Sum, index: tuple, nb: int, rows: tuple[int, int], part: tup
     """Add a block's ``dS`` (and radius, magnitudes) into the bias's shape: rows and/or
     columns of size 1 are sums (their rounding is charged in :func:`_finish`)."""
     shape = acc.value.shape
-    src = _source(index, shape, nb)
+    src = batch_source(index, shape, nb)
     values = []
     for x in part:
         x = x.sum(axis=0, keepdims=True) if shape[-2] == 1 else x

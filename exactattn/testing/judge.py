@@ -75,7 +75,7 @@ def _mpf(e: Any) -> mpmath.mpf:
 _MPF = np.frompyfunc(_mpf, 1, 1)
 
 
-def _difference(out: Any, ref: Reference, name: str) -> tuple[np.ndarray, bool]:
+def difference(out: Any, ref: Reference, name: str) -> tuple[np.ndarray, bool]:
     """``|out − ref|`` as float64 and whether the comparison was in mpmath (fine): float
     outputs against the double-double midpoint (:meth:`exactattn.oracle.certified.Ball.error`),
     finer ones (mpf, longdouble) in mpmath against the exact midpoints (made only then: an
@@ -137,7 +137,7 @@ def judge(
                     variant.name, "refused", text, dtype=variant.dtype, overflow_risk=True
                 )
             return _fail(finding, text)
-        diff, fine = _difference(out, ref, name)
+        diff, fine = difference(out, ref, name)
         # the radius of the reference (and of a ball output), and the float64 rounding of
         # the difference itself (2^-52 of it, charged to the limit)
         extra = ref.rad[name] + radius + (2.0**-150 if fine else 2.0**-100) * np.abs(near)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..cases.exact import Reference
 from ..error.expected_bounds import CONFIDENCE, expected_bounds
-from .judge import Finding, _difference
+from .judge import Finding, difference
 from .tolerance import claimed_bound
 
 FAR = 4.0
@@ -43,7 +43,7 @@ def mark(variant: Any, outputs: dict[str, Any], ref: Reference, finding: Finding
     expected = claimed_bound(
         single, ref.case, ref.held, program_bias=ref.program_bias, bound=expected_bounds
     )["y"]
-    diff, _ = _difference(out, ref, "y")
+    diff, _ = difference(out, ref, "y")
     limit = expected + ref.rad["y"]
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(diff == 0, 0.0, diff / limit)

@@ -114,8 +114,8 @@ def _drop_output_cast(mp):
 
 def _units(**changes):
     def patch(mp):
-        of = B._Units.of
-        mp.setattr(B._Units, "of", staticmethod(lambda *a: dataclasses.replace(of(*a), **changes)))
+        of = B.Units.of
+        mp.setattr(B.Units, "of", staticmethod(lambda *a: dataclasses.replace(of(*a), **changes)))
 
     return patch
 

@@ -142,7 +142,7 @@ def test_the_quantisation_term_is_needed():
 
 def test_pv_budget_from_its_definition():
     fp32, fp16 = get_format("float32"), get_format("float16")
-    un = bounds._Units.of(bounds.Arith(fp32, fp32, fp32, fp32, pv_acc=fp16, pv_chunk=32), False)
+    un = bounds.Units.of(bounds.Arith(fp32, fp32, fp32, fp32, pv_acc=fp16, pv_chunk=32), False)
     b = np.array([1, 32, 33, 128])
     u16, u32 = 2.0**-11 / (1 - 2.0**-11), 2.0**-24 / (1 - 2.0**-24)
     want = [1 * u16 + u32, 32 * u16 + u32, 32 * u16 + 2 * u32, 32 * u16 + 4 * u32]
