@@ -20,7 +20,7 @@ from tests.optional import requires
 
 requires("flint")
 
-from exactattn.oracle import certified
+from exactattn.oracle import certified, problem
 from exactattn.oracle.certified import certified_attention
 from exactattn.precision.timing import time_reference
 
@@ -222,7 +222,7 @@ def test_the_ladder_climbs_and_an_explicit_precision_is_kept(monkeypatch):
     arrays = _arrays(6, (6, 3), (6, 3), (6, 3), (6, 3))
     low = certified_attention(*arrays, prec=40)
     assert low.prec == 40 and not low.target_met and low.max_radius > 1e-15
-    monkeypatch.setattr(certified, "TARGET_BITS", 100)  # ~92 bits at 96, ~104 at 128
+    monkeypatch.setattr(problem, "TARGET_BITS", 100)  # ~92 bits at 96, ~104 at 128
     climbed = certified_attention(*arrays)
     assert climbed.prec == 128 and climbed.target_met
     assert climbed.max_radius < 2.0**-30 * low.max_radius
