@@ -324,6 +324,9 @@ def _print(result, rows, failures: list[str]) -> None:
             f"{c['runs']} compiled runs {c['run_seconds']:.2f} s"
         )
     for p in result.probes:
+        if not p.ran:
+            print(f"  dropout probe {p.target}: not run, the target has no dropout ({p.detail})")
+            continue
         state = "ok" if p.ok else f"FAIL: {p.detail}"
         print(f"  dropout probe {p.target}: keep rate {p.keep_rate:.4f} (p={p.p}) {state}")
     for line in coverage.table(result.report.coverage, result.variants):

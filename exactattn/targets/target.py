@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -242,6 +243,8 @@ class Options:
     A user's function: ``takes``, the keyword names its signature accepts (None: any; see
     :mod:`.signature`), and ``notes``, what that signature changed (printed once). ``known``:
     the upstream bugs it inherits (:data:`exactattn.testing.known.UPSTREAM` names).
+    ``refusals``: the library's documented "not supported" errors, as (exception class name,
+    message pattern) pairs (:meth:`Target.refuses`).
     """
 
     ctx: Callable[[], Any] | None = None
@@ -269,6 +272,7 @@ class Options:
     takes: frozenset[str] | None = None
     notes: tuple[str, ...] = ()
     known: tuple[str, ...] = ()
+    refusals: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,22 @@ class Target:
     def load(self) -> Any:
         """The callable (imports its module on first use; cached by the loader)."""
         return self.loader()
+
+    def refuses(self, error: BaseException) -> str | None:
+        """The reason, when ``error`` is this target saying it does not support an input:
+        a ``NotImplementedError`` from a foreign target (a library's or a user's function;
+        exactattn's own configurations take every input, so one there is a bug) or one of its
+        library's documented refusals (``options.refusals``: the exception's class or a base
+        class by name, and a pattern its message contains); None for any other error (a
+        failure of the target)."""
+        text = (str(error).strip().splitlines() or [""])[0][:300]
+        if isinstance(error, NotImplementedError) and self.family == "foreign":
+            return text or "NotImplementedError"
+        names = {cls.__name__ for cls in type(error).__mro__}
+        for name, pattern in self.options.refusals:
+            if name in names and re.search(pattern, str(error)):
+                return text
+        return None
 
     def unavailable(self, quick: bool = False) -> str | None:
         """Why this target cannot run here (a missing package, no CUDA device), or None.

@@ -4,16 +4,17 @@ For each :class:`~exactattn.targets.Variant` of the case's dtype: a case it does
 a ``skip`` finding with the reason; otherwise the inputs (and a bias) are held in its
 format, the reference is computed once per distinct rounding
 (:func:`exactattn.cases.exact.certified`; with ``fast_reference`` the float64 one,
-:func:`~exactattn.cases.exact.fast`, wherever its radius is below 2^-20 of the
-variant's tolerance, arb where not, the finding naming which served), the variant runs (an
-exception, a wrong shape or dtype is a failed case with its message, never a crash of the
-harness), and
-:func:`.judge.judge` gives the verdict. Gradients a variant cannot give on this device are
-left out and the reason recorded. Optionally it runs a second time on the same inputs
-(bitwise determinism, reported, not judged), and the same case runs under two baselines on
-the same held inputs: naive attention in the same dtype, and FlashAttention-2's precision
-policy (fp32 statistics and accumulators, ``P`` cast to the input dtype, key blocks of
-:data:`FA2_BLOCK`), for the side-by-side error ratios.
+:func:`~exactattn.cases.exact.fast`, wherever its radius is below 2^-20 of the variant's
+tolerance, arb where not, the finding naming which served), the variant runs (an exception,
+a wrong shape or dtype is a failed case with its message, never a crash of the harness; but
+a target that says it does not support the input — ``NotImplementedError``, or its library's
+documented refusal, :meth:`~exactattn.targets.Target.refuses` — skips the case with that
+reason), and :func:`.judge.judge` gives the verdict. Gradients a variant cannot give on this
+device are left out and the reason recorded. Optionally it runs a second time on the same
+inputs (bitwise determinism, reported, not judged), and the same case runs under two
+baselines on the same held inputs: naive attention in the same dtype, and FlashAttention-2's
+precision policy (fp32 statistics and accumulators, ``P`` cast to the input dtype, key
+blocks of :data:`FA2_BLOCK`), for the side-by-side error ratios.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from . import suspicion
 from .judge import Finding, certain, judge
 from .tolerance import Allowed, bounds
 
+UNSUPPORTED = "the target does not support this input"  # a skip's reason, then the target's
 FA2_BLOCK = 64  # FlashAttention-2's key-block size for head dims <= 128 (kBlockN)
 GRADS = ("dq", "dk", "dv")
 
@@ -125,6 +127,10 @@ def run_and_judge(
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:
+        refused = variant.target.refuses(error)
+        if refused is not None:  # unsupported is not wrong: skipped, with the library's reason
+            why = f"{UNSUPPORTED}: {type(error).__name__}: {refused}"
+            return Finding(variant.name, "skip", why, dtype=variant.dtype), {}
         text = (str(error).strip().splitlines() or [""])[0][:300]
         detail = f"raised {type(error).__name__}: {text}"
         failed = Finding(variant.name, "fail", detail, dtype=variant.dtype)

@@ -261,6 +261,9 @@ def markdown(result: Result, rows: list[dict[str, Any]], failures: list[str]) ->
         body += ["| variant | p | keep rate | z | kept-factor error | mean z (y, grads) | ok |"]
         body += ["| --- | --- | --- | --- | --- | --- | --- |"]
         for p in result.probes:
+            if not p.ran:
+                body.append(f"| {p.target} | {p.p} | not run: the target has no dropout | | | | |")
+                continue
             means = ", ".join(f"{k} {v:.2g}" for k, v in p.mean_z.items())
             body.append(
                 f"| {p.target} | {p.p} | {p.keep_rate:.4f} | {p.keep_z:+.2f} | "

@@ -44,6 +44,7 @@ class ProbeResult:
     mean_z: dict[str, float] = field(default_factory=dict)
     ok: bool = True
     detail: str = ""
+    ran: bool = True  # False: the target does not support dropout (``detail`` says why)
 
 
 def probe(variant, p: float = 0.3, draws: int = 200, grads: bool = True) -> ProbeResult:

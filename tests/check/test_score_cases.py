@@ -244,7 +244,7 @@ def test_flex_on_a_users_program_and_a_flex_that_ignores_the_score_mod():
         (["--score-mod", f"{PROGRAM}:nothing"], "has no attribute 'nothing'"),
         (["--score-mod", f"{PROGRAM}:not_callable"], "is a int, not a function"),
         (["--score-mod", "no_such_module_here:f"], "cannot import 'no_such_module_here'"),
-        (["--score-mod", f"{PROGRAM}:torch_only"], "exactattn.core.ops.tanh"),
+        (["--score-mod", f"{PROGRAM}:torch_only"], "exactattn.ops.tanh"),
         (["--mask-mod", f"{PROGRAM}:alibi"], "--mask-mod"),
     ],
 )

@@ -1,0 +1,40 @@
+"""Kernels that refuse some inputs the way libraries do, for the unsupported-is-not-wrong tests.
+
+Each is torch's SDPA (math backend) behind a guard: :func:`no_dropout` raises
+``NotImplementedError`` for dropout and for bfloat16, :func:`no_negative_scale` raises a
+``ValueError`` with a library-style message for a negative scale (a refusal only where the
+target's claim names it), and :func:`wrong_on_negative_scale` returns wrong numbers there.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+NEGATIVE = "scale must be greater than 0 if specified"  # ONNX Runtime's CPU Attention text
+
+
+def _math(q, k, v, **kwargs):
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def no_dropout(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    if dropout_p:
+        raise NotImplementedError("this kernel has no dropout")
+    if q.dtype == torch.bfloat16:
+        raise NotImplementedError("no bfloat16 kernel on this device")
+    return _math(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
+def no_negative_scale(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    if scale is not None and scale <= 0:
+        raise ValueError(NEGATIVE)
+    return _math(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
+def wrong_on_negative_scale(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    if scale is not None and scale <= 0:
+        scale = -scale
+    return _math(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
