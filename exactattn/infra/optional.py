@@ -24,6 +24,10 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "transformers": ("transformers", "hf"),
     "z3": ("z3-solver", "proofs"),
     "ml_dtypes": ("ml-dtypes", "lowbit"),
+    "onnxruntime": ("onnxruntime", "onnx"),
+    "onnx": ("onnx", "onnx"),
+    "openvino": ("openvino", "openvino"),
+    "jax": ("jax", "jax"),
 }
 
 
