@@ -20,7 +20,7 @@ and separates the three explanations:
   fp32 accumulator), run with torch on the CPU (``torch-standard``).
 
 ``python -m exactattn.precision.fa3_paper --n 512 1024 2048 4096 8192 --seeds 0 1
---out fa3-paper.csv`` prints a markdown table; its run time is in docs (README, FA-3).
+--out fa3-paper.csv`` prints a markdown table; its run time is in docs/precision.md (FA-3).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from . import dispatch
 from .dispatch import Kernel
 
 # Key-block size b of the generic path: the fastest on the CPU benchmark
-# (`exactattn bench-torch`, README); any b >= 1 gives the same exact result.
+# (`exactattn bench-torch`, docs/torch.md); any b >= 1 gives the same exact result.
 DEFAULT_BLOCK_SIZE = 512
 BAND_BLOCK_SIZE = 128  # the smallest default b under a window mask (see key_block_size)
 # Elements of one (*batch, rows, b) score tile: the generic path runs the algorithm over

@@ -4,7 +4,7 @@
 it (see :data:`kernels.BUGS`). Each broken kernel must fail
 :func:`exactattn.testing.assert_attention_close` with a counterexample naming the output,
 the shapes and the worst element; the correct kernel must pass under the same claim. The
-kill rate over all ten is asserted to be 10/10 (README reports it).
+kill rate over all ten is asserted to be 10/10 (docs/check.md reports it).
 """
 
 from __future__ import annotations

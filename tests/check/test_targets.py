@@ -1,7 +1,7 @@
 """The registry: names, claims, capabilities, user targets, and the built-in foreign targets.
 
 Each built-in target available here passes a short check (the measured tables come from
-``exactattn check ... --examples 2000``; see README); FlexAttention's compile makes its
+``exactattn check ... --examples 2000``; see docs/check.md); FlexAttention's compile makes its
 check slow. The registry lists without importing torch.
 """
 

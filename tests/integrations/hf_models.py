@@ -1,6 +1,6 @@
 """Tiny random-weight transformers models and their parity measurements against ``sdpa``.
 
-``python -m tests.integrations.hf_models`` prints the parity table (README): per model and
+``python -m tests.integrations.hf_models`` prints the parity table (docs/torch.md): per model and
 dtype, the largest logit and parameter-gradient difference between
 ``attn_implementation="exactattn"`` and ``"sdpa"``, and whether greedy generation with a
 dynamic and a static cache gives identical tokens.
