@@ -13,6 +13,8 @@ from :func:`make_executor` (``--workers N`` / ``--scheduler ADDRESS``, see
   runs on every platform), each running one task at a time. A worker that dies (a crash, a
   kill, out of memory) fails only the task it was running, with :class:`WorkerDied` naming
   the signal or exit code, and is replaced: the run goes on.
+* :class:`Isolated` is one such worker for calls that may crash or hang it (a foreign
+  library's native code): a death or a timeout fails that call alone.
 * :class:`DaskExecutor` submits to a Dask distributed scheduler (the optional ``dask``
   extra); the workers need the same ``exactattn`` installed. An address where no scheduler
   answers is a :class:`SchedulerUnreachable` within ``connect_timeout`` seconds
@@ -345,6 +347,48 @@ class _Pool:
             worker.conn.close()
         for future, _, _ in self._queue:
             future.cancel()
+
+
+class Isolated:
+    """One worker process for calls that may crash or hang the process running them (a
+    foreign library's native code): :meth:`call` runs ``fn(*args)`` there and returns its
+    value or raises its exception. A worker that dies raises :class:`WorkerDied` naming the
+    signal; one that gives no answer within ``timeout`` seconds is killed and raises
+    :class:`TimeoutError`. Either way the next call gets a fresh worker."""
+
+    def __init__(self) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self._worker: _Worker | None = None
+        atexit.register(self.close)
+
+    def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+        if self._worker is None or not self._worker.process.is_alive():
+            self._worker = _Worker(self._context)
+        worker = self._worker
+        worker.task = _name(fn)
+        worker.conn.send_bytes(pickle.dumps((fn, args)))
+        if not multiprocessing.connection.wait([worker.conn, worker.process.sentinel], timeout):
+            self._stop()
+            raise TimeoutError(f"{worker.task} gave no answer within {timeout:g} s (killed)")
+        try:
+            kind, value = pickle.loads(worker.conn.recv_bytes())
+        except (EOFError, OSError):  # the pipe closed: the process is gone
+            self._worker = None
+            raise WorkerDied(worker.died()) from None
+        if kind == "ok":
+            return value
+        raise value
+
+    def _stop(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.process.kill()
+            worker.process.join(timeout=5)
+            worker.conn.close()
+
+    def close(self) -> None:
+        atexit.unregister(self.close)
+        self._stop()
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -244,7 +244,9 @@ class Options:
     :mod:`.signature`), and ``notes``, what that signature changed (printed once). ``known``:
     the upstream bugs it inherits (:data:`exactattn.testing.known.UPSTREAM` names).
     ``refusals``: the library's documented "not supported" errors, as (exception class name,
-    message pattern) pairs (:meth:`Target.refuses`).
+    message pattern) pairs (:meth:`Target.refuses`). ``isolated``: every call runs in a child
+    process, so a native crash or a hang (no answer within ``case_timeout`` seconds) fails
+    that case alone (:mod:`.isolation`).
     """
 
     ctx: Callable[[], Any] | None = None
@@ -273,6 +275,8 @@ class Options:
     notes: tuple[str, ...] = ()
     known: tuple[str, ...] = ()
     refusals: tuple[tuple[str, str], ...] = ()
+    isolated: bool = False
+    case_timeout: float = 300.0
 
 
 @dataclass(frozen=True)

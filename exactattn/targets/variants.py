@@ -16,7 +16,7 @@ import numpy as np
 
 from ..backends.formats import Format, get_format, number_format
 from ..error.bounds import Arith
-from . import builtin
+from . import builtin, isolation
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
 from .flex_convention import Flex
 from .interface_conventions import CONVENTIONS as INTERFACES
@@ -204,6 +204,8 @@ class Variant:
         return self.convention.unsupported(self.target, case, self.device, True)
 
     def run(self, case: Any, held: dict[str, np.ndarray], grads: bool) -> dict[str, Any]:
+        if self.target.options.isolated and not isolation.in_child():
+            return isolation.run(self, case, held, grads)
         return self.convention.run(
             self.target, replace(case, dtype=self.dtype), held, self.device, grads
         )
