@@ -104,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         "masks=none+causal,gqa=no,dropout=no (see below)",
     )  # fmt: skip
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
+    parser.add_argument(
+        "--discover",
+        action="store_true",
+        help="call each TARGET on tiny cases (dtypes, v != d, GQA, n_q != n_k, each mask "
+        "kind, bias, negative scale, dropout, gradients) and print the --convention and "
+        "--supports it takes, ready to paste",
+    )
     parser.add_argument("--replay", metavar="FILE", default=None, help="re-run a replay file")
     parser.add_argument("--no-determinism", action="store_true", help="skip the second run")
     parser.add_argument("--no-baselines", action="store_true", help="skip naive / FA-2 runs")
@@ -157,9 +164,34 @@ def main(argv: list[str] | None = None) -> int:
         program = _program(args)
     except (ValueError, TypeError, IndexError) as error:
         return _error(str(error))
+    if args.discover:
+        return _discover(args, chosen, dtypes)
     if args.profile == "long":
         return _long(args, chosen, dtypes)
     return _check(args, chosen, dtypes, spec, program)
+
+
+def _discover(args, chosen, dtypes) -> int:
+    """``--discover``: each target's probes, then the flags that leave out what it refused."""
+    from ..targets.target import FLOAT_DTYPES
+    from ..testing.discover import discover, supports_text
+
+    for target in chosen:
+        outcomes = discover(target, dtypes or FLOAT_DTYPES)
+        print(f"discover {target.name} ({target.convention} convention):")
+        for o in outcomes:
+            detail = f"  {o.detail}" if o.detail else ""
+            print(f"  {o.probe.feature:<40} {o.status}{detail}")
+        flags = f"--convention {target.convention}"
+        text = supports_text(outcomes)
+        flags += f" --supports {text}" if text else ""
+        print(f"  flags: exactattn check {target.name} {flags}")
+        failing = [o for o in outcomes if o.status == "fails"]
+        if failing:
+            print(
+                f"  {len(failing)} probe(s) ran and FAILED: check reports them (no flag hides them)"
+            )
+    return 0
 
 
 def _long(args, chosen, dtypes) -> int:
@@ -203,12 +235,28 @@ def _spec(args: argparse.Namespace) -> dict:
     spec: dict = {}
     if args.convention:
         spec["convention"] = args.convention
+    elif args.discover:
+        spec["convention"] = _inferred_convention(args.targets)
     if args.claim:
         spec["claim"] = targets.Claim.parse(args.claim)
     if args.supports:
         base = targets.user_capabilities(args.convention or "sdpa")
         spec["supports"] = targets.Capabilities.parse(args.supports, base)
     return spec
+
+
+def _inferred_convention(names: list[str]) -> str:
+    """flash for a function with flash-attn's keywords (``causal``, ``softmax_scale``), else
+    sdpa: what ``--discover`` assumes when ``--convention`` is not given."""
+    from .. import targets
+    from ..targets.signature import keywords_taken
+
+    for name in names:
+        if ":" in name:
+            taken = keywords_taken(targets.load_callable(name)) or frozenset()
+            if {"causal", "softmax_scale"} & taken and "is_causal" not in taken:
+                return "flash"
+    return "sdpa"
 
 
 def _check(args, chosen, dtypes, spec, program) -> int:

@@ -161,7 +161,8 @@ class Capabilities:
     entries exclude pairs); ``softcap``: takes ``cap·tanh(s/cap)``; ``program``: runs a
     user's FlexAttention ``mask_mod`` / ``score_mod`` itself (``exactattn check --mask-mod``;
     a target that would only see the mask materialised, or not the score_mod at all, says
-    why not). ``max_size`` bounds ``n_q·n_k·(d+v)·batch`` for slow number systems.
+    why not). ``negative_scale``: takes a scale ``c < 0``. ``max_size`` bounds
+    ``n_q·n_k·(d+v)·batch`` for slow number systems.
     """
 
     dtypes: tuple[str, ...] = FLOAT_DTYPES
@@ -174,6 +175,7 @@ class Capabilities:
     empty_rows: bool | str = True
     bias: bool | str = "takes no bias (not stated)"
     softcap: bool | str = "takes no soft-cap (not stated)"
+    negative_scale: bool | str = True
     program: bool | str = "runs no FlexAttention program (mask_mod / score_mod)"
     equal_head_dims: bool = False  # needs v == d
     batch_dims: tuple[int, ...] = (0, 1, 2)  # leading dims it accepts
@@ -188,7 +190,7 @@ class Capabilities:
         base = base or cls()
         lists = {"dtypes", "devices", "masks"}
         flags = {"grads", "dropout", "lse", "gqa", "cross", "empty_rows", "equal_head_dims"}
-        flags |= {"bias", "softcap", "program"}
+        flags |= {"bias", "softcap", "program", "negative_scale"}
         values: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = (x.strip() for x in item.partition("="))

@@ -175,6 +175,7 @@ class Variant:
             (case.empty_rows == "zero", caps.empty_rows, "rows with no allowed key"),
             (case.bias is not None, caps.bias, "bias"),
             (case.softcap is not None, caps.softcap, "softcap"),
+            (case.scale is not None and case.scale < 0, caps.negative_scale, "negative scale"),
             (_program(case), caps.program, "a user's program"),
         )
         for applies, capability, what in checks:
