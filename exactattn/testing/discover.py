@@ -4,7 +4,8 @@ Each probe is one tiny case that exercises one feature — a dtype, ``v ≠ d``,
 ``n_q ≠ n_k``, each mask kind, an additive bias, a negative scale, dropout, gradients — run
 and judged as check runs it (:func:`.case_check.check_case`). A probe the function answers
 correctly is *supported*; one it refuses (``NotImplementedError``, or any exception it
-raises on that input alone) is *not supported*, with its message; one it answers wrongly is
+raises on that input alone, an output detached from autograd for the gradients, an output in
+another dtype for a dtype) is *not supported*, with its message; one it answers wrongly is
 *supported but failing*: that is a finding for ``check``, never hidden by a ``--supports``
 flag. :func:`discover` returns the probes' outcomes, :func:`supports_text` the
 ``--supports`` text that leaves out exactly what the function does not take, ready to paste.
@@ -24,6 +25,9 @@ from ..targets import Capabilities, Target, Variant
 from ..targets.target import FLOAT_DTYPES
 from .case_check import Options, check_case
 
+# what a function that does not take a feature answers (else a failure is a wrong answer):
+# an exception, an output outside autograd's graph, an output in another dtype
+REFUSED = ("raised ", "y does not require grad", "y has dtype ")
 MASK_KINDS = ("none", "causal", "window", "padding", "dense")  # what the probes draw
 N, D = 12, 8  # a probe's size: two key blocks of the smallest claimed block sizes and a tail
 
@@ -149,7 +153,7 @@ def _outcome(variant: Variant, probe: Probe) -> Outcome:
     (found,) = check_case(case, [variant], Options(grads=probe.grads, fast_reference=True))
     if found.status in ("ok", "known-upstream"):
         return Outcome(probe, "supported")
-    if found.status == "skip" or found.detail.startswith("raised "):
+    if found.status == "skip" or found.detail.startswith(REFUSED):
         return Outcome(probe, "not supported", found.detail)
     return Outcome(probe, "fails", found.detail)
 

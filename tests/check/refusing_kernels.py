@@ -3,7 +3,8 @@
 Each is torch's SDPA (math backend) behind a guard: :func:`no_dropout` raises
 ``NotImplementedError`` for dropout and for bfloat16, :func:`no_negative_scale` raises a
 ``ValueError`` with a library-style message for a negative scale (a refusal only where the
-target's claim names it), and :func:`wrong_on_negative_scale` returns wrong numbers there.
+target's claim names it), :func:`wrong_on_negative_scale` returns wrong numbers there, and
+:func:`detached` gives no gradients.
 """
 
 from __future__ import annotations
@@ -38,3 +39,11 @@ def wrong_on_negative_scale(q, k, v, attn_mask=None, is_causal=False, scale=None
     if scale is not None and scale <= 0:
         scale = -scale
     return _math(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
+def detached(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """A forward-only kernel: its output leaves autograd's graph (numpy round trip)."""
+    y = _math(
+        q.detach(), k.detach(), v.detach(), attn_mask=attn_mask, is_causal=is_causal, scale=scale
+    )
+    return torch.from_numpy(y.numpy().copy())

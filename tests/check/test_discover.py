@@ -22,6 +22,7 @@ KERNELS = "tests.check.refusing_kernels"
     [
         ("no_dropout", "dtypes=float64+float32+float16,dropout=no"),
         ("no_negative_scale", "negative_scale=no"),
+        ("detached", "dtypes=float64+float32+float16,grads=no"),
     ],
 )
 def test_the_printed_flags_leave_out_what_the_function_refuses(function, flags, capsys):
