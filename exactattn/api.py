@@ -2,13 +2,20 @@
 
 Each call picks the number system from its arguments (or ``backend=``), checks its inputs,
 runs :mod:`exactattn.core.algorithm` (or :mod:`exactattn.core.naive`) inside the backend's
-precision scope and returns arrays of the backend's storage type.
+precision scope and returns arrays of the backend's storage type. The keywords they share
+are declared once, in :class:`Keywords`: every function's signature and ``help()`` list
+them from there (:func:`_shares_keywords`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import functools
+import inspect
+import textwrap
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Annotated, Any
 
 from .backends import resolve_backend
 from .backends.protocol import Array, ArrayContext
@@ -21,7 +28,7 @@ from .core.scores import chain, score_fn
 from .core.scores import softcap as as_softcap
 
 DEFAULT_BLOCK_SIZE = 256  # within ~10% of the fastest b on the NumPy benchmark, half the tile
-# memory of b = 512; any b >= 1 gives the same exact result
+# memory of b = 512 (the policy: Keywords.block_size)
 
 
 @dataclass(frozen=True)
@@ -37,22 +44,139 @@ class Stats:
     lse: Array
 
 
-def _prepare(
-    ctx: ArrayContext,
-    inputs: dict[str, Any],
-    *,
-    block_size: Any,
-    scale: Any,
-    mask: Any,
-    dropout_p: Any,
-    seed: Any,
-    bias: Any,
-    softcap: Any,
-    score_mod: Any,
-    enable_gqa: Any,
-    empty_rows: str,
-    check_finite: bool,
-) -> Call:
+@dataclass(frozen=True, kw_only=True)
+class Keywords:
+    """The keywords every function of :mod:`exactattn.api` takes (but
+    :func:`flash_attention`, seed 002's fixed signature): each one's type and documentation
+    (``Annotated``) and its default."""
+
+    block_size: Annotated[
+        int | None,
+        "``b``, the keys per block of the tiled pass: an integer >= 1; any ``b`` gives "
+        "the same exact result, only the rounding differs. None: ``DEFAULT_BLOCK_SIZE`` "
+        "(256). The naive functions check it and use one block of all keys.",
+    ] = None
+    scale: Annotated[
+        Any,
+        "``c`` in ``s_ij = c·q_i·k_j``: a finite real number (on sympy any real "
+        "expression, a symbol too). None: ``1/sqrt(d)``.",
+    ] = None
+    mask: Annotated[
+        Any,
+        "the allowed keys ``A_i``: a :class:`~exactattn.core.masks.Mask`, a boolean array "
+        "(True = attend) broadcastable to ``(*batch, n_q, n_k)``, a predicate ``(i, j) -> "
+        "bool``, a ``mask_mod(b, h, i, j)`` or a torch ``BlockMask``. None: every key.",
+    ] = None
+    dropout_p: Annotated[
+        float,
+        "the probability of dropping each weight ``p_ij`` (the kept ones scaled by ``1/(1 "
+        "− dropout_p)``), by the counter-based bits of :mod:`exactattn.core.dropout`; > 0 "
+        "needs ``seed``.",
+    ] = 0.0
+    seed: Annotated[
+        int | None,
+        "the dropout bits' seed: the same bits on every backend and in the backward.",
+    ] = None
+    bias: Annotated[
+        Any,
+        "``bias_ij`` added to the (soft-capped) score: an array broadcastable to "
+        "``(*batch, n_q, n_k)`` (``−inf`` entries exclude the pair) or ``fn(b, h, i, j)`` "
+        "evaluated per tile. A backward with ``bias_grad=True`` also returns ``dbias``.",
+    ] = None
+    softcap: Annotated[
+        Any,
+        "``cap > 0``: the score ``s`` becomes ``cap·tanh(s/cap)`` before the bias.",
+    ] = None
+    score_mod: Annotated[
+        Any,
+        "``score_mod(s, b, h, i, j)``, applied to the score last (FlexAttention's "
+        "signature, any function of the score: :class:`~exactattn.core.scores.ScoreFn`; "
+        "on backends other than torch write it with operators and "
+        ":mod:`exactattn.core.ops`).",
+    ] = None
+    enable_gqa: Annotated[
+        bool,
+        "grouped heads: axis −3 is the head axis and ``H_kv`` key/value heads serve ``H = "
+        "g·H_kv`` query heads (head ``h`` reads ``h // g``).",
+    ] = False
+    backend: Annotated[
+        Any,
+        "the number system: a context (:mod:`exactattn.backends`) or its name "
+        "(``float32``, ``mpmath``, ``sympy``, ``flint``, ...). None: the arrays' own "
+        "(:func:`~exactattn.backends.backend_of`).",
+    ] = None
+    empty_rows: Annotated[
+        str,
+        "a row with no allowed key: ``error`` raises a ValueError naming the rows; "
+        "``zero`` gives ``y = 0``, ``lse = −∞`` and zero gradients.",
+    ] = "error"
+    check_finite: Annotated[
+        bool,
+        "an input holding NaN or ±inf raises a ValueError naming it, an output that "
+        "overflowed the working precision a FloatingPointError. False: compute anyway.",
+    ] = True
+    sinks: Annotated[
+        Any,
+        "one logit ``σ_h`` per query head, shape ``(H,)``, added to the softmax's "
+        "denominator only (:mod:`exactattn.core.sinks`): a row with no allowed key then "
+        "has ``y = 0``, ``lse = σ_h``; a backward returns ``dsinks`` last.",
+    ] = None
+    key_range: Annotated[
+        tuple[int, int] | None,
+        "``(start, stop)``: attend to keys ``start..stop−1`` only, at their positions in "
+        "``k`` (masks keep their alignment): the partial result of one part of a split, "
+        "to merge with :func:`exactattn.merge_partials`; rows with no allowed key in the "
+        "range are the empty partial ``y = 0, lse = −∞``.",
+    ] = None
+
+
+_HINTS = typing.get_type_hints(Keywords, include_extras=True)  # Annotated[type, doc]
+
+
+_KEYWORDS_DOC = "Keywords shared by the functions of exactattn.api:\n\n" + "\n".join(
+    f"{f.name}={f.default!r}\n"
+    + textwrap.indent(textwrap.fill(_HINTS[f.name].__metadata__[0], 84), "    ")
+    for f in fields(Keywords)
+)  # one entry per field: the name, the default, the documentation
+_SHARED = tuple(
+    inspect.Parameter(
+        f.name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=f.default,
+        annotation=inspect.formatannotation(_HINTS[f.name].__origin__),
+    )
+    for f in fields(Keywords)
+)
+Keywords.__signature__ = inspect.Signature(_SHARED)  # type: ignore[attr-defined]
+Keywords.__doc__ = f"{inspect.cleandoc(Keywords.__doc__ or '')}\n\n{_KEYWORDS_DOC}"
+
+
+def _shares_keywords(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(..., keywords: Keywords)`` as a public function taking every :class:`Keywords`
+    field as a keyword: its signature is ``fn``'s own parameters and then the fields (with
+    their defaults), its docstring ends with their documentation. A call binds to that
+    signature (a misspelt keyword or a wrong count is a TypeError naming the function and
+    the argument) and hands ``fn`` its own arguments and the fields given as one
+    ``Keywords``."""
+    names = {p.name for p in _SHARED}
+    own = [p for p in inspect.signature(fn).parameters.values() if p.name != "keywords"]
+    signature = inspect.signature(fn).replace(parameters=[*own, *_SHARED])
+
+    @functools.wraps(fn)
+    def public(*args: Any, **given: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **given).arguments
+        except TypeError as error:
+            raise TypeError(f"{fn.__name__}() {error}") from None
+        shared = {name: bound.pop(name) for name in names & bound.keys()}
+        return fn(**bound, keywords=Keywords(**shared))
+
+    public.__signature__ = signature  # type: ignore[attr-defined]
+    public.__doc__ = f"{inspect.cleandoc(fn.__doc__ or '')}\n\n{_KEYWORDS_DOC}"
+    return public
+
+
+def _prepare(ctx: ArrayContext, inputs: dict[str, Any], kw: Keywords) -> Call:
     """Convert the inputs and prepare the call; inside ``ctx.scope()`` (conversion rounds)."""
     for name, x in inputs.items():
         if x is None:
@@ -64,14 +188,15 @@ def _prepare(
         except TypeError as error:
             raise TypeError(f"{name}: {error}") from None
     score_mod = chain(
-        None if softcap is None else as_softcap(validation.check_softcap(ctx, softcap)),
-        None if bias is None else as_bias(bias),
-        None if score_mod is None else score_fn(score_mod),
+        None if kw.softcap is None else as_softcap(validation.check_softcap(ctx, kw.softcap)),
+        None if kw.bias is None else as_bias(kw.bias),
+        None if kw.score_mod is None else score_fn(kw.score_mod),
     )
     return calls.prepare(
-        ctx, arrays, scale=scale, block_size=block_size, mask=mask, score_mod=score_mod,
-        dropout=make_dropout(dropout_p, seed), enable_gqa=enable_gqa, empty_rows=empty_rows,
-        check_finite=check_finite, default_block_size=DEFAULT_BLOCK_SIZE,
+        ctx, arrays, scale=kw.scale, block_size=kw.block_size, mask=kw.mask,
+        score_mod=score_mod, dropout=make_dropout(kw.dropout_p, kw.seed),
+        enable_gqa=kw.enable_gqa, empty_rows=kw.empty_rows, check_finite=kw.check_finite,
+        default_block_size=DEFAULT_BLOCK_SIZE,
     )  # fmt: skip
 
 
@@ -142,89 +267,21 @@ def _finish_backward(call: Call, grads: dict[str, Array]) -> tuple[Array, ...]:
     return tuple(call.ctx.output(grad) for grad in grads.values())
 
 
-_DEFAULTS = dict(
-    block_size=None,
-    scale=None,
-    mask=None,
-    dropout_p=0.0,
-    seed=None,
-    bias=None,
-    softcap=None,
-    score_mod=None,
-    enable_gqa=False,
-    backend=None,
-    empty_rows="error",
-    check_finite=True,
-    sinks=None,
-    key_range=None,
-)
-
-
-def attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    block_size: int | None = None,
-    scale: Any = None,
-    mask: Any = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-    bias: Any = None,
-    softcap: Any = None,
-    score_mod: Any = None,
-    enable_gqa: bool = False,
-    return_stats: bool = False,
-    backend: Any = None,
-    empty_rows: str = "error",
-    check_finite: bool = True,
-    sinks: Any = None,
-    key_range: tuple[int, int] | None = None,
-) -> Any:
+@_shares_keywords
+def attention(q: Any, k: Any, v: Any, *, return_stats: bool = False, keywords: Keywords) -> Any:
     """Exact tiled softmax attention ``Y_i = Σ_{j∈A_i} softmax_j(s_ij) V_j``.
 
-    Scores ``s_ij = c·q_i·k_j``, soft-capped to ``cap·tanh(s/cap)`` when ``softcap`` is
-    given, plus ``bias_ij`` when ``bias`` is given (an array broadcastable to
-    ``(*batch, n_q, n_k)``, ``−inf`` entries excluded, or ``fn(b, h, i, j)`` evaluated per
-    tile), then ``score_mod(s, b, h, i, j)`` when given (FlexAttention's signature, any
-    function of the score: see :class:`~exactattn.core.scores.ScoreFn`; on backends other than
-    torch write it with operators and :mod:`exactattn.core.ops`). Shapes ``q (..., n_q, d)``,
-    ``k (..., n_k, d)``, ``v (..., n_k, v)``; leading dims broadcast; with ``enable_gqa``
-    axis −3 is the head axis and ``H_kv`` key/value heads serve ``H = g·H_kv`` query heads
-    (head ``h`` reads ``h // g``). ``scale`` is ``c`` (default ``1/sqrt(d)``),
-    ``block_size`` is ``b`` (any ``b >= 1`` gives the same exact result), ``mask`` a
-    :class:`~exactattn.core.masks.Mask`, a boolean array, a predicate ``(i, j) -> bool``, a
-    ``mask_mod(b, h, i, j)`` or a torch ``BlockMask``. ``dropout_p > 0`` needs ``seed``.
-    Returns ``y`` or ``(y, stats)`` with ``stats.m``, ``stats.l``, ``stats.lse``.
-    ``empty_rows='zero'`` gives ``y = 0`` and ``lse = −∞`` for rows with no allowed key
-    (default: ``ValueError``). ``sinks``: one logit ``σ_h`` per query head, shape ``(H,)``,
-    added to the softmax's denominator only (:mod:`exactattn.core.sinks`; a row with no allowed
-    key then has ``y = 0``, ``lse = σ_h``). ``key_range=(start, stop)``: attend to keys
-    ``start..stop−1`` only, at their positions in ``k`` (masks keep their alignment): the
-    partial result of one part of a split, to merge with
-    :func:`exactattn.merge_partials`; rows with no allowed key in the range are the empty
-    partial ``y = 0, lse = −∞``.
+    Scores ``s_ij = mod(c·q_i·k_j)``: ``cap·tanh(s/cap)`` with ``softcap``, then ``+ bias_ij``
+    with ``bias``, then ``score_mod(s, b, h, i, j)`` with ``score_mod``; ``A_i`` the keys
+    ``mask`` allows. Shapes ``q (..., n_q, d)``, ``k (..., n_k, d)``, ``v (..., n_k, v)``;
+    leading dims broadcast. Returns ``y (..., n_q, v)``, or ``(y, stats)`` with
+    ``return_stats`` (:class:`Stats`: ``m``, ``l``, ``lse``).
     """
-    keywords = dict(
-        block_size=block_size,
-        scale=scale,
-        mask=mask,
-        dropout_p=dropout_p,
-        seed=seed,
-        bias=bias,
-        softcap=softcap,
-        score_mod=score_mod,
-        enable_gqa=enable_gqa,
-        backend=backend,
-        empty_rows=empty_rows,
-        check_finite=check_finite,
-        sinks=sinks,
-        key_range=key_range,
-    )
     y, stats = _call_forward({"q": q, "k": k, "v": v}, keywords, _tiled_forward)
     return (y, stats) if return_stats else y
 
 
+@_shares_keywords
 def attention_backward(
     q: Any,
     k: Any,
@@ -235,11 +292,11 @@ def attention_backward(
     *,
     bias_grad: bool = False,
     grad_lse: Any = None,
-    **keywords: Any,
+    keywords: Keywords,
 ) -> tuple[Array, ...]:
     """The block-recomputed VJP ``(dq, dk, dv)`` of :func:`attention` at ``grad_y``.
 
-    Takes the forward's ``y`` and ``stats`` and the same keywords as :func:`attention`.
+    Takes the forward's ``y`` and ``stats`` and the keywords the forward was given.
     ``bias_grad=True`` (with a bias array) also returns ``dbias = ∂L/∂bias``, shaped like
     the bias: ``(dq, dk, dv, dbias)``. With ``sinks`` (and the forward's stats, which
     include the sink) ``dsinks = ∂L/∂σ`` comes last: ``(dq, dk, dv[, dbias], dsinks)``.
@@ -250,12 +307,16 @@ def attention_backward(
     return _call_backward(inputs, stats, keywords, _tiled_backward, bias_grad, grad_lse)
 
 
-def naive_attention(q: Any, k: Any, v: Any, *, return_stats: bool = False, **keywords: Any):
+@_shares_keywords
+def naive_attention(
+    q: Any, k: Any, v: Any, *, return_stats: bool = False, keywords: Keywords
+) -> Any:
     """The materialising reference: same arguments and result as :func:`attention`."""
     y, stats = _call_forward({"q": q, "k": k, "v": v}, keywords, _naive_forward)
     return (y, stats) if return_stats else y
 
 
+@_shares_keywords
 def naive_attention_backward(
     q: Any,
     k: Any,
@@ -265,21 +326,36 @@ def naive_attention_backward(
     grad_y: Any,
     *,
     bias_grad: bool = False,
-    **keywords: Any,
+    keywords: Keywords,
 ) -> tuple[Array, ...]:
-    """The exact VJP of naive attention (softmax Jacobian on the whole ``P``)."""
+    """The exact VJP of naive attention (softmax Jacobian on the whole ``P``);
+    ``bias_grad`` as :func:`attention_backward`'s."""
     inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
     return _call_backward(inputs, stats, keywords, _naive_backward, bias_grad)
 
 
-def self_attention(x: Any, **keywords: Any) -> Any:
-    """Self-attention with ``Q = K = V = x`` (seed 000's setting)."""
-    return attention(x, x, x, **keywords)
+@_shares_keywords
+def self_attention(x: Any, *, return_stats: bool = False, keywords: Keywords) -> Any:
+    """Self-attention with ``Q = K = V = x`` (seed 000's setting): :func:`attention`."""
+    y, stats = _call_forward({"q": x, "k": x, "v": x}, keywords, _tiled_forward)
+    return (y, stats) if return_stats else y
 
 
-def self_attention_backward(x: Any, y: Any, stats: Stats, grad_y: Any, **keywords: Any) -> Array:
-    """``dX = dQ + dK + dV``: the three uses of the shared input add (chain rule)."""
-    dq, dk, dv = attention_backward(x, x, x, y, stats, grad_y, **keywords)
+@_shares_keywords
+def self_attention_backward(
+    x: Any,
+    y: Any,
+    stats: Stats,
+    grad_y: Any,
+    *,
+    bias_grad: bool = False,
+    grad_lse: Any = None,
+    keywords: Keywords,
+) -> Array:
+    """``dX = dQ + dK + dV``: the three uses of the shared input add (chain rule);
+    ``bias_grad`` and ``grad_lse`` as :func:`attention_backward`'s."""
+    inputs = {"q": x, "k": x, "v": x, "y": y, "grad_y": grad_y}
+    dq, dk, dv = _call_backward(inputs, stats, keywords, _tiled_backward, bias_grad, grad_lse)
     return dq + dk + dv
 
 
@@ -288,14 +364,12 @@ def flash_attention(query: Any, key: Any, value: Any, block_size: int, mask: Any
     return attention(query, key, value, block_size=block_size, mask=mask)
 
 
-def _call_forward(
-    inputs: dict[str, Any], keywords: dict[str, Any], run: Any
-) -> tuple[Array, Stats]:
+def _call_forward(inputs: dict[str, Any], keywords: Keywords, run: Any) -> tuple[Array, Stats]:
     """Resolve the context, then check, convert and run inside its precision scope."""
-    ctx, keywords = _context(inputs, keywords)
+    ctx = resolve_backend(keywords.backend, *inputs.items())
     sink, keywords = _interfaces(keywords)
     with ctx.scope():
-        call = _prepare(ctx, inputs, **keywords)
+        call = _prepare(ctx, inputs, keywords)
         sink = (
             None if sink is None else sinks.check_sinks(ctx, sink, call.geometry, call.check_finite)
         )
@@ -305,15 +379,15 @@ def _call_forward(
 def _call_backward(
     inputs: dict[str, Any],
     stats: Stats,
-    keywords: dict[str, Any],
+    keywords: Keywords,
     run: Any,
     bias_grad: bool,
     grad_lse: Any = None,
 ) -> tuple[Array, ...]:
-    ctx, keywords = _context(inputs, keywords)
+    ctx = resolve_backend(keywords.backend, *inputs.items())
     sink, keywords = _interfaces(keywords)
     with ctx.scope():
-        call = _prepare(ctx, inputs, **keywords)
+        call = _prepare(ctx, inputs, keywords)
         m, l = _check_backward_inputs(call, stats)
         mod_grads = _bias_gradient(call) if bias_grad else {}
         if grad_lse is not None:  # a statistic's gradient: the compute type, like stats.m
@@ -330,21 +404,20 @@ def _call_backward(
         return _finish_backward(call, grads)
 
 
-def _interfaces(keywords: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """Take ``sinks`` out of the keywords and turn ``key_range`` into the mask it is.
+def _interfaces(keywords: Keywords) -> tuple[Any, Keywords]:
+    """The ``sinks``, and the keywords with ``key_range`` turned into the mask it is.
 
     A key range is one more mask, ANDed with the caller's; its rows with no key in the range
     are the empty partial (``empty_rows='zero'``), which is what a split needs.
     """
-    keywords = dict(keywords)
-    sink, part = keywords.pop("sinks"), keywords.pop("key_range")
+    part = keywords.key_range
     if part is not None:
         if not (isinstance(part, (tuple, list)) and len(part) == 2):
             raise TypeError(f"key_range must be a (start, stop) pair; got {part!r}")
-        mask = as_mask(keywords["mask"])
-        keywords["mask"] = key_range(*part) if mask is None else key_range(*part) & mask
-        keywords["empty_rows"] = "zero"
-    return sink, keywords
+        mask = as_mask(keywords.mask)
+        mask = key_range(*part) if mask is None else key_range(*part) & mask
+        keywords = replace(keywords, mask=mask, empty_rows="zero")
+    return keywords.sinks, keywords
 
 
 def _bias_gradient(call: Call) -> dict[str, Array]:
@@ -353,14 +426,3 @@ def _bias_gradient(call: Call) -> dict[str, Array]:
     if "bias" not in shapes:
         raise ValueError("bias_grad=True needs bias=<array> (a bias function has no gradient)")
     return {"bias": call.ctx.zeros(shapes["bias"])}
-
-
-def _context(
-    inputs: dict[str, Any], keywords: dict[str, Any]
-) -> tuple[ArrayContext, dict[str, Any]]:
-    """The call's context and the remaining keywords with their defaults filled in."""
-    unknown = set(keywords) - set(_DEFAULTS)
-    if unknown:
-        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    keywords = {**_DEFAULTS, **keywords}
-    return resolve_backend(keywords.pop("backend"), *inputs.items()), keywords

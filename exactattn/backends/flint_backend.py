@@ -32,6 +32,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import mpmath
 import numpy as np
 
 from ..infra.optional import needs
@@ -103,6 +104,13 @@ class FlintContext(ObjectContext):
     @property
     def neg_inf(self) -> arb:
         return _NEG_INF
+
+    def comparable(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The enclosure ``(midpoint, radius)``: exact ``mpf`` midpoints (a non-finite ball's
+        as a float), float64 radii rounded up."""
+        x = np.asarray(x, dtype=object)
+        with mpmath.workprec(200):
+            return np.asarray(_MID(x), dtype=object), np.asarray(_RAD(x), dtype=np.float64)
 
     # --- elementwise ----------------------------------------------------------------------
     _exp = staticmethod(arb.exp)
@@ -185,8 +193,18 @@ def _from_float(x: np.ndarray) -> np.ndarray:
 def arb_mid(e: arb) -> Any:
     """The exact midpoint of an arb ball as an mpmath ``mpf`` (at the precision its
     mantissa needs, so nothing is rounded)."""
-    import mpmath
-
     man, exp = e.mid().man_exp()
     with mpmath.workprec(max(int(man).bit_length(), 2)):  # mpf() rounds to the working prec
         return mpmath.mpf((int(man), int(exp)))
+
+
+def _midpoint(e: arb) -> Any:
+    return arb_mid(e) if e.is_finite() else mpmath.mpf(float(e.mid()))
+
+
+def _radius(e: arb) -> float:
+    return float(e.rad()) * (1 + 2.0**-50)  # float() may round down: widened to round up
+
+
+_MID = np.frompyfunc(_midpoint, 1, 1)
+_RAD = np.frompyfunc(_radius, 1, 1)

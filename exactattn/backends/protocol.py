@@ -6,11 +6,13 @@ the masks and the input checks call only the methods below, so the same code run
 floats, arbitrary-precision mpf numbers, arb balls, emulated formats and exact sympy
 expressions.
 
-The protocol, 31 methods and one flag (``running_max``) in all:
+The protocol, 34 methods and one flag (``running_max``) in all:
 
 * converting — ``asarray``, ``compute``, ``output``, ``round_p``, ``pv_product`` (the policy's
-  three element types, see :class:`ArrayContext`), ``as_compute``, ``adopt``;
-* numbers — ``scalar``, ``scalar_arg``, ``default_scale``, ``neg_inf``;
+  three element types, see :class:`ArrayContext`), ``as_compute``, ``adopt``, ``comparable``
+  (an output as a comparison with a reference reads it);
+* numbers — ``scalar``, ``scalar_arg``, ``default_scale``, ``neg_inf``, ``exact_floats`` (binary
+  floats as the exact numbers this system's conversions take);
 * building — ``full``, ``zeros``, ``index``, ``broadcast_to``;
 * the algorithm's arithmetic — ``matmul``, ``transpose``, ``exp``, ``exp_shifted``, ``log``,
   ``tanh``, ``maximum``, ``rowmax``, ``rowsum``, ``where``, ``sum_to``;
@@ -97,6 +99,14 @@ class ArrayContext:
             x = x.detach().cpu().numpy()
         return np.asarray(x)
 
+    def comparable(self, x: Array) -> Any:
+        """An output as a comparison with a reference reads it: float64 NumPy, the exact
+        conversion of every binary format below it (``longdouble`` is kept, float64 would round
+        it); object contexts give their numbers (``mpf``) or an enclosure's ``(midpoint,
+        radius)``."""
+        arr = np.asarray(x)
+        return arr if arr.dtype == np.longdouble else arr.astype(np.float64)
+
     # --- numbers ------------------------------------------------------------------------
     def scalar(self, x: Any) -> Any:
         """A number of the compute type (the scale ``c``, constants)."""
@@ -116,6 +126,15 @@ class ArrayContext:
     def default_scale(self, d: int) -> Any:
         """The default score scale ``c = 1/sqrt(d)``."""
         raise NotImplementedError
+
+    def exact_floats(self, x: Any) -> Any:
+        """Binary floats (a float, a float array) as the exact numbers they denote, in the form
+        ``asarray``, ``as_compute`` and ``scalar_arg`` convert without rounding a value the
+        system holds: the floats themselves for a binary number system (its conversions round
+        only what it cannot hold). An exact system whose own conversion of a float is not
+        exact gives its exact numbers instead (sympy: ``sympify(0.1)`` is a 15-digit
+        ``Float``, the rational ``3602879701896397/2^55`` is what ``0.1`` is)."""
+        return x
 
     @property
     def neg_inf(self) -> Any:
@@ -242,6 +261,10 @@ class ObjectContext(ArrayContext):
     def asarray(self, x: Any) -> np.ndarray:
         arr = np.asarray(x, dtype=object)
         return np.frompyfunc(self._convert, 1, 1)(arr).astype(object, copy=False)
+
+    def comparable(self, x: Array) -> np.ndarray:
+        """The numbers themselves (``mpf`` entries are read as they are)."""
+        return np.asarray(x, dtype=object)
 
     def exp(self, x: np.ndarray) -> np.ndarray:
         return elementwise(self._exp, x)

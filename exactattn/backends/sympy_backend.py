@@ -13,12 +13,31 @@ from __future__ import annotations
 
 from typing import Any
 
+import mpmath
 import numpy as np
 import sympy
 
 from .protocol import ObjectContext
 
 _NON_FINITE = (sympy.nan, sympy.oo, -sympy.oo, sympy.zoo)
+COMPARED_DIGITS = 50  # an exact output is read to this many digits: finer than any format
+
+
+def _rational(x: Any) -> sympy.Expr:
+    """The exact rational value of a binary float (±∞ as ±oo)."""
+    x = float(x)
+    return sympy.Rational(x) if np.isfinite(x) else sympy.sympify(x)
+
+
+def _numeric(e: sympy.Expr) -> mpmath.mpf:
+    """An exact expression evaluated to :data:`COMPARED_DIGITS` digits (±oo as ±inf)."""
+    if e in (sympy.oo, -sympy.oo):
+        return mpmath.mpf("inf") if e == sympy.oo else mpmath.mpf("-inf")
+    return mpmath.mpf(str(sympy.N(e, COMPARED_DIGITS)))
+
+
+_RATIONALS = np.frompyfunc(_rational, 1, 1)
+_NUMERIC = np.frompyfunc(_numeric, 1, 1)
 
 
 class SympyContext(ObjectContext):
@@ -55,6 +74,15 @@ class SympyContext(ObjectContext):
 
     def default_scale(self, d: int) -> sympy.Expr:
         return 1 / sympy.sqrt(d)
+
+    def exact_floats(self, x: Any) -> Any:
+        """The rationals the floats are (``sympify`` would make 15-digit ``Float``s)."""
+        return _RATIONALS(x)
+
+    def comparable(self, x: np.ndarray) -> np.ndarray:
+        """``mpf`` numbers of :data:`COMPARED_DIGITS` digits (read at 200 bits)."""
+        with mpmath.workprec(200):
+            return np.asarray(_NUMERIC(np.asarray(x, dtype=object)), dtype=object)
 
     @property
     def neg_inf(self) -> sympy.Expr:

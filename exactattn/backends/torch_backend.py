@@ -101,6 +101,10 @@ class TorchContext(ArrayContext):
             return p
         return p.to(self.p_cast_dtype).to(self.compute_dtype)
 
+    def comparable(self, x: torch.Tensor) -> Any:
+        """float64 NumPy on the host (exact for every torch float dtype)."""
+        return x.detach().to("cpu").double().numpy()
+
     def scalar(self, x: Any) -> torch.Tensor:
         """A 0-dim tensor of the compute dtype on the device (cached per value)."""
         if isinstance(x, torch.Tensor):

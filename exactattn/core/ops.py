@@ -151,26 +151,18 @@ def constant(ctx: Any, x: Any) -> Any:
 
     Binary floats and integers convert exactly: a float32 tensor's entries become float64
     numbers, mpf numbers, arb midpoints, and on sympy the exact rationals (not ``Float``,
-    whose functions sympy would evaluate at 15 digits); booleans count as 0 and 1.
+    whose functions sympy would evaluate at 15 digits: ``ctx.exact_floats``); booleans count
+    as 0 and 1.
     """
-    from ..backends import SympyContext
-
     if hasattr(x, "detach"):  # a torch tensor (an index tensor, or a table indexed by one)
         x = x.detach().cpu().numpy()
     if isinstance(x, (bool, np.bool_)) or (isinstance(x, np.ndarray) and x.dtype == bool):
         x = np.asarray(x).astype(np.int64)
-    if isinstance(ctx, SympyContext) and np.asarray(x).dtype.kind == "f":
-        x = np.vectorize(_rational, otypes=[object])(x)
+    if np.asarray(x).dtype.kind == "f":
+        x = ctx.exact_floats(x)
     if np.ndim(x) == 0:
         return ctx.scalar(x.item() if isinstance(x, (np.ndarray, np.generic)) else x)
     return ctx.as_compute(np.asarray(x))
-
-
-def _rational(x: Any) -> Any:
-    """The exact rational value of a binary float (±∞ kept)."""
-    sympy = importlib.import_module("sympy")
-    x = float(x)
-    return sympy.Rational(x) if np.isfinite(x) else sympy.sympify(x)
 
 
 # --- elementwise functions, dispatched on the argument's type ----------------------------------

@@ -503,9 +503,13 @@ def lifted_case(case: Case) -> Case:
 class Api(Convention):
     """exactattn's own number systems: ``exactattn.attention`` over ``options.ctx()``.
 
-    Outputs come back as float64 (IEEE contexts), mpf object arrays (mpmath, sympy
-    evaluated to 50 digits: ``fine``) or ``(midpoint, radius)`` pairs (flint balls:
-    ``enclosure``).
+    The case's float64 arrays enter as the context takes them exactly
+    (:meth:`~exactattn.backends.protocol.ArrayContext.exact_floats`, then ``asarray``) in the
+    case's memory layout (:func:`laid_out`); the scale, the soft-cap and the bias as exact
+    numbers of the context. Outputs come back as the context compares them
+    (:meth:`~exactattn.backends.protocol.ArrayContext.comparable`): float64 (IEEE contexts),
+    mpf object arrays (mpmath, sympy evaluated to 50 digits: ``fine``) or ``(midpoint,
+    radius)`` pairs (flint balls: ``enclosure``).
     """
 
     name = "api"
@@ -516,23 +520,19 @@ class Api(Convention):
         options = target.options
         ctx = options.ctx()
         shapes = {x: held[x].shape for x in "qkvg"}
-        backend = options.backend
-        like = None
-        arrays = dict(held)
-        if backend == "torch":
-            arrays = {x: _torch_array(held[x], ctx, case.layout) for x in "qkvg"}
-            like = arrays["q"]
-        elif backend == "numpy":
-            arrays = {x: _numpy_array(held[x], ctx, case.layout) for x in "qkvg"}
-        elif backend == "sympy":
-            import sympy
 
-            arrays = {x: np.frompyfunc(_rational, 1, 1)(a) for x, a in held.items()}
+        def convert(x: np.ndarray) -> Any:
+            return ctx.asarray(ctx.exact_floats(x))
+
+        with ctx.scope():  # a conversion rounds (nothing, for held values) as the call does
+            arrays = {x: laid_out(held[x], case.layout, convert) for x in "qkvg"}
         keywords = case.keywords()
         if "bias" in held:
-            keywords["bias"] = arrays.get("bias", held["bias"])
-        if case.softcap is not None:  # the binary cap, exactly, for sympy
-            keywords["softcap"] = _rational(case.softcap) if backend == "sympy" else case.softcap
+            keywords["bias"] = ctx.exact_floats(held["bias"])
+        if case.softcap is not None:
+            keywords["softcap"] = ctx.exact_floats(case.softcap)
+        if case.scale is not None:
+            keywords["scale"] = ctx.exact_floats(case.scale)
         if case.score_mod is not None:
             from ..infra import loading
 
@@ -544,10 +544,8 @@ class Api(Convention):
             forward, backward = api.naive_attention, api.naive_attention_backward
         else:
             forward, backward = api.attention, api.attention_backward
-        if backend == "sympy" and case.scale is not None:
-            keywords["scale"] = sympy.Rational(case.scale)  # the binary scale, exactly
-        mask = case.mask_object(like=like)
         q, k, v, g = (arrays[x] for x in "qkvg")
+        mask = case.mask_object(like=q if hasattr(q, "detach") else None)  # torch: on q's device
         y, stats = forward(q, k, v, mask=mask, backend=ctx, return_stats=True, **keywords)
         out: Outputs = {"y": y, "lse": stats.lse}
         if grads:
@@ -560,65 +558,21 @@ class Api(Convention):
         if "bias" in held:
             expected["dbias"] = held["bias"].shape
         for name, x in out.items():
-            result[name] = _api_output(backend, x, expected[name])
+            result[name] = ctx.comparable(x.reshape(expected[name]))
         return result
 
 
-def _rational(x: float) -> Any:
-    """A held float as an exact sympy number (a bias's ``−∞`` as ``−oo``)."""
-    import sympy
-
-    return sympy.Rational(x) if np.isfinite(x) else sympy.sympify(float(x))
-
-
-def _numpy_array(x: np.ndarray, ctx: Any, layout: str) -> np.ndarray:
-    a = x.astype(ctx.storage_dtype)
-    if layout == "transposed" and a.ndim >= 3:
-        return np.swapaxes(np.ascontiguousarray(np.swapaxes(a, -2, -3)), -2, -3)
+def laid_out(x: np.ndarray, layout: str, convert: Any) -> Any:
+    """``convert(x)`` in the memory ``layout`` (see :func:`tensor`), for any array type with
+    NumPy's views (``swapaxes``, slicing): the float64 buffer is laid out and converted
+    whole, and the result is the same view of the converted buffer."""
+    if layout == "transposed" and x.ndim >= 3:
+        return convert(np.ascontiguousarray(np.swapaxes(x, -2, -3))).swapaxes(-2, -3)
     if layout == "strided":
-        base = np.zeros((*a.shape[:-1], 2 * a.shape[-1] + 1), dtype=a.dtype)
-        base[..., 1 : a.shape[-1] + 1] = a
-        return base[..., 1 : a.shape[-1] + 1]
-    return a
-
-
-def _torch_array(x: np.ndarray, ctx: Any, layout: str) -> Any:
-    dtype = str(ctx.storage_dtype).removeprefix("torch.")
-    return tensor(x, dtype, str(ctx.device), layout, grad=False)
-
-
-def _api_output(backend: str, x: Any, shape: tuple[int, ...]) -> Any:
-    """A number system's output, reshaped: float64, mpf objects, or (mid, radius)."""
-    import mpmath
-
-    if backend == "torch":
-        return x.detach().to("cpu").double().numpy().reshape(shape)
-    if backend in ("numpy", "emulated"):
-        arr = np.asarray(x)
-        return (arr if arr.dtype == np.longdouble else arr.astype(np.float64)).reshape(shape)
-    arr = np.asarray(x, dtype=object).reshape(shape)
-    if backend == "flint":
-        from ..backends.flint_backend import arb_mid
-
-        def mid_of(e: Any) -> Any:
-            return arb_mid(e) if e.is_finite() else mpmath.mpf(float(e.mid()))
-
-        mid = np.frompyfunc(mid_of, 1, 1)
-        rad = np.frompyfunc(lambda e: float(e.rad()) * (1 + 2.0**-50), 1, 1)  # rounded up
-        with mpmath.workprec(200):
-            return np.asarray(mid(arr), dtype=object), np.asarray(rad(arr), dtype=np.float64)
-    if backend == "sympy":
-        import sympy
-
-        def numeric_of(e: Any) -> Any:
-            if e in (sympy.oo, -sympy.oo):
-                return mpmath.mpf("inf") if e == sympy.oo else mpmath.mpf("-inf")
-            return mpmath.mpf(str(sympy.N(e, 50)))
-
-        numeric = np.frompyfunc(numeric_of, 1, 1)
-        with mpmath.workprec(200):
-            return np.asarray(numeric(arr), dtype=object)
-    return arr
+        base = np.zeros((*x.shape[:-1], 2 * x.shape[-1] + 1))
+        base[..., 1 : x.shape[-1] + 1] = x
+        return convert(base)[..., 1 : x.shape[-1] + 1]
+    return convert(x)
 
 
 class Xformers(Convention):

@@ -222,7 +222,8 @@ class Options:
 
     exactattn's own number systems (the ``api`` convention): ``ctx`` makes the context,
     ``backend`` names its family (``numpy``, ``torch``, ``mpmath``, ``sympy``, ``flint``,
-    ``emulated``), ``storage`` / ``compute`` / ``p_cast`` / ``quantize`` its formats (a
+    ``emulated``: what the judge and the sweep group by; the convention asks the context
+    itself how to convert), ``storage`` / ``compute`` / ``p_cast`` / ``quantize`` its formats (a
     precision configuration), ``rounding`` and ``granularity`` an emulated format's,
     ``fine``: its outputs are far finer than float64 (compared as mpmath numbers),
     ``path``: ``tiled`` or ``naive`` (materialising) attention.

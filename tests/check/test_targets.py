@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from exactattn import targets
@@ -95,6 +96,44 @@ def test_unsupported_cases_are_skipped_with_reasons():
     empty = {"kind": "dense", "empty_row": True}
     why = eager.unsupported(build_case(Draw((1, 1), 3, 3, 2, 2, 2, mask=empty, dtype="float32")))
     assert why.startswith("rows with no allowed key")
+
+
+def _same(a, b) -> bool:
+    """Equal outputs: arrays bit for bit (NaN too), object arrays entry for entry, pairs."""
+    if isinstance(a, str):
+        return a == b
+    if isinstance(a, tuple):
+        return isinstance(b, tuple) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype == object:
+        return all(x == y for x, y in zip(a.flat, b.flat))
+    return np.array_equal(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "name", ["np-fp16", "np-naive-fp32", "torch-bf16", "mp11", "sympy", "flint", "emu11-rn"]
+)
+def test_the_api_convention_reads_no_backend_family(name):
+    """Each context converts the case in and its outputs out: the family ``Options.backend``
+    names changes nothing (a strided GQA case with a bias, a soft-cap and a scale)."""
+    from dataclasses import replace
+
+    from exactattn.cases import Draw, build_case
+
+    variant = targets.variant(name)
+    if targets.unavailable(variant.target):
+        pytest.skip(targets.unavailable(variant.target))
+    draw = Draw((1, 2), 2, 3, 2, 2, 2, group=2, layout="strided", data_seed=3)
+    case = build_case(replace(draw, score={"kind": "alibi", "slopes": [0.5]}, softcap=5.0))
+    case = replace(case, scale=0.375)
+    assert case.bias is not None and case.softcap == 5.0 and case.group == 2
+    unnamed = replace(variant.target, options=replace(variant.target.options, backend=None))
+    anonymous = targets.Variant(unnamed, variant.dtype, variant.device)
+    named, found = (v.run(case, v.held(case), grads=True) for v in (variant, anonymous))
+    assert named.keys() == found.keys() >= {"y", "lse", "dq", "dk", "dv", "dbias"}
+    assert all(_same(named[x], found[x]) for x in named)
 
 
 BUILTIN = ["sdpa", "sdpa-math", "sdpa-flash", "exactattn", "hf-sdpa", "hf-eager"]
