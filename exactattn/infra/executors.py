@@ -49,6 +49,7 @@ from typing import Any
 from .optional import needs
 
 CONNECT_TIMEOUT_S = 5.0
+STARTUP_S = 120.0  # a fresh Isolated worker's imports (torch, a foreign library), not timed
 IN_FLIGHT_PER_WORKER = 2  # queued tasks per worker: no worker idles between two tasks
 
 
@@ -353,8 +354,9 @@ class Isolated:
     """One worker process for calls that may crash or hang the process running them (a
     foreign library's native code): :meth:`call` runs ``fn(*args)`` there and returns its
     value or raises its exception. A worker that dies raises :class:`WorkerDied` naming the
-    signal; one that gives no answer within ``timeout`` seconds is killed and raises
-    :class:`TimeoutError`. Either way the next call gets a fresh worker."""
+    signal; one that gives no answer within ``timeout`` seconds (a fresh worker: plus
+    :data:`STARTUP_S` for its imports) is killed and raises :class:`TimeoutError`. Either way
+    the next call gets a fresh worker."""
 
     def __init__(self) -> None:
         self._context = multiprocessing.get_context("spawn")
@@ -362,12 +364,14 @@ class Isolated:
         atexit.register(self.close)
 
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+        allowed = timeout
         if self._worker is None or not self._worker.process.is_alive():
             self._worker = _Worker(self._context)
+            allowed = None if timeout is None else timeout + STARTUP_S
         worker = self._worker
         worker.task = _name(fn)
         worker.conn.send_bytes(pickle.dumps((fn, args)))
-        if not multiprocessing.connection.wait([worker.conn, worker.process.sentinel], timeout):
+        if not multiprocessing.connection.wait([worker.conn, worker.process.sentinel], allowed):
             self._stop()
             raise TimeoutError(f"{worker.task} gave no answer within {timeout:g} s (killed)")
         try:
