@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "exactattn.commands.check",
         "any attention implementation against the certified reference",
     ),
+    "zoo": (
+        "exactattn.commands.zoo",
+        "every available foreign kernel checked at one profile, written as a page",
+    ),
     "bench": ("exactattn.commands.bench", "NumPy tiled vs naive: time and peak memory"),
     "bench-torch": ("exactattn.commands.bench_torch", "torch CPU: ours vs SDPA"),
 }

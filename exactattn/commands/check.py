@@ -67,9 +67,9 @@ EPILOG = """your own function (MODULE:FUNCTION or path/to/file.py:FUNCTION):
 """
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "exactattn check") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="exactattn check",
+        prog=prog,
         description=__doc__.split("\n")[0],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -111,6 +111,15 @@ def _parser() -> argparse.ArgumentParser:
         "kind, bias, negative scale, dropout, gradients) and print the --convention and "
         "--supports it takes, ready to paste",
     )
+    parser.add_argument(
+        "--zoo",
+        action="store_true",
+        help="every available foreign target (TARGETs: only these) at the profile, and write "
+        "the zoo page (--zoo-out)",
+    )
+    parser.add_argument(
+        "--zoo-out", metavar="FILE", default="zoo.md", help="the zoo page (default zoo.md)"
+    )
     parser.add_argument("--replay", metavar="FILE", default=None, help="re-run a replay file")
     parser.add_argument("--no-determinism", action="store_true", help="skip the second run")
     parser.add_argument("--no-baselines", action="store_true", help="skip naive / FA-2 runs")
@@ -128,8 +137,10 @@ def _error(text: str) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str] | None = None, prog: str = "exactattn check") -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(prog).parse_args(argv)
+    args.argv = argv
     import importlib.util
 
     from .. import targets
@@ -144,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         return _error(str(error))
     if args.replay:
         return _replay(args, spec)
+    if args.zoo and not args.targets:
+        from ..testing import zoo_page
+
+        args.targets = zoo_page.targets()
     if not args.targets:
         return _error("name at least one TARGET (see --list)")
     profile = PROFILES[args.profile]
@@ -320,9 +335,27 @@ def _check(args, chosen, dtypes, spec, program) -> int:
     if args.report:
         md, js = check_report.write(result, args.report, failures)
         print(f"report: {md}, {js}")
+    if args.zoo:
+        _write_zoo(result, args)
     if result.report.interrupted:
         return 130
     return 1 if result.failed else 0
+
+
+def _write_zoo(result, args) -> None:
+    import os
+    import shlex
+
+    from ..testing import zoo_page
+
+    command = "exactattn zoo " + shlex.join(a for a in args.argv if a != "--zoo")
+    load = "load {:.1f}/{:.1f}/{:.1f} over 1/5/15 min".format(*os.getloadavg())
+    times = os.times()  # this process and its finished worker processes
+    cpu = times.user + times.system + times.children_user + times.children_system
+    text = zoo_page.page(result, command.strip(), result.seconds, cpu, load)
+    Path(args.zoo_out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.zoo_out).write_text(text)
+    print(f"zoo: {args.zoo_out}")
 
 
 def _target_spec(target, spec: dict) -> dict | None:

@@ -20,7 +20,7 @@ from . import builtin, isolation
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
 from .flex_convention import Flex
 from .interface_conventions import CONVENTIONS as INTERFACES
-from .resolve import UnknownTarget, get
+from .resolve import UnknownTarget, get, registry
 from .target import NAIVE_BLOCK, Claim, Target, size_of
 
 OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated", "lowbit")  # contexts whose Arith is known
@@ -205,11 +205,39 @@ class Variant:
         return self.convention.unsupported(self.target, case, self.device, True)
 
     def run(self, case: Any, held: dict[str, np.ndarray], grads: bool) -> dict[str, Any]:
-        if self.target.options.isolated and not isolation.in_child():
-            return isolation.run(self, case, held, grads)
+        target = self.target
+        if target.options.isolated and not isolation.in_child():
+            recipe = (target.name, target.convention, target.claim, target.caps)
+            args = (recipe, self.dtype, self.device, case, held, grads)
+            key = (target.name, self.dtype, self.device)
+            return isolation.run(key, run_in_child, *args, timeout=target.options.case_timeout)
         return self.convention.run(
             self.target, replace(case, dtype=self.dtype), held, self.device, grads
         )
+
+
+def run_in_child(
+    recipe: tuple, dtype: str, device: str, case: Any, held: dict, grads: bool
+) -> dict[str, Any]:
+    """An isolated variant's run inside its child (:mod:`.isolation`): rebuilt from its
+    recipe, run in place; a refusal crosses back as :class:`.isolation.Refused`."""
+    isolation.enter_child()
+    variant = _rebuilt(recipe, dtype, device)
+    try:
+        return variant.run(case, held, grads)
+    except Exception as error:
+        refused = variant.target.refuses(error)
+        if refused is None:
+            raise  # as it is (the worker sends a picklable stand-in if it is not)
+        raise isolation.Refused(f"{type(error).__name__}: {refused}") from None
+
+
+@functools.cache
+def _rebuilt(recipe: tuple, dtype: str, device: str) -> Variant:
+    name, convention, claim, caps = recipe
+    if name in registry():
+        return Variant(registry()[name], dtype, device)
+    return Variant(get(name, convention=convention, claim=claim, supports=caps), dtype, device)
 
 
 def _program(case: Any) -> bool:

@@ -58,7 +58,12 @@ def tally(counts: dict[str, Counter], finding: Any, draw: Any) -> None:
     b = finding.block_size or draw.block_size or 1
     blocks = math.ceil(draw.n_k / b)
     c["judged"] += 1
-    c[f"path {path_of(draw)}"] += 1
+    path = path_of(draw)
+    c[f"path {path}"] += 1
+    c[f"failed {path}"] += finding.status == "fail"
+    c[f"worst {path}"] = max(c[f"worst {path}"], finding.worst)  # |error| / bound, ok cases
+    if not math.isnan(finding.expected):
+        c[f"expected {path}"] = max(c[f"expected {path}"], finding.expected)
     c["cross"] += draw.n_q != draw.n_k
     c["decode"] += draw.n_q == 1
     c["gqa"] += draw.group > 1

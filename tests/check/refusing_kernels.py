@@ -4,7 +4,8 @@ Each is torch's SDPA (math backend) behind a guard: :func:`no_dropout` raises
 ``NotImplementedError`` for dropout and for bfloat16, :func:`no_negative_scale` raises a
 ``ValueError`` with a library-style message for a negative scale (a refusal only where the
 target's claim names it), :func:`wrong_on_negative_scale` returns wrong numbers there, and
-:func:`detached` gives no gradients.
+:func:`detached` gives no gradients; :func:`ignores_scale` is simply wrong (it always uses
+``1/√d``).
 """
 
 from __future__ import annotations
@@ -47,3 +48,7 @@ def detached(q, k, v, attn_mask=None, is_causal=False, scale=None):
         q.detach(), k.detach(), v.detach(), attn_mask=attn_mask, is_causal=is_causal, scale=scale
     )
     return torch.from_numpy(y.numpy().copy())
+
+
+def ignores_scale(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    return _math(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
