@@ -108,7 +108,7 @@ class Claim:
             return f
 
         p = fmt(self.p) if fmt(self.p).u > compute.u else None
-        acc = number_format(self.acc) if number_format(self.acc).u >= compute.u else compute
+        acc = number_format(self.acc)  # a finer accumulator too (fp16 GEMMs summing in fp32)
         if self.ftz is not None and acc.e_min == number_format(self.ftz).e_min:
             acc = replace(acc, e_min=acc.e_min + acc.p)  # its GEMMs' accumulators flush too
         return Arith(
