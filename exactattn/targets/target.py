@@ -232,9 +232,11 @@ class Options:
     interpreter), ``check``: a load check beyond importing ``requires`` (a reason or None).
 
     How it is judged: ``policy`` resolves the claim per dtype (``fa2``, ``upcast``,
-    ``eager``; None: the claim as stated), ``block_by_device`` overrides the claimed key-block
-    size on a device, ``ftz_probe`` measures the claim's ``ftz`` on the CPU (the format whose
-    subnormals the kernel flushes there, or None: it depends on the machine),
+    ``eager``; None: the claim as stated), ``claim_by_dtype`` states another claim for some
+    input dtypes (a kernel whose float16 arithmetic is not its float32's),
+    ``block_by_device`` overrides the claimed key-block size on a device, ``ftz_probe``
+    measures the claim's ``ftz`` on the CPU (the format whose subnormals the kernel flushes
+    there, or None: it depends on the machine),
     ``exact_block``: it runs the case's own block size (the bound uses it), ``reverses``: the
     (frozen statistics, δ) structures its reverse may use, ``enclosure``: its outputs are
     balls that must contain the exact value, ``difftest``: one of the
@@ -263,6 +265,7 @@ class Options:
     triton: bool = False
     check: Callable[[], str | None] | None = None
     policy: str | None = None
+    claim_by_dtype: tuple[tuple[str, Claim], ...] = ()
     block_by_device: tuple[tuple[str, int | None], ...] = ()
     ftz_probe: Callable[[], str | None] | None = None
     exact_block: bool = False
