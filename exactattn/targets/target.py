@@ -312,14 +312,24 @@ class Target:
         exactattn's own configurations take every input, so one there is a bug) or one of its
         library's documented refusals (``options.refusals``: the exception's class or a base
         class by name, and a pattern its message contains); None for any other error (a
-        failure of the target)."""
-        text = (str(error).strip().splitlines() or [""])[0][:300]
+        failure of the target). The reason is the message's first line, or for a refusal the
+        line it matched, from the match on where the line is longer than 300 characters (ONNX
+        Runtime's put the source path and the failed condition first)."""
+        message = str(error).strip()
+        text = (message.splitlines() or [""])[0][:300]
         if isinstance(error, NotImplementedError) and self.family == "foreign":
             return text or "NotImplementedError"
         names = {cls.__name__ for cls in type(error).__mro__}
         for name, pattern in self.options.refusals:
-            if name in names and re.search(pattern, str(error)):
-                return text
+            found = re.search(pattern, message)
+            if name in names and found:
+                start = message.rfind("\n", 0, found.start()) + 1
+                line = message[start:].partition("\n")[0]
+                return (
+                    line[:300]
+                    if found.end() - start <= 300
+                    else line[found.start() - start :][:300]
+                )
         return None
 
     def unavailable(self, quick: bool = False) -> str | None:
