@@ -108,7 +108,7 @@ class Claim:
             return f
 
         p = fmt(self.p) if fmt(self.p).u > compute.u else None
-        acc = number_format(self.acc) if number_format(self.acc).u >= compute.u else compute
+        acc = number_format(self.acc)  # a finer accumulator too (fp16 GEMMs summing in fp32)
         if self.ftz is not None and acc.e_min == number_format(self.ftz).e_min:
             acc = replace(acc, e_min=acc.e_min + acc.p)  # its GEMMs' accumulators flush too
         return Arith(
@@ -235,9 +235,11 @@ class Options:
     interpreter), ``check``: a load check beyond importing ``requires`` (a reason or None).
 
     How it is judged: ``policy`` resolves the claim per dtype (``fa2``, ``upcast``,
-    ``eager``; None: the claim as stated), ``block_by_device`` overrides the claimed key-block
-    size on a device, ``ftz_probe`` measures the claim's ``ftz`` on the CPU (the format whose
-    subnormals the kernel flushes there, or None: it depends on the machine),
+    ``eager``; None: the claim as stated), ``claim_by_dtype`` states another claim for some
+    input dtypes (a kernel whose float16 arithmetic is not its float32's),
+    ``block_by_device`` overrides the claimed key-block size on a device, ``ftz_probe``
+    measures the claim's ``ftz`` on the CPU (the format whose subnormals the kernel flushes
+    there, or None: it depends on the machine),
     ``exact_block``: it runs the case's own block size (the bound uses it), ``reverses``: the
     (frozen statistics, δ) structures its reverse may use, ``enclosure``: its outputs are
     balls that must contain the exact value, ``difftest``: one of the
@@ -268,6 +270,7 @@ class Options:
     triton: bool = False
     check: Callable[[], str | None] | None = None
     policy: str | None = None
+    claim_by_dtype: tuple[tuple[str, Claim], ...] = ()
     block_by_device: tuple[tuple[str, int | None], ...] = ()
     ftz_probe: Callable[[], str | None] | None = None
     exact_block: bool = False
@@ -316,14 +319,24 @@ class Target:
         exactattn's own configurations take every input, so one there is a bug) or one of its
         library's documented refusals (``options.refusals``: the exception's class or a base
         class by name, and a pattern its message contains); None for any other error (a
-        failure of the target)."""
-        text = (str(error).strip().splitlines() or [""])[0][:300]
+        failure of the target). The reason is the message's first line, or for a refusal the
+        line it matched, from the match on where the line is longer than 300 characters (ONNX
+        Runtime's put the source path and the failed condition first)."""
+        message = str(error).strip()
+        text = (message.splitlines() or [""])[0][:300]
         if isinstance(error, NotImplementedError) and self.family == "foreign":
             return text or "NotImplementedError"
         names = {cls.__name__ for cls in type(error).__mro__}
         for name, pattern in self.options.refusals:
-            if name in names and re.search(pattern, str(error)):
-                return text
+            found = re.search(pattern, message)
+            if name in names and found:
+                start = message.rfind("\n", 0, found.start()) + 1
+                line = message[start:].partition("\n")[0]
+                return (
+                    line[:300]
+                    if found.end() - start <= 300
+                    else line[found.start() - start :][:300]
+                )
         return None
 
     def unavailable(self, quick: bool = False) -> str | None:

@@ -35,7 +35,7 @@ def conventions() -> dict[str, Convention]:
 
 def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:
     """The target's claim resolved for inputs of ``dtype`` on ``device``."""
-    base = target.claim
+    base = dict(target.options.claim_by_dtype).get(dtype, target.claim)
     block = dict(target.options.block_by_device).get(device, base.block)
     policy = target.options.policy
     group = dtype if base.group == "input" else base.group

@@ -54,6 +54,11 @@ def _causal_negative_scale(case: Any, finding: Finding) -> bool:
     return causal and (case.scale or 1.0) < 0 and wrong
 
 
+def _onnx_negative_scale(case: Any, finding: Finding) -> bool:
+    # the specification's sqrt(scale) is NaN for any negative scale, whatever the mask
+    return (case.scale or 1.0) < 0 and " nan" in finding.detail
+
+
 UPSTREAM = {
     u.name: u
     for u in (
@@ -67,6 +72,19 @@ UPSTREAM = {
             "docs/check.md § Findings 1 (reproducer; torch 2.13.0, not yet filed at "
             "github.com/pytorch/pytorch/issues)",
             _causal_negative_scale,
+        ),
+        Upstream(
+            "onnx-attention-negative-scale",
+            "ONNX's Attention returns NaN for a negative scale: the specification applies "
+            "sqrt(scale) to Q and K (onnx/defs/nn/old.cc, the Attention-23/24 function body's "
+            "ScaleFactorSqrt = Sqrt(ScaleFactor); onnx/reference/ops/op_attention.py:207 "
+            "scale = np.sqrt(scale)): onnx.reference in every dtype, ONNX Runtime in float64 "
+            "(no kernel: it runs the function body; its float32/float16 kernel refuses the "
+            "scale)",
+            "tests/regressions/onnx_attention_negative_scale.json",
+            "docs/zoo/onnx_negative_scale.py (reproducer; onnx 1.23.2, onnxruntime 1.31.1, not "
+            "yet filed at github.com/onnx/onnx/issues)",
+            _onnx_negative_scale,
         ),
     )
 }

@@ -61,6 +61,19 @@ def test_claims_parse_and_resolve():
             Claim.parse(bad)
 
 
+def test_a_finer_accumulator_is_the_arithmetic_s():
+    """A claim whose sums are finer than its compute format (fp16 scores from an fp32 GEMM,
+    ONNX Runtime's fp16 Attention) bounds them in that format, as Arith.claim reads the same
+    text; clamped to the compute format, 46% of ort-attention[float16]'s default-profile
+    bounds were vacuous."""
+    from exactattn.error.bounds import Arith
+
+    text = "input=fp16,scores=fp16,stats=fp32,p=fp16,acc=fp32,block=64"
+    arith = Claim.parse(text).resolve("float16").arith(64)
+    assert (arith.compute.name, arith.acc.name) == ("float16", "float32")
+    assert arith.acc == Arith.claim(text).acc
+
+
 def test_capabilities_parse():
     caps = Capabilities.parse("masks=none+causal,gqa=no,dropout=own,dtypes=bf16+fp16")
     assert caps.masks == ("none", "causal") and caps.dtypes == ("bfloat16", "float16")
