@@ -96,9 +96,10 @@ class Claim:
 
     def arith(self, block: int | None) -> Arith:
         """The arithmetic of this (resolved) claim at key-block size ``block``: the coarser
-        of the score and statistics formats computes, ``p`` — and in the reverse ``p`` and
-        ``γ`` — is cast when it is coarser (FlashAttention-2's kernels), outputs are in the
-        input format."""
+        of the score and statistics formats computes, an accumulator finer than it sums each
+        product and row sum before one rounding into it (bf16 scores of an fp32 GEMM), ``p`` —
+        and in the reverse ``p`` and ``γ`` — is cast when it is coarser (FlashAttention-2's
+        kernels), outputs are in the input format."""
         compute = max((number_format(self.scores), number_format(self.stats)), key=lambda f: f.u)
 
         def fmt(name: str) -> Format:  # a narrower cast that flushes: μ = the least normal
@@ -108,7 +109,7 @@ class Claim:
             return f
 
         p = fmt(self.p) if fmt(self.p).u > compute.u else None
-        acc = number_format(self.acc) if number_format(self.acc).u >= compute.u else compute
+        acc = number_format(self.acc)
         if self.ftz is not None and acc.e_min == number_format(self.ftz).e_min:
             acc = replace(acc, e_min=acc.e_min + acc.p)  # its GEMMs' accumulators flush too
         return Arith(
@@ -235,6 +236,8 @@ class Options:
     ``eager``; None: the claim as stated), ``block_by_device`` overrides the claimed key-block
     size on a device, ``ftz_probe`` measures the claim's ``ftz`` on the CPU (the format whose
     subnormals the kernel flushes there, or None: it depends on the machine),
+    ``claim_probe`` measures the whole claim on the CPU (a library whose precision depends
+    on the machine: the claim it returns replaces ``claim`` there, and says what it measured),
     ``exact_block``: it runs the case's own block size (the bound uses it), ``reverses``: the
     (frozen statistics, δ) structures its reverse may use, ``enclosure``: its outputs are
     balls that must contain the exact value, ``difftest``: one of the
@@ -267,6 +270,7 @@ class Options:
     policy: str | None = None
     block_by_device: tuple[tuple[str, int | None], ...] = ()
     ftz_probe: Callable[[], str | None] | None = None
+    claim_probe: Callable[[], Claim] | None = None
     exact_block: bool = False
     reverses: tuple[tuple[str, str], ...] = REVERSES
     enclosure: bool = False
