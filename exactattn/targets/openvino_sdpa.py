@@ -51,8 +51,11 @@ each stage emulated; docs/zoo/openvino_*.py reproduce them):
   and ``1 + 2^-12`` (exact only in f32) come back exactly only where the format holds them.
   Here the f16 hint computes in bf16.
 * Whether bf16 flushes subnormals (:func:`flushes`): the value ``2^-130`` (a bf16
-  subnormal) through one key comes back 0 here (AVX512-BF16 conversions and ``vdpbf16ps``
-  take subnormal operands as 0): ``ftz=bf16``.
+  subnormal) through one key comes back 0 here (AVX512-BF16 takes subnormal operands as 0):
+  ``ftz=bf16``. Products flush too: with 40 equal keys every ``p·v = 2^-121/40`` is below
+  ``2^-126`` and ``Y = 0`` for an exact ``3.8e-37`` (the fused path; the unfused one with
+  ``v = 1`` column); since ``p`` is normalised first, the bound charges each such product
+  ``ℓ·μ`` (:attr:`~exactattn.error.bounds.Arith.p_normalized`, set for ``block=0``).
 * A row with no allowed key is NaN (the ``−inf`` mask through the softmax), so such rows
   are not taken; GQA: the op refuses fewer key/value heads (``key_input_correctness``), so
   the wrapper repeats ``K, V`` over each group (head ``h`` reads ``h // group``).

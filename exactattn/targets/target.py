@@ -120,6 +120,7 @@ class Claim:
             p=p,
             grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs
             block=block,
+            p_normalized=self.block == NAIVE_BLOCK,  # naive attention: P = softmax(S), then P·V
         )
 
     def resolve(self, dtype: str) -> Claim:

@@ -6,6 +6,7 @@ docs/zoo/openvino_*.py runs."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from exactattn import targets
+from exactattn.error import bounds
 from exactattn.targets import Claim
 from exactattn.testing import assert_attention_close, session
 from tests.optional import requires
@@ -89,6 +91,27 @@ def test_the_bf16_target_claiming_fp32_is_caught():
     options = dataclasses.replace(target.options, claim_probe=None, isolated=False)
     finer = dataclasses.replace(target, claim=Claim(input="float32", block=0), options=options)
     assert _failures(finer)
+
+
+def test_flushed_products_of_normalised_weights_are_within_the_bound():
+    """40 equal keys and v = 2^-121 (a normal bf16 number): each p·v = 2^-121/40 is below
+    2^-126 and bf16 flushes it, so Y = 0 for an exact 3.8e-37. Naive attention forms P before
+    P·V, so a flushed product costs ℓ·μ in the bound's units (Arith.p_normalized); without that
+    factor the bound fails."""
+    q, k = np.zeros((1, 1, 64, 8)), np.zeros((1, 1, 40, 8))  # a fused MHA (measured)
+    v = np.full((1, 1, 40, 8), 2.0**-121)
+    y = openvino_sdpa.run(q, k, v, "bf16").astype(np.float64)
+    assert (y == 0).all()
+    claim = openvino_sdpa.measured_claim("bf16").resolve("float32")
+    arith = claim.arith(claim.bound_block(40))
+    assert arith.p_normalized
+    ratio = {}
+    for normalized in (True, False):
+        found = bounds.bounds(
+            dataclasses.replace(arith, p_normalized=normalized), q, k, v, scale=1 / math.sqrt(8)
+        )
+        ratio[normalized] = bounds.ratio(y - v[..., :1, :], found["y"])
+    assert ratio[True] <= 1 < ratio[False], ratio
 
 
 @pytest.mark.parametrize("path", REPROS, ids=[p.name for p in REPROS])
