@@ -48,6 +48,7 @@ class Claim:
     format's exponent range (fp32 beside bf16) flushes too: the kernel's GEMMs sum
     ``γ·q`` before the scale ``c`` with subnormals flushed (measured: bf16 dK = 0 where the
     exact value is 2.09e-38, up to ``|c|·2^-126``, on the replay of a 2000-case check).
+    A compute format that is the ``ftz`` format flushes every rounding (OpenVINO's bf16).
     ``block=None`` means "not stated": the bound then assumes the worst case,
     one key per block; ``block=0`` is one block over all keys (naive attention).
     """
@@ -101,6 +102,8 @@ class Claim:
         and in the reverse ``p`` and ``γ`` — is cast when it is coarser (FlashAttention-2's
         kernels), outputs are in the input format."""
         compute = max((number_format(self.scores), number_format(self.stats)), key=lambda f: f.u)
+        if compute.name == self.ftz and compute.e_min is not None:  # computes in what flushes
+            compute = replace(compute, e_min=compute.e_min + compute.p)
 
         def fmt(name: str) -> Format:  # a narrower cast that flushes: μ = the least normal
             f = number_format(name)
