@@ -78,9 +78,10 @@ class Arith:
     * ``pv_acc``, ``pv_chunk`` — the accumulator of the ``p·V`` product when it is not
       ``acc`` (an FP8 MMA's FP22), and the terms it sums before each addition into an
       ``acc`` buffer (two-level accumulation; None: the whole block in ``pv_acc``);
-    * ``p_normalized`` — ``p`` is cast after the division by ``ℓ`` (naive attention's
-      ``P = softmax(S)``): a cast's absolute error ``μ_p`` is then ``ℓ·μ_p`` in units of
-      ``e^{s − m}`` (the tiled algorithm casts ``e^{s − m_t} ≤ 1`` and needs no factor).
+    * ``p_normalized`` — ``p`` is formed after the division by ``ℓ`` (naive attention's
+      ``P = softmax(S)``, then ``P·V``): an underflow of its cast, of a product ``p_j v_j``
+      or of their sum is an absolute ``μ`` in the output's units, ``ℓ·μ`` in units of
+      ``e^{s − m}`` (the tiled algorithm forms ``e^{s − m_t} ≤ 1`` and needs no factor).
     """
 
     input: Format
@@ -666,9 +667,10 @@ def _forward(prob: Problem, un: Units, arith: Arith, rows: slice) -> _Forward:
     num += np.expm1(lam)[..., None] * np.abs(y) * (1 + w_err.sum(axis=-1))[..., None]
     # gradual underflow, in units of the final e^{s − m}: exps, merges, casts, products
     a_l = un.mc * (count + 2 * T) / l
-    mp = un.mp * (l[..., None] if arith.p_normalized else 1.0)  # see Arith.p_normalized
-    a_z = (un.mc * (1 + prob.rho_max) + mp) * (ok.astype(np.float64) @ av)
-    a_z = (a_z + (max(un.ma, un.mpv) * count + 2 * un.mc * T)[..., None]) / l[..., None]
+    grow = l if arith.p_normalized else np.ones_like(l)  # see Arith.p_normalized
+    a_z = (un.mc * (1 + prob.rho_max) + un.mp) * (ok.astype(np.float64) @ av)
+    a_z = (a_z + (max(un.ma, un.mpv) * count)[..., None]) * grow[..., None]
+    a_z = (a_z + (2 * un.mc * T)[..., None]) / l[..., None]
     # ℓ̂/ℓ ∈ [1 − fall, 1 + rise], summed as expm1 terms (Σ_j w_ij = 1 exactly)
     rise = (w * np.expm1(eta + lam[..., None])).sum(axis=-1) + a_l
     fall = -(w * np.expm1(-eta - lam[..., None])).sum(axis=-1) + a_l

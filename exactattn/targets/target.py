@@ -48,6 +48,7 @@ class Claim:
     format's exponent range (fp32 beside bf16) flushes too: the kernel's GEMMs sum
     ``γ·q`` before the scale ``c`` with subnormals flushed (measured: bf16 dK = 0 where the
     exact value is 2.09e-38, up to ``|c|·2^-126``, on the replay of a 2000-case check).
+    A compute format that is the ``ftz`` format flushes every rounding (OpenVINO's bf16).
     ``block=None`` means "not stated": the bound then assumes the worst case,
     one key per block; ``block=0`` is one block over all keys (naive attention).
     """
@@ -96,10 +97,13 @@ class Claim:
 
     def arith(self, block: int | None) -> Arith:
         """The arithmetic of this (resolved) claim at key-block size ``block``: the coarser
-        of the score and statistics formats computes, ``p`` — and in the reverse ``p`` and
-        ``γ`` — is cast when it is coarser (FlashAttention-2's kernels), outputs are in the
-        input format."""
+        of the score and statistics formats computes, an accumulator finer than it sums each
+        product and row sum before one rounding into it (bf16 scores of an fp32 GEMM), ``p`` —
+        and in the reverse ``p`` and ``γ`` — is cast when it is coarser (FlashAttention-2's
+        kernels), outputs are in the input format."""
         compute = max((number_format(self.scores), number_format(self.stats)), key=lambda f: f.u)
+        if compute.name == self.ftz and compute.e_min is not None:  # computes in what flushes
+            compute = replace(compute, e_min=compute.e_min + compute.p)
 
         def fmt(name: str) -> Format:  # a narrower cast that flushes: μ = the least normal
             f = number_format(name)
@@ -119,6 +123,7 @@ class Claim:
             p=p,
             grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs
             block=block,
+            p_normalized=self.block == NAIVE_BLOCK,  # naive attention: P = softmax(S), then P·V
         )
 
     def resolve(self, dtype: str) -> Claim:
@@ -239,7 +244,9 @@ class Options:
     input dtypes (a kernel whose float16 arithmetic is not its float32's),
     ``block_by_device`` overrides the claimed key-block size on a device, ``ftz_probe``
     measures the claim's ``ftz`` on the CPU (the format whose subnormals the kernel flushes
-    there, or None: it depends on the machine),
+    there, or None: it depends on the machine), ``claim_probe`` measures the whole claim on
+    the CPU (a library whose precision depends on the machine: the claim it returns
+    replaces ``claim`` there, and says what it measured),
     ``exact_block``: it runs the case's own block size (the bound uses it), ``reverses``: the
     (frozen statistics, δ) structures its reverse may use, ``enclosure``: its outputs are
     balls that must contain the exact value, ``difftest``: one of the
@@ -273,6 +280,7 @@ class Options:
     claim_by_dtype: tuple[tuple[str, Claim], ...] = ()
     block_by_device: tuple[tuple[str, int | None], ...] = ()
     ftz_probe: Callable[[], str | None] | None = None
+    claim_probe: Callable[[], Claim] | None = None
     exact_block: bool = False
     reverses: tuple[tuple[str, str], ...] = REVERSES
     enclosure: bool = False

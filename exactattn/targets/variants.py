@@ -34,8 +34,13 @@ def conventions() -> dict[str, Convention]:
 
 
 def claim_for(target: Target, dtype: str, device: str = "cpu") -> Claim:
-    """The target's claim resolved for inputs of ``dtype`` on ``device``."""
-    base = dict(target.options.claim_by_dtype).get(dtype, target.claim)
+    """The target's claim resolved for inputs of ``dtype`` on ``device`` (measured there by
+    its ``claim_probe`` when it has one, else its claim for that dtype)."""
+    measure = target.options.claim_probe
+    if measure is not None and device == "cpu":
+        base = measure()
+    else:
+        base = dict(target.options.claim_by_dtype).get(dtype, target.claim)
     block = dict(target.options.block_by_device).get(device, base.block)
     policy = target.options.policy
     group = dtype if base.group == "input" else base.group

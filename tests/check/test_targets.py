@@ -74,6 +74,15 @@ def test_a_finer_accumulator_is_the_arithmetic_s():
     assert arith.acc == Arith.claim(text).acc
 
 
+def test_an_accumulator_finer_than_the_scores_is_kept():
+    """bf16 scores of an fp32 GEMM (OpenVINO's unfused MatMul): the products are summed in
+    fp32 and rounded once into bf16, not every sum bounded in bf16."""
+    arith = Claim("float32", "bfloat16", "float32", "bfloat16", "float32", 0).arith(64)
+    assert (arith.compute.name, arith.acc.name, arith.p) == ("bfloat16", "float32", None)
+    coarse = Claim("float32", "float32", "float32", "float32", "bfloat16", 0).arith(64)
+    assert coarse.acc.name == "bfloat16"
+
+
 def test_capabilities_parse():
     caps = Capabilities.parse("masks=none+causal,gqa=no,dropout=own,dtypes=bf16+fp16")
     assert caps.masks == ("none", "causal") and caps.dtypes == ("bfloat16", "float16")
