@@ -265,7 +265,10 @@ def entries() -> list[Target]:
             description="ONNX Runtime's CPU Attention kernel (ONNX opset 23), SDPA's signature",
             requires=("torch", "onnx", "onnxruntime"),
             options=Options(
-                claim_by_dtype=ORT_CLAIMS, refusals=ORT_REFUSALS, known=(NEGATIVE_SCALE,)
+                claim_by_dtype=ORT_CLAIMS,
+                refusals=ORT_REFUSALS,
+                known=(NEGATIVE_SCALE,),
+                isolated=True,  # native code: a crash or a hang fails one case only
             ),
         ),
         Target(
