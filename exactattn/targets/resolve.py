@@ -11,7 +11,7 @@ import functools
 from typing import Any
 
 from ..infra import loading
-from . import builtin, foreign
+from . import builtin, foreign, jax_attention
 from .conventions import USER_CONVENTIONS
 from .interface_conventions import FORWARD_ONLY
 from .interface_conventions import NAMES as INTERFACE_CONVENTIONS
@@ -26,7 +26,7 @@ class UnknownTarget(ValueError):
 @functools.cache
 def registry() -> dict[str, Target]:
     """Every registered target by name (exactattn's own first, then foreign ones)."""
-    return {t.name: t for t in [*builtin.entries(), *foreign.entries()]}
+    return {t.name: t for t in [*builtin.entries(), *foreign.entries(), *jax_attention.entries()]}
 
 
 def names() -> list[str]:
