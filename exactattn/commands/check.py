@@ -61,9 +61,10 @@ EPILOG = """your own function (MODULE:FUNCTION or path/to/file.py:FUNCTION):
 
   --claim keys: input, scores, stats, p, acc (formats: fp16, bf16, fp32, fp64, ...),
   block (an integer, or naive), group=input (a GQA backward that sums each group's per-head
-  dK, dV in the input dtype). --supports keys: dtypes, devices, masks (joined by +);
-  grads, dropout (yes/no/own), lse, gqa, cross, empty_rows, bias, softcap, program,
-  equal_head_dims (yes/no).
+  dK, dV in the input dtype), dp=input (a backward that rounds dP = G·Vᵀ to the input
+  dtype, as autodiff through a P·V product in it does). --supports keys: dtypes, devices,
+  masks (joined by +); grads, dropout (yes/no/own), lse, gqa, cross, empty_rows, bias,
+  softcap, program, equal_head_dims (yes/no).
 """
 
 

@@ -78,6 +78,9 @@ class Arith:
     * ``pv_acc``, ``pv_chunk`` — the accumulator of the ``p·V`` product when it is not
       ``acc`` (an FP8 MMA's FP22), and the terms it sums before each addition into an
       ``acc`` buffer (two-level accumulation; None: the whole block in ``pv_acc``);
+    * ``dp`` — the format ``dP = G·Vᵀ`` is rounded to before γ is formed (None: compute):
+      autodiff through a ``P·V`` product held in the input format returns its ``dP`` in it
+      (JAX's ``dot_product_attention``, :mod:`exactattn.targets.jax_attention`);
     * ``p_normalized`` — ``p`` is formed after the division by ``ℓ`` (naive attention's
       ``P = softmax(S)``, then ``P·V``): an underflow of its cast, of a product ``p_j v_j``
       or of their sum is an absolute ``μ`` in the output's units, ``ℓ·μ`` in units of
@@ -97,6 +100,7 @@ class Arith:
     pv_acc: Format | None = None
     pv_chunk: int | None = None
     p_normalized: bool = False
+    dp: Format | None = None
 
     def __post_init__(self) -> None:
         for name in ("input", "compute", "acc", "output"):
@@ -115,8 +119,9 @@ class Arith:
                 isinstance(x, (int, float)) and 0 <= x < (1 if name == "quant_rel" else math.inf)
             ):
                 raise ValueError(f"{name} must be a finite number >= 0 (quant_rel < 1); got {x!r}")
-        if self.pv_acc is not None and not isinstance(self.pv_acc, Format):
-            raise TypeError(f"pv_acc must be a Format or None; got {self.pv_acc!r}")
+        for name in ("pv_acc", "dp"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), Format):
+                raise TypeError(f"{name} must be a Format or None; got {getattr(self, name)!r}")
         chunk = self.pv_chunk
         if chunk is not None and (
             isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1
@@ -321,6 +326,8 @@ class Units:
     upv: float = 0.0  # ū of the p·V accumulator (Arith.pv_acc; 0: acc's, ua)
     mpv: float = 0.0
     pv_chunk: int | None = None
+    ud: float = 0.0  # dP rounded to Arith.dp
+    md: float = 0.0
 
     @classmethod
     def of(cls, arith: Arith, input_rounding: bool) -> Units:
@@ -341,6 +348,7 @@ class Units:
             mx += arith.quant_abs * math.exp(ux + _lg(arith.quant_rel))
             ux += _lg(arith.quant_rel)
         pv = arith.pv_acc
+        ud, md = _cast(c, arith.dp)
         return cls(
             uc=_lg(c.u),
             u_c=c.u,
@@ -362,6 +370,8 @@ class Units:
             upv=0.0 if pv is None else max(_lg(pv.u), ua),
             mpv=0.0 if pv is None else _mu(pv),
             pv_chunk=arith.pv_chunk,
+            ud=ud,
+            md=md,
         )
 
     def pv_terms(self, b: np.ndarray) -> np.ndarray:
@@ -747,8 +757,8 @@ def _reverse(
     if un.ux or un.mx:
         norms = ag.sum(-1)[..., None] + av.sum(-1)[..., None, :]
         gv_in = gv_abs * math.exp(2 * un.ux) + un.mx * math.exp(un.ux) * norms + dv_ * un.mx**2
-    r_d = un.res + ((un.uc + prob.drho) if prob.dropout else 0.0)
-    dot = (gv_in - gv_abs) + math.expm1(dv_ * un.ua) * gv_in + dv_ * un.ma
+    r_d = un.res + un.ud + ((un.uc + prob.drho) if prob.dropout else 0.0)
+    dot = (gv_in - gv_abs) + math.expm1(dv_ * un.ua) * gv_in + dv_ * un.ma + un.md
     D = rho * gv
     dD = rho * (dot * math.exp(r_d) + np.abs(gv) * math.expm1(r_d)) + 2 * un.mc
     # π_ij: the recomputed p against the exact one, through the frozen statistics

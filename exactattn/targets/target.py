@@ -24,7 +24,7 @@ from ..backends.formats import Format, canonical_name, number_format
 from ..error.bounds import Arith
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group", "qsplit", "ftz")
+CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group", "qsplit", "ftz", "dp")
 NAIVE_BLOCK = 0  # ``block=0``: one block spanning every key (naive attention)
 
 
@@ -49,6 +49,9 @@ class Claim:
     ``γ·q`` before the scale ``c`` with subnormals flushed (measured: bf16 dK = 0 where the
     exact value is 2.09e-38, up to ``|c|·2^-126``, on the replay of a 2000-case check).
     A compute format that is the ``ftz`` format flushes every rounding (OpenVINO's bf16).
+    ``dp``: the format the reverse rounds ``dP = G·Vᵀ`` to before γ (``input``: the input's,
+    as autodiff through a ``P·V`` product in the input dtype does — JAX's; None: the compute
+    format, as FlashAttention-2's kernels keep it).
     ``block=None`` means "not stated": the bound then assumes the worst case,
     one key per block; ``block=0`` is one block over all keys (naive attention).
     """
@@ -62,6 +65,7 @@ class Claim:
     group: str | None = None
     qsplit: int | None = None
     ftz: str | None = None
+    dp: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Claim:
@@ -87,7 +91,7 @@ class Claim:
                 if not value.isdigit():
                     raise ValueError(f"--claim block must be an integer >= 0; got {value!r}")
                 values[key] = int(value)
-            elif key == "group" and value == "input":
+            elif key in ("group", "dp") and value == "input":
                 values[key] = value
             elif key == "ftz" and value == "no":
                 values[key] = None
@@ -124,6 +128,7 @@ class Claim:
             grad_cast=p,  # a kernel that casts p for P·V casts p and γ for the reverse's GEMMs
             block=block,
             p_normalized=self.block == NAIVE_BLOCK,  # naive attention: P = softmax(S), then P·V
+            dp=None if self.dp is None else number_format(self.dp),
         )
 
     def resolve(self, dtype: str) -> Claim:
@@ -137,6 +142,7 @@ class Claim:
             p=self.p or source,
             acc=self.acc or source,
             group=source if self.group == "input" else self.group,
+            dp=source if self.dp == "input" else self.dp,
         )
 
     def bound_block(self, n_k: int) -> int | None:

@@ -59,6 +59,14 @@ def _onnx_negative_scale(case: Any, finding: Finding) -> bool:
     return (case.scale or 1.0) < 0 and " nan" in finding.detail
 
 
+def _raised(dtype: str, message: str) -> Callable[[Any, Finding], bool]:
+    """A matcher for a target that raises ``message`` on inputs of ``dtype``."""
+    return lambda case, finding: finding.dtype == dtype and message in finding.detail
+
+
+JAX_FP16_JIT = "The precision 'F16_F16_F32' is not supported by dot_general on CPU"
+JAX_BF16_ELEMENTAL = "Algorithm not supported by the ElementalIrEmitter: ALG_DOT_BF16_BF16_F32"
+
 UPSTREAM = {
     u.name: u
     for u in (
@@ -85,6 +93,32 @@ UPSTREAM = {
             "docs/zoo/onnx_negative_scale.py (reproducer; onnx 1.23.2, onnxruntime 1.31.1, not "
             "yet filed at github.com/onnx/onnx/issues)",
             _onnx_negative_scale,
+        ),
+        Upstream(
+            "jax-cpu-fp16-jit",
+            "jax.nn.dot_product_attention raises ValueError for float16 under jax.jit on the "
+            "CPU: _dot_product_attention_core asks for DotAlgorithmPreset.F16_F16_F32, which "
+            "dot_general's lowering refuses on the CPU (jax/_src/lax/lax.py "
+            "_handle_dot_precision, l. 6124-6131 at jax-v0.10.2), and its fallback to "
+            "precision=None (jax/_src/nn/functions.py l. 941-959) catches errors while "
+            "tracing only: under jit the error comes at lowering (op by op it works)",
+            "tests/regressions/jax_fp16_jit_precision.json",
+            "docs/zoo/jax_fp16_jit_precision.py (reproducer; jax 0.10.2; no report found at "
+            "github.com/jax-ml/jax/issues; keras-team/keras-hub#2354 works around it)",
+            _raised("float16", JAX_FP16_JIT),
+        ),
+        Upstream(
+            "jax-cpu-bf16-elemental-dot",
+            "jitted bfloat16 jax.nn.dot_product_attention fails to compile on the CPU where a "
+            "dot is degenerate (two of n_q·G, n_k and d equal to 1, G query heads a key/value "
+            "head; measured): XLA:CPU emits such dots elementally, and its elemental emitter "
+            "rejects the "
+            "ALG_DOT_BF16_BF16_F32 algorithm the attention asks for (xla/service/"
+            "algorithm_util.cc IsSupportedByElementalIrEmitter, as bundled in jaxlib 0.10.2)",
+            "tests/regressions/jax_bf16_elemental_dot.json",
+            "docs/zoo/jax_bf16_elemental_dot.py (reproducer; jaxlib 0.10.2; not yet filed at "
+            "github.com/openxla/xla/issues)",
+            _raised("bfloat16", JAX_BF16_ELEMENTAL),
         ),
     )
 }

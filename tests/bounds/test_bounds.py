@@ -182,3 +182,24 @@ def test_subnormal_weights_amplified_downstream_stay_within_the_bound(monkeypatc
     assert worst() <= 1
     monkeypatch.setattr(B, "MU_FLOOR", 0.0)
     assert worst() > 1
+
+
+@pytest.mark.parametrize("delta", ["gy", "rowsum"])
+def test_a_claimed_dp_format_widens_only_what_dp_reaches(delta):
+    """``Arith.dp`` (JAX's backward rounds dP = G·Vᵀ to the input dtype): dQ and dK grow,
+    Y and dV (which never read dP) do not; the claim's ``dp=input`` resolves to the dtype."""
+    from exactattn.targets import Claim
+
+    rng = np.random.default_rng(0)
+    q, k, v, g = (rng.standard_normal((5, 4)).astype(np.float32) for _ in range(4))
+    base = B.Arith.ieee("bfloat16", "float32", p="bfloat16", grad_cast="bfloat16", block=5)
+    plain, rounded = (
+        B.bounds(a, q, k, v, g, delta=delta)
+        for a in (base, dataclasses.replace(base, dp=B.number_format("bfloat16")))
+    )
+    assert (rounded["dq"] > plain["dq"]).all() and (rounded["dk"] > plain["dk"]).all()
+    assert (rounded["y"] == plain["y"]).all() and (rounded["dv"] == plain["dv"]).all()
+    claim = Claim.parse("scores=fp32,stats=fp32,dp=input")
+    assert claim.resolve("bfloat16").arith(5).dp.name == "bfloat16"
+    assert Claim.parse(claim.as_text()) == claim
+    assert Claim().resolve("bfloat16").arith(5).dp is None
