@@ -56,9 +56,9 @@ class Draw:
 
     The interface fields (:mod:`exactattn.cases.interface_fields`; None: absent): ``seqlens`` the
     key length of each sequence (the mask becomes that key padding), ``splits`` the split-KV
-    boundaries, ``pages`` a page template ``{"size", "shared", "order"}`` (filled into a
-    block table; shared pages make the sequences' first keys equal), ``sinks`` each query
-    head's sink offset.
+    boundaries, ``pages`` the paged cache ``{"size", "pool", "table", "shared"}`` (drawn
+    whole, the case's schema; shared pages make the sequences' first keys equal), ``sinks``
+    each query head's sink offset.
     """
 
     batch: tuple[int, ...]
@@ -407,12 +407,8 @@ def build_case(draw: Draw) -> Case:
     mask = _fill_mask(draw.mask, rng, b, draw.n_q, draw.n_k)
     if draw.seqlens is not None:  # a varlen batch: the key padding of its lengths
         mask = {"kind": "padding", "lengths": list(draw.seqlens)}
-    pages = None
     if draw.pages is not None:
-        B = b[0] if b else 1
-        pages = interface_fields.fill_pages(draw.pages, B, draw.n_k)
-        for x in (k, v):
-            interface_fields.share_prefix(x, B, min(draw.n_k, pages["shared"] * pages["size"]))
+        k, v = (interface_fields.shared_prefix(x, draw.pages) for x in (k, v))
     case = Case(
         q,
         k,
@@ -428,7 +424,7 @@ def build_case(draw: Draw) -> Case:
         note=draw.note,
         seqlens=None if draw.seqlens is None else list(draw.seqlens),
         splits=None if draw.splits is None else list(draw.splits),
-        pages=pages,
+        pages=draw.pages,
         sinks=None if draw.sinks is None else list(draw.sinks),
     )
     score, bias = _fill_score(draw.score, rng, b, draw.n_q, draw.n_k)
