@@ -170,8 +170,7 @@ class Case:
 
     def attended(self) -> np.ndarray:
         """The pairs that take part: allowed and not excluded by a ``−∞`` bias."""
-        allowed = self.allowed()
-        return allowed if self.bias is None else allowed & (self.bias != -np.inf)
+        return _attended(self.allowed(), self.bias)
 
     @property
     def modified(self) -> bool:
@@ -388,28 +387,28 @@ def _fill_score(
 
 
 def build_case(draw: Draw) -> Case:
-    """Fill a :class:`Draw` with arrays drawn from ``draw.data_seed``."""
+    """The :class:`Case` a :class:`Draw` describes: its arrays and the random parts of its
+    templates drawn from ``draw.data_seed`` (always in this order, so that a seed keeps its
+    case), every field computed first and the case built once."""
     rng = np.random.default_rng(draw.data_seed)
-    b = draw.batch
+    b, n_q, n_k = draw.batch, draw.n_q, draw.n_k
     kv_b = b if draw.group == 1 else (*b[:-1], b[-1] // draw.group)
     dist = draw.distribution
-    q = fill(rng, (*b, draw.n_q, draw.d), dist)
-    k = fill(rng, (*kv_b, draw.n_k, draw.d), dist)
-    v = fill(rng, (*kv_b, draw.n_k, draw.v), "normal" if dist == "tiny" else dist)
-    g = fill(rng, (*b, draw.n_q, draw.v), "uniform_int" if dist == "uniform_int" else "normal")
-    scale = None
-    if dist == "large_logits":
-        kk = np.repeat(k, draw.group, axis=-3) if draw.group > 1 else k
-        raw = np.abs(q @ np.swapaxes(kk, -1, -2)).max()
-        scale = float(draw.logit / raw) if raw > 0 else 1.0
-    elif draw.explicit_scale:
-        scale = float(rng.choice([0.5, 2.0, -1.0, 1 / 3]))
-    mask = _fill_mask(draw.mask, rng, b, draw.n_q, draw.n_k)
-    if draw.seqlens is not None:  # a varlen batch: the key padding of its lengths
-        mask = {"kind": "padding", "lengths": list(draw.seqlens)}
+    q = fill(rng, (*b, n_q, draw.d), dist)
+    k = fill(rng, (*kv_b, n_k, draw.d), dist)
+    v = fill(rng, (*kv_b, n_k, draw.v), "normal" if dist == "tiny" else dist)
+    g = fill(rng, (*b, n_q, draw.v), "uniform_int" if dist == "uniform_int" else "normal")
+    scale = _scale(draw, rng, q, k)
+    drawn = _fill_mask(draw.mask, rng, b, n_q, n_k)  # drawn whatever seqlens say: the score's
+    score, bias = _fill_score(draw.score, rng, b, n_q, n_k)  # draws come after it
+    # a varlen batch: the key padding of its lengths
+    mask = drawn if draw.seqlens is None else {"kind": "padding", "lengths": list(draw.seqlens)}
     if draw.pages is not None:
         k, v = (interface_fields.shared_prefix(x, draw.pages) for x in (k, v))
-    case = Case(
+    # a row with no allowed key (bottom-right alignment with n_q > n_k, a narrow window, a
+    # composition, a document without keys, a bias row of −∞): the opt-in convention is tested
+    attended = _attended(maskspec.allowed(mask, b, n_q, n_k), bias)
+    return Case(
         q,
         k,
         v,
@@ -419,22 +418,36 @@ def build_case(draw: Draw) -> Case:
         mask,
         dropout_p=draw.dropout_p,
         seed=draw.seed if draw.dropout_p else None,
+        empty_rows="error" if attended.any(axis=-1).all() else "zero",
+        note=draw.note,
         dtype=draw.dtype,
         layout=draw.layout,
-        note=draw.note,
+        bias=bias,
+        softcap=draw.softcap,
+        score=score,
+        score_mod=draw.score_mod,
         seqlens=None if draw.seqlens is None else list(draw.seqlens),
         splits=None if draw.splits is None else list(draw.splits),
         pages=draw.pages,
         sinks=None if draw.sinks is None else list(draw.sinks),
     )
-    score, bias = _fill_score(draw.score, rng, b, draw.n_q, draw.n_k)
-    case.score, case.bias, case.softcap, case.score_mod = score, bias, draw.softcap, draw.score_mod
-    if not case.attended().any(axis=-1).all():
-        # a row with no allowed key (bottom-right alignment with n_q > n_k, a narrow
-        # window, a composition, a document without keys, a bias row of −∞): the opt-in
-        # convention is tested
-        case.empty_rows = "zero"
-    return case
+
+
+def _scale(draw: Draw, rng: np.random.Generator, q: np.ndarray, k: np.ndarray) -> float | None:
+    """The case's scale: for ``large_logits`` the one that makes the largest ``|c·q·k|`` the
+    drawn logit; else one of a few (negative included) when ``explicit_scale``; else None."""
+    if draw.distribution == "large_logits":
+        kk = np.repeat(k, draw.group, axis=-3) if draw.group > 1 else k
+        raw = np.abs(q @ np.swapaxes(kk, -1, -2)).max()
+        return float(draw.logit / raw) if raw > 0 else 1.0
+    if draw.explicit_scale:
+        return float(rng.choice([0.5, 2.0, -1.0, 1 / 3]))
+    return None
+
+
+def _attended(allowed: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """The pairs that take part: allowed and not excluded by a ``−∞`` bias."""
+    return allowed if bias is None else allowed & (bias != -np.inf)
 
 
 def hold(x: np.ndarray, fmt: str) -> np.ndarray:
