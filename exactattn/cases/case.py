@@ -25,9 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core import masks
-from ..infra import loading
-from . import interface_fields
+from . import interface_fields, mask_kinds
 from . import spec as maskspec
 from .inputs import fill
 
@@ -42,7 +40,8 @@ class Draw:
     """What hypothesis draws: sizes, keywords, a mask template and how to fill the arrays.
 
     ``mask`` is a mask spec whose random parts are filled by :func:`build_case` from the
-    data seed: a ``padding`` leaf without ``lengths`` gets one length in ``1..n_k`` per
+    data seed (each kind's ``fill``, :data:`exactattn.cases.mask_kinds.MASK_KINDS`): a
+    ``padding`` leaf without ``lengths`` gets one length in ``1..n_k`` per
     batch element, a ``dense`` leaf without ``allowed`` gets a random table (``density``;
     ``empty_row: true`` empties row 0), a ``document`` leaf without ids gets ``docs``
     sorted document ids for queries and keys.
@@ -141,14 +140,14 @@ class Case:
 
     def allowed(self) -> np.ndarray:
         """The allowed set as a dense ``(*batch, n_q, n_k)`` boolean array, from the spec's
-        definition (:func:`exactattn.cases.spec.allowed`, never through the library)."""
+        definition (:func:`exactattn.cases.mask_kinds.allowed`, never through the library)."""
         n = self.sizes
-        return maskspec.allowed(self.mask, self.batch, n["n_q"], n["n_k"])
+        return mask_kinds.allowed(self.mask, self.batch, n["n_q"], n["n_k"])
 
     @property
     def masked(self) -> bool:
         """Whether the mask excludes anything by its kind (``none`` allows every pair)."""
-        return self.mask["kind"] != "none"
+        return not mask_kinds.of(self.mask).every_pair
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The case's float64 arrays by name: ``q, k, v, g`` and the ``bias`` if it has one."""
@@ -158,7 +157,7 @@ class Case:
         """The allowed set of query rows ``start:stop``, ``(*batch, stop − start, n_k)``, from
         the spec's definition: a long case is read one strip of rows at a time."""
         n = self.sizes
-        return maskspec.allowed(self.mask, self.batch, n["n_q"], n["n_k"], (start, stop))
+        return mask_kinds.allowed(self.mask, self.batch, n["n_q"], n["n_k"], (start, stop))
 
     def bias_rows(self, start: int, stop: int) -> np.ndarray | None:
         """The bias of query rows ``start:stop`` (broadcastable to ``(*batch, stop − start,
@@ -194,64 +193,12 @@ class Case:
         return maskspec.rho(self.dropout_p, self.seed, self.batch, n["n_q"], n["n_k"])
 
     def mask_object(self, like: Any = None) -> Any:
-        """The mask as the library's :class:`~exactattn.core.masks.Mask` (None for ``none``).
+        """The mask as the library's :class:`~exactattn.core.masks.Mask` (None for every
+        pair), built as its kind's entry says (:data:`exactattn.cases.mask_kinds.MASK_KINDS`).
 
-        ``like``: a torch tensor to put arrays on. Document ids become a ``mask_mod(b, h,
-        i, j)`` written from their definition (ids per element of the first batch axis) for a
-        torch call, their dense table otherwise.
+        ``like``: a torch tensor to put arrays on.
         """
-        return self._lower(self.mask, like)
-
-    def _lower(self, spec: dict[str, Any], like: Any) -> Any:
-        kind = spec["kind"]
-        if kind == "none":
-            return None
-        if kind == "causal":
-            return masks.causal(spec.get("align", "top-left"))
-        if kind == "window":
-            return masks.sliding_window(
-                spec.get("left"), spec.get("right"), spec.get("align", "top-left")
-            )
-        if kind == "padding":
-            return masks.key_padding(self._array(spec["lengths"], like, "int64"))
-        if kind == "dense" or (kind == "document" and like is None):
-            # a mask_mod is evaluated on torch index tensors (FlexAttention's): a NumPy call
-            # gets the document mask as its dense table, so checking it imports no torch
-            n = self.sizes
-            table = maskspec.allowed(spec, self.batch, n["n_q"], n["n_k"])
-            return masks.dense(self._array(table, like, "bool"))
-        if kind == "document":
-            return masks.from_mask_mod(self._documents(spec, like))
-        if kind == "mask_mod":
-            return masks.from_mask_mod(loading.load_callable(spec["fn"], "--mask-mod"))
-        parts = [self._lower(part, like) for part in spec["parts"]]
-        if kind == "or" and None in parts:  # "none" (every key) absorbs an or
-            return None
-        parts = [part for part in parts if part is not None]  # ... and is the identity of and
-        if not parts:
-            return None
-        return masks.and_masks(*parts) if kind == "and" else masks.or_masks(*parts)
-
-    def _documents(self, spec: dict[str, Any], like: Any) -> Any:
-        q_doc = self._array(spec["q_doc"], like, "int64")
-        k_doc = self._array(spec["k_doc"], like, "int64")
-        # ids per element of batch axis 0: the library's b for (B, H) inputs, h for (B,)
-        per_b = len(self.batch) == 2
-
-        def mask_mod(b: Any, h: Any, i: Any, j: Any) -> Any:
-            if q_doc.ndim == 1:
-                return q_doc[i] == k_doc[j]
-            first = b if per_b else h
-            return q_doc[first, i] == k_doc[first, j]
-
-        return mask_mod
-
-    @staticmethod
-    def _array(values: Any, like: Any, dtype: str) -> Any:
-        arr = np.array(values, dtype=dtype)  # a writable copy (torch shares its memory)
-        if like is None:
-            return arr
-        return _torch().from_numpy(arr).to(like.device)
+        return mask_kinds.library(self.mask, mask_kinds.Lowering(self, like))
 
     def keywords(self) -> dict[str, Any]:
         """Keywords for :func:`exactattn.attention` (mask left to the caller)."""
@@ -277,7 +224,7 @@ class Case:
         parts = [
             f"q {tuple(self.q.shape)}, k {tuple(self.k.shape)}, v {tuple(self.v.shape)}",
             f"dtype {self.dtype}" if self.dtype else "",
-            f"mask {maskspec.describe(maskspec.simplified(self.mask))}",
+            f"mask {mask_kinds.describe(mask_kinds.simplified(self.mask))}",
             maskspec.describe_score(self.score, self.softcap),
             f"score_mod {self.score_mod}" if self.score_mod else "",
             f"scale {self.c():.6g}" + ("" if self.scale is not None else " (default)"),
@@ -324,37 +271,6 @@ def _describe_pages(pages: dict[str, Any] | None) -> str:
     return f"pages of {pages['size']} (pool {pages['pool']}{shared})"  # the table is in the file
 
 
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-def _fill_mask(
-    template: dict[str, Any], rng: np.random.Generator, batch: tuple[int, ...], n_q: int, n_k: int
-) -> dict[str, Any]:
-    """The template with its random parts drawn (see :class:`Draw`)."""
-    kind = template["kind"]
-    if kind in maskspec.COMBINATORS:
-        parts = [_fill_mask(part, rng, batch, n_q, n_k) for part in template["parts"]]
-        return {"kind": kind, "parts": parts}
-    spec = dict(template)
-    if kind == "padding" and "lengths" not in spec:
-        spec["lengths"] = np.asarray(rng.integers(1, n_k + 1, size=batch[:1])).tolist()
-    elif kind == "dense" and "allowed" not in spec:
-        table = rng.random((*batch, n_q, n_k)) < spec.pop("density", 0.6)
-        if spec.pop("empty_row", False):
-            table[..., 0, :] = False
-        else:
-            table[..., rng.integers(0, n_k)] = True  # every row nonempty
-        spec["allowed"] = table.tolist()
-    elif kind == "document" and "q_doc" not in spec:
-        docs = spec.pop("docs", 2)
-        spec["q_doc"] = np.sort(rng.integers(0, docs, size=(*batch[:1], n_q)), axis=-1).tolist()
-        spec["k_doc"] = np.sort(rng.integers(0, docs, size=(*batch[:1], n_k)), axis=-1).tolist()
-    return spec
-
-
 def _fill_score(
     template: dict[str, Any], rng: np.random.Generator, batch: tuple[int, ...], n_q: int, n_k: int
 ) -> tuple[dict[str, Any], np.ndarray | None]:
@@ -399,15 +315,15 @@ def build_case(draw: Draw) -> Case:
     v = fill(rng, (*kv_b, n_k, draw.v), "normal" if dist == "tiny" else dist)
     g = fill(rng, (*b, n_q, draw.v), "uniform_int" if dist == "uniform_int" else "normal")
     scale = _scale(draw, rng, q, k)
-    drawn = _fill_mask(draw.mask, rng, b, n_q, n_k)  # drawn whatever seqlens say: the score's
-    score, bias = _fill_score(draw.score, rng, b, n_q, n_k)  # draws come after it
+    drawn = mask_kinds.filled(draw.mask, rng, b, n_q, n_k)  # drawn whatever seqlens say: the
+    score, bias = _fill_score(draw.score, rng, b, n_q, n_k)  # score's draws come after it
     # a varlen batch: the key padding of its lengths
     mask = drawn if draw.seqlens is None else {"kind": "padding", "lengths": list(draw.seqlens)}
     if draw.pages is not None:
         k, v = (interface_fields.shared_prefix(x, draw.pages) for x in (k, v))
     # a row with no allowed key (bottom-right alignment with n_q > n_k, a narrow window, a
     # composition, a document without keys, a bias row of −∞): the opt-in convention is tested
-    attended = _attended(maskspec.allowed(mask, b, n_q, n_k), bias)
+    attended = _attended(mask_kinds.allowed(mask, b, n_q, n_k), bias)
     return Case(
         q,
         k,

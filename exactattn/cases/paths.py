@@ -58,6 +58,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from . import mask_kinds
 from .case import Draw
 from .interface_fields import fill_pages, page_size, weighted
 from .strategies import masks as compositions
@@ -171,7 +172,7 @@ def check_draws(
     seed = draw(st.integers(0, 2**64 - 1)) if dropout_p else 0
     data_seed = draw(st.integers(0, 2**32 - 1))
     layout = draw(st.sampled_from(layouts))  # the draws above keep their order: seeds replay
-    fields = draw(interface_fields(batch, n_k, b, mask["kind"])) if interface else {}
+    fields = draw(interface_fields(batch, n_k, b, mask)) if interface else {}
     return Draw(
         batch=batch,
         n_q=n_q,
@@ -320,15 +321,15 @@ MAX_SPLITS = 8
 
 @st.composite
 def interface_fields(
-    draw: st.DrawFn, batch: tuple[int, ...], n_k: int, b: int, mask_kind: str
+    draw: st.DrawFn, batch: tuple[int, ...], n_k: int, b: int, mask: dict[str, Any]
 ) -> dict[str, Any]:
     """The interface fields of a :class:`~exactattn.cases.Draw`
-    (:mod:`exactattn.cases.interface_fields`); ``seqlens`` only where the mask is none or key
-    padding (what a varlen call expresses)."""
+    (:mod:`exactattn.cases.interface_fields`); ``seqlens`` only where a varlen call expresses
+    the ``mask`` template (every pair or key padding, :func:`.mask_kinds.varlen`)."""
     B = batch[0] if batch else 1
     heads = batch[-1] if len(batch) == 2 else 1
     out: dict[str, Any] = {"splits": _splits(draw, n_k, b), "pages": _pages(draw, B, n_k, b)}
-    if batch and mask_kind in ("none", "padding") and _percent(draw, 60):
+    if batch and mask_kinds.varlen(mask) and _percent(draw, 60):
         out["seqlens"] = tuple(_length(draw, n_k, b) for _ in range(B))
     out["sinks"] = tuple(_weighted(draw, SINK_OFFSETS) for _ in range(heads))
     return out

@@ -166,12 +166,14 @@ def _mask_mod(case: Any, padded: tuple[int, ...], device: str) -> Any:
     the allowed table (one function body for every mask kind: no recompile per mask)."""
     import torch
 
+    from ..cases import mask_kinds
     from ..infra import loading
 
     B, H = lift(case.batch)
     n = case.sizes
-    if case.mask["kind"] == "mask_mod":
-        fn = loading.load_callable(case.mask["fn"], "--mask-mod")
+    reference = mask_kinds.program(case.mask)
+    if reference is not None:
+        fn = loading.load_callable(reference, "--mask-mod")
         user = _clamped(fn, (B, H, n["n_q"], n["n_k"]))
 
         def program(b, h, q_idx, kv_idx):

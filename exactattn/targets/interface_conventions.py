@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cases import Case, interface_fields
+from ..cases import Case, interface_fields, mask_kinds
 from .conventions import (
     Convention,
     autograd,
@@ -97,20 +97,23 @@ class InterfaceDraw:
 
 def _key_lengths(case: Case, B: int) -> tuple[np.ndarray, str | None]:
     """Per-sequence key lengths: the case's ``seqlens`` (its mask is their key padding), the
-    padding lengths for a pure key-padding mask, else n_k."""
+    mask's for a mask of key lengths (:func:`exactattn.cases.mask_kinds.key_lengths`), else
+    n_k."""
     n_k = case.sizes["n_k"]
     if case.seqlens is not None:
         return np.asarray(case.seqlens, dtype=np.int64), None
-    if case.mask["kind"] != "padding":
+    lengths = mask_kinds.key_lengths(case.mask)
+    if lengths is None:
         return np.full(B, n_k), None
-    lengths = np.asarray(case.mask["lengths"]).reshape(-1)
+    lengths = np.asarray(lengths).reshape(-1)
     if lengths.shape[0] != B:
         return lengths, "padding lengths per head are not sequence lengths"
     return lengths.astype(np.int64), None
 
 
 def _window_of(case: Case) -> tuple[int, int] | str:
-    if case.mask["kind"] == "padding":
+    """A mask of key lengths is the lengths (no window); else the flash convention's."""
+    if mask_kinds.key_lengths(case.mask) is not None:
         return (-1, -1)
     return flash_window(case)
 
@@ -146,7 +149,7 @@ class _Flash(Convention):
         B, _ = lift(case.batch)
         reason = _key_lengths(case, B)[1]
         if reason is None and case.bias is not None:
-            if case.mask["kind"] == "padding":
+            if mask_kinds.key_lengths(case.mask) is not None:
                 return (
                     "flash-attn aligns ALiBi to each sequence's own key length; the padded "
                     "case aligns it to n_k"
