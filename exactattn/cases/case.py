@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
+from ..infra import loading
 from . import interface_fields, mask_kinds
 from . import spec as maskspec
 from .inputs import fill
@@ -86,6 +88,36 @@ class Draw:
     sinks: tuple[float, ...] | None = None
 
 
+class Programs:
+    """A case's memo of the user's programs: each ``module:function`` loaded once, and its
+    table on a grid (:func:`exactattn.cases.spec.tabulated`) computed once per grid.
+
+    The copies :func:`dataclasses.replace` makes of a case (in a target's dtype, at another
+    block size, lifted to ``(B, H)``) share it: they are the same problem, and a copy of
+    other shapes keys its own tables. A pickled memo arrives empty (a program loaded from a
+    file does not pickle; the tables are the receiver's to compute).
+    """
+
+    def __init__(self) -> None:
+        self.functions: dict[str, Callable[..., Any]] = {}
+        self.tables: dict[tuple[str, tuple[int, ...], int, int], np.ndarray] = {}
+
+    def function(self, reference: str) -> Callable[..., Any]:
+        if reference not in self.functions:
+            self.functions[reference] = loading.load_callable(reference, "--mask-mod")
+        return self.functions[reference]
+
+    def table(self, reference: str, batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray:
+        key = (reference, batch, n_q, n_k)
+        if key not in self.tables:
+            fn = self.function(reference)
+            self.tables[key] = maskspec.tabulated(fn, reference, batch, n_q, n_k)
+        return self.tables[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"functions": {}, "tables": {}}
+
+
 @dataclass
 class Case:
     """A replayable case: float64 arrays (nested lists in JSON) and the call's keywords."""
@@ -112,6 +144,8 @@ class Case:
     splits: list[int] | None = None  # split-KV key boundaries 0 = e_0 <= ... <= e_S = n_k
     pages: dict[str, Any] | None = None  # {"size", "pool", "table", "shared"}
     sinks: list[float] | None = None  # per query head: sigma_h - min_{b,i} lse_{b,h,i}
+    # not part of the problem: never compared, printed or written (see Programs)
+    programs: Programs = field(default_factory=Programs, compare=False, repr=False)
 
     # --- derived --------------------------------------------------------------------
     @property
@@ -142,7 +176,9 @@ class Case:
         """The allowed set as a dense ``(*batch, n_q, n_k)`` boolean array, from the spec's
         definition (:func:`exactattn.cases.mask_kinds.allowed`, never through the library)."""
         n = self.sizes
-        return mask_kinds.allowed(self.mask, self.batch, n["n_q"], n["n_k"])
+        return mask_kinds.allowed(
+            self.mask, self.batch, n["n_q"], n["n_k"], mask_mod_table=self.mask_mod_table
+        )
 
     @property
     def masked(self) -> bool:
@@ -157,7 +193,21 @@ class Case:
         """The allowed set of query rows ``start:stop``, ``(*batch, stop − start, n_k)``, from
         the spec's definition: a long case is read one strip of rows at a time."""
         n = self.sizes
-        return mask_kinds.allowed(self.mask, self.batch, n["n_q"], n["n_k"], (start, stop))
+        rows = (start, stop)
+        return mask_kinds.allowed(
+            self.mask, self.batch, n["n_q"], n["n_k"], rows, mask_mod_table=self.mask_mod_table
+        )
+
+    def mask_mod(self, reference: str) -> Callable[..., Any]:
+        """A user's mask_mod the mask names (``module:function``), loaded once per case."""
+        return self.programs.function(reference)
+
+    def mask_mod_table(self, reference: str) -> np.ndarray:
+        """A user's mask_mod on the case's whole ``(*batch, n_q, n_k)`` grid, evaluated once
+        per case: the allowed set is read many times (every strip of rows, every convention,
+        the reference)."""
+        n = self.sizes
+        return self.programs.table(reference, self.batch, n["n_q"], n["n_k"])
 
     def bias_rows(self, start: int, stop: int) -> np.ndarray | None:
         """The bias of query rows ``start:stop`` (broadcastable to ``(*batch, stop − start,
@@ -243,7 +293,7 @@ class Case:
 
     # --- files ------------------------------------------------------------------------
     def to_json(self) -> str:
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "programs"}
         arrays = [x for x in ARRAYS if getattr(self, x) is not None]
         for name in arrays:
             data[name] = getattr(self, name).tolist()  # −∞ bias entries: JSON's -Infinity
@@ -321,9 +371,15 @@ def build_case(draw: Draw) -> Case:
     mask = drawn if draw.seqlens is None else {"kind": "padding", "lengths": list(draw.seqlens)}
     if draw.pages is not None:
         k, v = (interface_fields.shared_prefix(x, draw.pages) for x in (k, v))
+    programs = Programs()  # the case's: a user's mask_mod tabulated here is not tabulated again
+
+    def mask_mod_table(reference: str) -> np.ndarray:
+        return programs.table(reference, b, n_q, n_k)
+
     # a row with no allowed key (bottom-right alignment with n_q > n_k, a narrow window, a
     # composition, a document without keys, a bias row of −∞): the opt-in convention is tested
-    attended = _attended(mask_kinds.allowed(mask, b, n_q, n_k), bias)
+    allowed = mask_kinds.allowed(mask, b, n_q, n_k, mask_mod_table=mask_mod_table)
+    attended = _attended(allowed, bias)
     return Case(
         q,
         k,
@@ -346,6 +402,7 @@ def build_case(draw: Draw) -> Case:
         splits=None if draw.splits is None else list(draw.splits),
         pages=draw.pages,
         sinks=None if draw.sinks is None else list(draw.sinks),
+        programs=programs,
     )
 
 

@@ -12,8 +12,8 @@ A mask spec (:mod:`.spec`) is ``{"kind": K, ...}``; its entry (a :class:`MaskKin
   ``causal`` the alignment of a causal mask (SDPA's ``is_causal``, xformers' triangular
   masks), ``window`` flash-attn's ``window_size`` as ``(left, right, align)``, ``key_lengths``
   the per-sequence key lengths of a varlen batch or a KV cache, ``program`` the user's
-  program a FlexAttention target runs as itself. None: the kind is not that, and a
-  convention that can take it only so says why it skips the case.
+  program a FlexAttention target runs as itself. None where the kind is not that: a
+  convention that takes masks only in that form skips the case, saying why.
 
 A composition (``and``, ``or``) has ``parts``; ``absorbs``: every pair absorbs it (``or``)
 rather than being its identity (``and``). Adding a kind is adding its entry: the case
@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from ..core import masks
-from ..infra import loading
 from . import spec as maskspec
 
 Spec = dict[str, Any]
@@ -38,8 +37,9 @@ Window = tuple[int | None, int | None, str | None]  # (left, right, alignment); 
 
 @dataclass(frozen=True)
 class Lowering:
-    """Where a library mask is built: the ``case`` (its batch dims and sizes) and ``like``, a
-    torch tensor whose device the arrays go to (None: NumPy arrays)."""
+    """Where a library mask is built: the ``case`` (its batch dims and sizes, its user's
+    programs loaded once) and ``like``, a torch tensor whose device the arrays go to (None:
+    NumPy arrays)."""
 
     case: Any
     like: Any = None
@@ -54,11 +54,11 @@ class Lowering:
 
     def table(self, spec: Spec) -> np.ndarray:
         """The spec's allowed set on the case's grid, from its definition."""
-        n = self.case.sizes
-        return allowed(spec, self.case.batch, n["n_q"], n["n_k"])
+        n, case = self.case.sizes, self.case
+        return allowed(spec, case.batch, n["n_q"], n["n_k"], mask_mod_table=case.mask_mod_table)
 
 
-def _as_drawn(template: Spec, rng: np.random.Generator, batch: tuple[int, ...], n_q, n_k) -> Spec:
+def _as_drawn(template: Spec, rng: np.random.Generator, batch: tuple, n_q: int, n_k: int) -> Spec:
     return dict(template)
 
 
@@ -239,7 +239,7 @@ MASK_KINDS: dict[str, MaskKind] = {
         MaskKind(
             "mask_mod",
             maskspec.program,
-            lambda spec, at: masks.from_mask_mod(loading.load_callable(spec["fn"], "--mask-mod")),
+            lambda spec, at: masks.from_mask_mod(at.case.mask_mod(spec["fn"])),
             lambda spec: f"mask_mod {spec['fn']}",
             program=lambda spec: spec["fn"],
         ),

@@ -176,12 +176,21 @@ def lift(batch: tuple[int, ...]) -> tuple[int, int]:
 
 
 def mask_mod_table(reference: str, batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray:
-    """A user's ``mask_mod`` (``module:function``) on the whole grid, shaped
-    ``(*batch, n_q, n_k)``; an error names the mod when it does not give booleans."""
-    from ..core.ops import grid_indices
+    """A user's ``mask_mod`` (``module:function``) loaded and :func:`tabulated` on the whole
+    grid, ``(*batch, n_q, n_k)``."""
     from ..infra import loading
 
-    fn = loading.load_callable(reference, "--mask-mod")
+    return tabulated(loading.load_callable(reference, "--mask-mod"), reference, batch, n_q, n_k)
+
+
+def tabulated(
+    fn: Callable[..., Any], reference: str, batch: tuple[int, ...], n_q: int, n_k: int
+) -> np.ndarray:
+    """The loaded mask_mod ``fn`` (named ``reference``) evaluated once on the whole grid of
+    indices, shaped ``(*batch, n_q, n_k)``; an error names the mod when it does not give
+    booleans."""
+    from ..core.ops import grid_indices
+
     lifted = lift(batch)
     out = fn(*grid_indices(lifted, n_q, n_k))
     out = out.detach().cpu().numpy() if hasattr(out, "detach") else np.asarray(out)

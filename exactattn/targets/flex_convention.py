@@ -167,14 +167,12 @@ def _mask_mod(case: Any, padded: tuple[int, ...], device: str) -> Any:
     import torch
 
     from ..cases import mask_kinds
-    from ..infra import loading
 
     B, H = lift(case.batch)
     n = case.sizes
     reference = mask_kinds.program(case.mask)
     if reference is not None:
-        fn = loading.load_callable(reference, "--mask-mod")
-        user = _clamped(fn, (B, H, n["n_q"], n["n_k"]))
+        user = _clamped(case.mask_mod(reference), (B, H, n["n_q"], n["n_k"]))
 
         def program(b, h, q_idx, kv_idx):
             inside = (b < B) & (h < H) & (q_idx < n["n_q"]) & (kv_idx < n["n_k"])

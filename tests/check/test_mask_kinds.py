@@ -10,7 +10,9 @@ for it fails the check), and that the definitions never import the library they 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
+import pickle
 import warnings
 
 import numpy as np
@@ -18,6 +20,7 @@ import numpy as np
 from exactattn import targets
 from exactattn.cases import Draw, build_case, mask_kinds, paths, spec, strategies
 from exactattn.core import masks
+from exactattn.infra import loading
 from exactattn.testing.case_check import check_case
 from exactattn.testing.search import draw
 from tests.optional import requires
@@ -108,3 +111,36 @@ def _library_imports(source: str) -> list[str]:
 def test_the_definitions_never_import_the_library():
     assert _library_imports(inspect.getsource(spec)) == []
     assert _library_imports("def f():\n    from ..core import masks\n") != []  # it can fail
+
+
+def test_a_case_loads_and_tabulates_its_mask_mod_once(monkeypatch):
+    """However often its allowed set and library mask are read, and in the copies a run makes
+    (another dtype, another block size), a case loads a user's mask_mod once and tabulates it
+    once per grid; a pickled case arrives without its memo and computes the same table."""
+    requires("torch")
+    counts = {"load": 0, "tabulate": 0}
+    load, tabulated = loading.load_callable, spec.tabulated
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(loading, "load_callable", counted("load", load))
+    monkeypatch.setattr(spec, "tabulated", counted("tabulate", tabulated))
+    mask = {"kind": "and", "parts": [{"kind": "mask_mod", "fn": PROGRAM}, {"kind": "window"}]}
+    case = build_case(Draw((1, 2), 6, 9, 2, 2, 3, mask=mask, dtype="float32"))
+    table = case.allowed()
+    for copy in (case, dataclasses.replace(case, dtype="float16", block_size=2)):
+        for _ in range(3):
+            assert np.array_equal(copy.allowed(), table)
+            assert np.array_equal(copy.allowed_rows(2, 5), table[..., 2:5, :])
+            copy.mask_object()
+    assert counts == {"load": 1, "tabulate": 1}
+    fewer = dataclasses.replace(case, q=case.q[..., :4, :], g=case.g[..., :4, :])
+    assert np.array_equal(fewer.allowed(), mask_kinds.allowed(mask, (1, 2), 4, 9))
+    assert counts == {"load": 2, "tabulate": 3}  # its grid once more; and without a case
+    again = pickle.loads(pickle.dumps(case))
+    assert not again.programs.tables and np.array_equal(again.allowed(), table)
