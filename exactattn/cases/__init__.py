@@ -9,6 +9,9 @@ it is JSON round-trippable (:meth:`Case.to_json`), so a failure replays anywhere
 * :mod:`.spec`: masks, score modifications and dropout keep-bits from their definitions,
   evaluated densely or on one strip of query rows at a time (``rows=(start, stop)``), so a
   long case never builds an ``n_q × n_k`` table;
+* :mod:`.mask_kinds`: the one table of mask kinds, each kind's definition (from
+  :mod:`.spec`), library mask, drawn parts and how each calling convention lowers it; a new
+  mask kind is one entry there;
 * :mod:`.inputs`: the named input distributions (the sweep's and the check's);
 * :mod:`.case`: :class:`Case`, :class:`Draw` (what hypothesis draws) and
   :func:`build_case`, :func:`hold` (rounding to a target's format);

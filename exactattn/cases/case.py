@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
-from ..core import masks
 from ..infra import loading
-from . import interface_fields
+from . import interface_fields, mask_kinds
 from . import spec as maskspec
 from .inputs import fill
 
@@ -42,7 +42,8 @@ class Draw:
     """What hypothesis draws: sizes, keywords, a mask template and how to fill the arrays.
 
     ``mask`` is a mask spec whose random parts are filled by :func:`build_case` from the
-    data seed: a ``padding`` leaf without ``lengths`` gets one length in ``1..n_k`` per
+    data seed (each kind's ``fill``, :data:`exactattn.cases.mask_kinds.MASK_KINDS`): a
+    ``padding`` leaf without ``lengths`` gets one length in ``1..n_k`` per
     batch element, a ``dense`` leaf without ``allowed`` gets a random table (``density``;
     ``empty_row: true`` empties row 0), a ``document`` leaf without ids gets ``docs``
     sorted document ids for queries and keys.
@@ -56,9 +57,9 @@ class Draw:
 
     The interface fields (:mod:`exactattn.cases.interface_fields`; None: absent): ``seqlens`` the
     key length of each sequence (the mask becomes that key padding), ``splits`` the split-KV
-    boundaries, ``pages`` a page template ``{"size", "shared", "order"}`` (filled into a
-    block table; shared pages make the sequences' first keys equal), ``sinks`` each query
-    head's sink offset.
+    boundaries, ``pages`` the paged cache ``{"size", "pool", "table", "shared"}`` (drawn
+    whole, the case's schema; shared pages make the sequences' first keys equal), ``sinks``
+    each query head's sink offset.
     """
 
     batch: tuple[int, ...]
@@ -87,6 +88,36 @@ class Draw:
     sinks: tuple[float, ...] | None = None
 
 
+class Programs:
+    """A case's memo of the user's programs: each ``module:function`` loaded once, and its
+    table on a grid (:func:`exactattn.cases.spec.tabulated`) computed once per grid.
+
+    The copies :func:`dataclasses.replace` makes of a case (in a target's dtype, at another
+    block size, lifted to ``(B, H)``) share it: they are the same problem, and a copy of
+    other shapes keys its own tables. A pickled memo arrives empty (a program loaded from a
+    file does not pickle; the tables are the receiver's to compute).
+    """
+
+    def __init__(self) -> None:
+        self.functions: dict[str, Callable[..., Any]] = {}
+        self.tables: dict[tuple[str, tuple[int, ...], int, int], np.ndarray] = {}
+
+    def function(self, reference: str) -> Callable[..., Any]:
+        if reference not in self.functions:
+            self.functions[reference] = loading.load_callable(reference, "--mask-mod")
+        return self.functions[reference]
+
+    def table(self, reference: str, batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray:
+        key = (reference, batch, n_q, n_k)
+        if key not in self.tables:
+            fn = self.function(reference)
+            self.tables[key] = maskspec.tabulated(fn, reference, batch, n_q, n_k)
+        return self.tables[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"functions": {}, "tables": {}}
+
+
 @dataclass
 class Case:
     """A replayable case: float64 arrays (nested lists in JSON) and the call's keywords."""
@@ -113,6 +144,8 @@ class Case:
     splits: list[int] | None = None  # split-KV key boundaries 0 = e_0 <= ... <= e_S = n_k
     pages: dict[str, Any] | None = None  # {"size", "pool", "table", "shared"}
     sinks: list[float] | None = None  # per query head: sigma_h - min_{b,i} lse_{b,h,i}
+    # not part of the problem: never compared, printed or written (see Programs)
+    programs: Programs = field(default_factory=Programs, compare=False, repr=False)
 
     # --- derived --------------------------------------------------------------------
     @property
@@ -141,14 +174,16 @@ class Case:
 
     def allowed(self) -> np.ndarray:
         """The allowed set as a dense ``(*batch, n_q, n_k)`` boolean array, from the spec's
-        definition (:func:`exactattn.cases.spec.allowed`, never through the library)."""
+        definition (:func:`exactattn.cases.mask_kinds.allowed`, never through the library)."""
         n = self.sizes
-        return maskspec.allowed(self.mask, self.batch, n["n_q"], n["n_k"])
+        return mask_kinds.allowed(
+            self.mask, self.batch, n["n_q"], n["n_k"], mask_mod_table=self.mask_mod_table
+        )
 
     @property
     def masked(self) -> bool:
         """Whether the mask excludes anything by its kind (``none`` allows every pair)."""
-        return self.mask["kind"] != "none"
+        return not mask_kinds.of(self.mask).every_pair
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The case's float64 arrays by name: ``q, k, v, g`` and the ``bias`` if it has one."""
@@ -158,7 +193,21 @@ class Case:
         """The allowed set of query rows ``start:stop``, ``(*batch, stop − start, n_k)``, from
         the spec's definition: a long case is read one strip of rows at a time."""
         n = self.sizes
-        return maskspec.allowed(self.mask, self.batch, n["n_q"], n["n_k"], (start, stop))
+        rows = (start, stop)
+        return mask_kinds.allowed(
+            self.mask, self.batch, n["n_q"], n["n_k"], rows, mask_mod_table=self.mask_mod_table
+        )
+
+    def mask_mod(self, reference: str) -> Callable[..., Any]:
+        """A user's mask_mod the mask names (``module:function``), loaded once per case."""
+        return self.programs.function(reference)
+
+    def mask_mod_table(self, reference: str) -> np.ndarray:
+        """A user's mask_mod on the case's whole ``(*batch, n_q, n_k)`` grid, evaluated once
+        per case: the allowed set is read many times (every strip of rows, every convention,
+        the reference)."""
+        n = self.sizes
+        return self.programs.table(reference, self.batch, n["n_q"], n["n_k"])
 
     def bias_rows(self, start: int, stop: int) -> np.ndarray | None:
         """The bias of query rows ``start:stop`` (broadcastable to ``(*batch, stop − start,
@@ -170,8 +219,7 @@ class Case:
 
     def attended(self) -> np.ndarray:
         """The pairs that take part: allowed and not excluded by a ``−∞`` bias."""
-        allowed = self.allowed()
-        return allowed if self.bias is None else allowed & (self.bias != -np.inf)
+        return _attended(self.allowed(), self.bias)
 
     @property
     def modified(self) -> bool:
@@ -195,64 +243,12 @@ class Case:
         return maskspec.rho(self.dropout_p, self.seed, self.batch, n["n_q"], n["n_k"])
 
     def mask_object(self, like: Any = None) -> Any:
-        """The mask as the library's :class:`~exactattn.core.masks.Mask` (None for ``none``).
+        """The mask as the library's :class:`~exactattn.core.masks.Mask` (None for every
+        pair), built as its kind's entry says (:data:`exactattn.cases.mask_kinds.MASK_KINDS`).
 
-        ``like``: a torch tensor to put arrays on. Document ids become a ``mask_mod(b, h,
-        i, j)`` written from their definition (ids per element of the first batch axis) for a
-        torch call, their dense table otherwise.
+        ``like``: a torch tensor to put arrays on.
         """
-        return self._lower(self.mask, like)
-
-    def _lower(self, spec: dict[str, Any], like: Any) -> Any:
-        kind = spec["kind"]
-        if kind == "none":
-            return None
-        if kind == "causal":
-            return masks.causal(spec.get("align", "top-left"))
-        if kind == "window":
-            return masks.sliding_window(
-                spec.get("left"), spec.get("right"), spec.get("align", "top-left")
-            )
-        if kind == "padding":
-            return masks.key_padding(self._array(spec["lengths"], like, "int64"))
-        if kind == "dense" or (kind == "document" and like is None):
-            # a mask_mod is evaluated on torch index tensors (FlexAttention's): a NumPy call
-            # gets the document mask as its dense table, so checking it imports no torch
-            n = self.sizes
-            table = maskspec.allowed(spec, self.batch, n["n_q"], n["n_k"])
-            return masks.dense(self._array(table, like, "bool"))
-        if kind == "document":
-            return masks.from_mask_mod(self._documents(spec, like))
-        if kind == "mask_mod":
-            return masks.from_mask_mod(loading.load_callable(spec["fn"], "--mask-mod"))
-        parts = [self._lower(part, like) for part in spec["parts"]]
-        if kind == "or" and None in parts:  # "none" (every key) absorbs an or
-            return None
-        parts = [part for part in parts if part is not None]  # ... and is the identity of and
-        if not parts:
-            return None
-        return masks.and_masks(*parts) if kind == "and" else masks.or_masks(*parts)
-
-    def _documents(self, spec: dict[str, Any], like: Any) -> Any:
-        q_doc = self._array(spec["q_doc"], like, "int64")
-        k_doc = self._array(spec["k_doc"], like, "int64")
-        # ids per element of batch axis 0: the library's b for (B, H) inputs, h for (B,)
-        per_b = len(self.batch) == 2
-
-        def mask_mod(b: Any, h: Any, i: Any, j: Any) -> Any:
-            if q_doc.ndim == 1:
-                return q_doc[i] == k_doc[j]
-            first = b if per_b else h
-            return q_doc[first, i] == k_doc[first, j]
-
-        return mask_mod
-
-    @staticmethod
-    def _array(values: Any, like: Any, dtype: str) -> Any:
-        arr = np.array(values, dtype=dtype)  # a writable copy (torch shares its memory)
-        if like is None:
-            return arr
-        return _torch().from_numpy(arr).to(like.device)
+        return mask_kinds.library(self.mask, mask_kinds.Lowering(self, like))
 
     def keywords(self) -> dict[str, Any]:
         """Keywords for :func:`exactattn.attention` (mask left to the caller)."""
@@ -278,7 +274,7 @@ class Case:
         parts = [
             f"q {tuple(self.q.shape)}, k {tuple(self.k.shape)}, v {tuple(self.v.shape)}",
             f"dtype {self.dtype}" if self.dtype else "",
-            f"mask {maskspec.describe(maskspec.simplified(self.mask))}",
+            f"mask {mask_kinds.describe(mask_kinds.simplified(self.mask))}",
             maskspec.describe_score(self.score, self.softcap),
             f"score_mod {self.score_mod}" if self.score_mod else "",
             f"scale {self.c():.6g}" + ("" if self.scale is not None else " (default)"),
@@ -297,7 +293,7 @@ class Case:
 
     # --- files ------------------------------------------------------------------------
     def to_json(self) -> str:
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "programs"}
         arrays = [x for x in ARRAYS if getattr(self, x) is not None]
         for name in arrays:
             data[name] = getattr(self, name).tolist()  # −∞ bias entries: JSON's -Infinity
@@ -323,37 +319,6 @@ def _describe_pages(pages: dict[str, Any] | None) -> str:
         return ""
     shared = f", the first {pages['shared']} shared" if pages["shared"] else ""
     return f"pages of {pages['size']} (pool {pages['pool']}{shared})"  # the table is in the file
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-def _fill_mask(
-    template: dict[str, Any], rng: np.random.Generator, batch: tuple[int, ...], n_q: int, n_k: int
-) -> dict[str, Any]:
-    """The template with its random parts drawn (see :class:`Draw`)."""
-    kind = template["kind"]
-    if kind in maskspec.COMBINATORS:
-        parts = [_fill_mask(part, rng, batch, n_q, n_k) for part in template["parts"]]
-        return {"kind": kind, "parts": parts}
-    spec = dict(template)
-    if kind == "padding" and "lengths" not in spec:
-        spec["lengths"] = np.asarray(rng.integers(1, n_k + 1, size=batch[:1])).tolist()
-    elif kind == "dense" and "allowed" not in spec:
-        table = rng.random((*batch, n_q, n_k)) < spec.pop("density", 0.6)
-        if spec.pop("empty_row", False):
-            table[..., 0, :] = False
-        else:
-            table[..., rng.integers(0, n_k)] = True  # every row nonempty
-        spec["allowed"] = table.tolist()
-    elif kind == "document" and "q_doc" not in spec:
-        docs = spec.pop("docs", 2)
-        spec["q_doc"] = np.sort(rng.integers(0, docs, size=(*batch[:1], n_q)), axis=-1).tolist()
-        spec["k_doc"] = np.sort(rng.integers(0, docs, size=(*batch[:1], n_k)), axis=-1).tolist()
-    return spec
 
 
 def _fill_score(
@@ -388,32 +353,34 @@ def _fill_score(
 
 
 def build_case(draw: Draw) -> Case:
-    """Fill a :class:`Draw` with arrays drawn from ``draw.data_seed``."""
+    """The :class:`Case` a :class:`Draw` describes: its arrays and the random parts of its
+    templates drawn from ``draw.data_seed`` (always in this order, so that a seed keeps its
+    case), every field computed first and the case built once."""
     rng = np.random.default_rng(draw.data_seed)
-    b = draw.batch
+    b, n_q, n_k = draw.batch, draw.n_q, draw.n_k
     kv_b = b if draw.group == 1 else (*b[:-1], b[-1] // draw.group)
     dist = draw.distribution
-    q = fill(rng, (*b, draw.n_q, draw.d), dist)
-    k = fill(rng, (*kv_b, draw.n_k, draw.d), dist)
-    v = fill(rng, (*kv_b, draw.n_k, draw.v), "normal" if dist == "tiny" else dist)
-    g = fill(rng, (*b, draw.n_q, draw.v), "uniform_int" if dist == "uniform_int" else "normal")
-    scale = None
-    if dist == "large_logits":
-        kk = np.repeat(k, draw.group, axis=-3) if draw.group > 1 else k
-        raw = np.abs(q @ np.swapaxes(kk, -1, -2)).max()
-        scale = float(draw.logit / raw) if raw > 0 else 1.0
-    elif draw.explicit_scale:
-        scale = float(rng.choice([0.5, 2.0, -1.0, 1 / 3]))
-    mask = _fill_mask(draw.mask, rng, b, draw.n_q, draw.n_k)
-    if draw.seqlens is not None:  # a varlen batch: the key padding of its lengths
-        mask = {"kind": "padding", "lengths": list(draw.seqlens)}
-    pages = None
+    q = fill(rng, (*b, n_q, draw.d), dist)
+    k = fill(rng, (*kv_b, n_k, draw.d), dist)
+    v = fill(rng, (*kv_b, n_k, draw.v), "normal" if dist == "tiny" else dist)
+    g = fill(rng, (*b, n_q, draw.v), "uniform_int" if dist == "uniform_int" else "normal")
+    scale = _scale(draw, rng, q, k)
+    drawn = mask_kinds.filled(draw.mask, rng, b, n_q, n_k)  # drawn whatever seqlens say: the
+    score, bias = _fill_score(draw.score, rng, b, n_q, n_k)  # score's draws come after it
+    # a varlen batch: the key padding of its lengths
+    mask = drawn if draw.seqlens is None else {"kind": "padding", "lengths": list(draw.seqlens)}
     if draw.pages is not None:
-        B = b[0] if b else 1
-        pages = interface_fields.fill_pages(draw.pages, B, draw.n_k)
-        for x in (k, v):
-            interface_fields.share_prefix(x, B, min(draw.n_k, pages["shared"] * pages["size"]))
-    case = Case(
+        k, v = (interface_fields.shared_prefix(x, draw.pages) for x in (k, v))
+    programs = Programs()  # the case's: a user's mask_mod tabulated here is not tabulated again
+
+    def mask_mod_table(reference: str) -> np.ndarray:
+        return programs.table(reference, b, n_q, n_k)
+
+    # a row with no allowed key (bottom-right alignment with n_q > n_k, a narrow window, a
+    # composition, a document without keys, a bias row of −∞): the opt-in convention is tested
+    allowed = mask_kinds.allowed(mask, b, n_q, n_k, mask_mod_table=mask_mod_table)
+    attended = _attended(allowed, bias)
+    return Case(
         q,
         k,
         v,
@@ -423,22 +390,37 @@ def build_case(draw: Draw) -> Case:
         mask,
         dropout_p=draw.dropout_p,
         seed=draw.seed if draw.dropout_p else None,
+        empty_rows="error" if attended.any(axis=-1).all() else "zero",
+        note=draw.note,
         dtype=draw.dtype,
         layout=draw.layout,
-        note=draw.note,
+        bias=bias,
+        softcap=draw.softcap,
+        score=score,
+        score_mod=draw.score_mod,
         seqlens=None if draw.seqlens is None else list(draw.seqlens),
         splits=None if draw.splits is None else list(draw.splits),
-        pages=pages,
+        pages=draw.pages,
         sinks=None if draw.sinks is None else list(draw.sinks),
+        programs=programs,
     )
-    score, bias = _fill_score(draw.score, rng, b, draw.n_q, draw.n_k)
-    case.score, case.bias, case.softcap, case.score_mod = score, bias, draw.softcap, draw.score_mod
-    if not case.attended().any(axis=-1).all():
-        # a row with no allowed key (bottom-right alignment with n_q > n_k, a narrow
-        # window, a composition, a document without keys, a bias row of −∞): the opt-in
-        # convention is tested
-        case.empty_rows = "zero"
-    return case
+
+
+def _scale(draw: Draw, rng: np.random.Generator, q: np.ndarray, k: np.ndarray) -> float | None:
+    """The case's scale: for ``large_logits`` the one that makes the largest ``|c·q·k|`` the
+    drawn logit; else one of a few (negative included) when ``explicit_scale``; else None."""
+    if draw.distribution == "large_logits":
+        kk = np.repeat(k, draw.group, axis=-3) if draw.group > 1 else k
+        raw = np.abs(q @ np.swapaxes(kk, -1, -2)).max()
+        return float(draw.logit / raw) if raw > 0 else 1.0
+    if draw.explicit_scale:
+        return float(rng.choice([0.5, 2.0, -1.0, 1 / 3]))
+    return None
+
+
+def _attended(allowed: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """The pairs that take part: allowed and not excluded by a ``−∞`` bias."""
+    return allowed if bias is None else allowed & (bias != -np.inf)
 
 
 def hold(x: np.ndarray, fmt: str) -> np.ndarray:

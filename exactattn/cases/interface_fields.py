@@ -13,10 +13,11 @@ of :mod:`exactattn.targets.interface_conventions` then derive a layout from the 
   partials (part ``t`` holds keys ``e_{t−1} ≤ j < e_t``; equal boundaries are an empty part,
   the partial ``(0, −∞)``).
 * ``pages``: a paged cache, ``{"size": P, "pool": N, "table": [[page ids] per sequence],
-  "shared": s}``: key ``t`` of sequence ``b`` sits at row ``t mod P`` of page
-  ``table[b][t // P]``; the first ``s`` pages of every sequence are sequence 0's (a shared
-  prompt prefix: :func:`fill` makes those keys and values equal, as a prefix cache holds
-  one copy).
+  "shared": s}`` (the one schema, in a :class:`~exactattn.cases.Draw` as in a case): key
+  ``t`` of sequence ``b`` sits at row ``t mod P`` of page ``table[b][t // P]``; the first
+  ``s`` pages of every sequence are sequence 0's (a shared prompt prefix:
+  :func:`shared_prefix` makes those keys and values equal, as a prefix cache holds one
+  copy). :func:`fill_pages` builds it; :data:`PAGE_SIZES` is the distribution of ``P``.
 * ``sinks``: per query head, the sink's offset ``δ_h``: the sink logit is ``σ_h = δ_h +
   min_{b,i} lse_{b,h,i}`` (the case's float64 log-sum-exp), so ``δ_h`` sets the sink's weight
   ``p_σ`` in the rows (``δ = −20``: negligible; ``0``: the row's largest share; ``> 0``:
@@ -25,7 +26,7 @@ of :mod:`exactattn.targets.interface_conventions` then derive a layout from the 
 :func:`exactattn.cases.paths.interface_fields` draws them with shares aimed where
 kernels break: zero-length sequences, splits on block boundaries and empty parts, pages of
 size 1 and non-powers of two, shared pages, sinks above the maximum. :func:`fill_pages`
-builds a block table, :func:`share_prefix` the shared keys, :func:`coverage` names what a
+builds a block table, :func:`shared_prefix` the shared keys, :func:`coverage` names what a
 case covered.
 """
 
@@ -35,16 +36,38 @@ from typing import Any
 
 import numpy as np
 
+# the page sizes P, by weight: 1 and non-powers of two, where kernels break; "b" the claimed
+# key-block size, "n_k" one page a sequence
+PAGE_SIZES = {1: 20, 2: 8, 3: 15, 5: 12, 7: 10, 16: 10, "b": 15, "n_k": 10}
 
-def fill_pages(template: dict[str, Any], B: int, n_k: int) -> dict[str, Any]:
-    """The block table of a pages template: ``⌈n_k/P⌉`` pages per sequence (at least one),
-    the first ``shared`` of them sequence 0's, all others distinct, in an order drawn from
-    ``order``, from a pool with one page no sequence reads."""
-    size, shared = template["size"], template["shared"]
+
+def weighted(u: float, table: dict[Any, int]) -> Any:
+    """The key of ``table`` at ``u ∈ [0, 1)`` of the distribution its weights give (keys in
+    order, each with probability proportional to its weight)."""
+    point = u * sum(table.values())
+    for name, weight in table.items():
+        point -= weight
+        if point < 0:
+            return name
+    return next(iter(table))
+
+
+def page_size(u: float, b: int, n_k: int) -> int:
+    """The page size at ``u ∈ [0, 1)`` of :data:`PAGE_SIZES` for key-block size ``b`` and
+    ``n_k`` keys (at least 1)."""
+    size = weighted(u, PAGE_SIZES)
+    return max(1, int({"b": b, "n_k": n_k}.get(size, size)))
+
+
+def fill_pages(size: int, shared: int, order: int, B: int, n_k: int) -> dict[str, Any]:
+    """The paged cache of ``B`` sequences of ``n_k`` keys in pages of ``size``: ``⌈n_k/P⌉``
+    pages per sequence (at least one), the first ``shared`` of them sequence 0's, all
+    others distinct, in the order the seed ``order`` shuffles, from a pool with one page
+    no sequence reads."""
     per = max(1, -(-n_k // size))
     own = per - shared
     pool = per + (B - 1) * own + 1
-    ids = np.random.default_rng(template["order"]).permutation(pool).tolist()
+    ids = np.random.default_rng(order).permutation(pool).tolist()
     first, rest = ids[:per], ids[per:]
     table = [first]
     for _ in range(B - 1):
@@ -53,12 +76,15 @@ def fill_pages(template: dict[str, Any], B: int, n_k: int) -> dict[str, Any]:
     return {"size": size, "pool": pool, "table": table, "shared": shared}
 
 
-def share_prefix(x: np.ndarray, B: int, keys: int) -> None:
-    """Make the first ``keys`` keys (axis −2) of every sequence equal to sequence 0's, in
-    place (``x (*batch, n_k, ·)``, sequences along the first batch axis)."""
-    if keys and B > 1:
-        view = x.reshape((B, -1, *x.shape[-2:]))
-        view[1:, :, :keys] = view[:1, :, :keys]
+def shared_prefix(x: np.ndarray, pages: dict[str, Any]) -> np.ndarray:
+    """``x`` (``(*batch, n_k, ·)``, sequences along the first batch axis) with the keys of
+    the shared pages of every sequence equal to sequence 0's (a new array)."""
+    keys = min(x.shape[-2], pages["shared"] * pages["size"])
+    view = x.reshape((len(pages["table"]), -1, *x.shape[-2:]))
+    out = view.copy()
+    if keys:
+        out[1:, :, :keys] = view[:1, :, :keys]
+    return out.reshape(x.shape)
 
 
 def coverage(case: Any) -> list[str]:

@@ -58,7 +58,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from . import mask_kinds
 from .case import Draw
+from .interface_fields import fill_pages, page_size, weighted
 from .strategies import masks as compositions
 from .strategies import scores
 
@@ -111,15 +113,10 @@ def _between(draw: st.DrawFn, lo: int, hi: int) -> int:
     return min(hi, lo + int(_uniform(draw) * (hi - lo + 1)))
 
 
-def _weighted(draw: st.DrawFn, table: dict[str, int]) -> str:
+def _weighted(draw: st.DrawFn, table: dict[Any, int]) -> Any:
     """One key of ``table`` with probability proportional to its weight (the first key is
     where hypothesis shrinks to)."""
-    point = _uniform(draw) * sum(table.values())
-    for name, weight in table.items():
-        point -= weight
-        if point < 0:
-            return name
-    return next(iter(table))
+    return weighted(_uniform(draw), table)
 
 
 @st.composite
@@ -175,7 +172,7 @@ def check_draws(
     seed = draw(st.integers(0, 2**64 - 1)) if dropout_p else 0
     data_seed = draw(st.integers(0, 2**32 - 1))
     layout = draw(st.sampled_from(layouts))  # the draws above keep their order: seeds replay
-    fields = draw(interface_fields(batch, n_k, b, mask["kind"])) if interface else {}
+    fields = draw(interface_fields(batch, n_k, b, mask)) if interface else {}
     return Draw(
         batch=batch,
         n_q=n_q,
@@ -318,22 +315,21 @@ def _mask_and_score(draw: st.DrawFn, path: str, modify: bool):
 
 # --- the interface fields (exactattn.cases.interface_fields), drawn last ----------------------
 SPLIT_KINDS = {"block-edges": 30, "empty-part": 20, "single-keys": 15, "random": 35}
-PAGE_SIZES = {1: 20, 2: 8, 3: 15, 5: 12, 7: 10, 16: 10, "b": 15, "n_k": 10}
 SINK_OFFSETS = {-20.0: 10, -2.0: 30, -0.5: 15, 0.0: 15, 1.0: 15, 2.0: 15}
 MAX_SPLITS = 8
 
 
 @st.composite
 def interface_fields(
-    draw: st.DrawFn, batch: tuple[int, ...], n_k: int, b: int, mask_kind: str
+    draw: st.DrawFn, batch: tuple[int, ...], n_k: int, b: int, mask: dict[str, Any]
 ) -> dict[str, Any]:
     """The interface fields of a :class:`~exactattn.cases.Draw`
-    (:mod:`exactattn.cases.interface_fields`); ``seqlens`` only where the mask is none or key
-    padding (what a varlen call expresses)."""
+    (:mod:`exactattn.cases.interface_fields`); ``seqlens`` only where a varlen call expresses
+    the ``mask`` template (every pair or key padding, :func:`.mask_kinds.varlen`)."""
     B = batch[0] if batch else 1
     heads = batch[-1] if len(batch) == 2 else 1
     out: dict[str, Any] = {"splits": _splits(draw, n_k, b), "pages": _pages(draw, B, n_k, b)}
-    if batch and mask_kind in ("none", "padding") and _percent(draw, 60):
+    if batch and mask_kinds.varlen(mask) and _percent(draw, 60):
         out["seqlens"] = tuple(_length(draw, n_k, b) for _ in range(B))
     out["sinks"] = tuple(_weighted(draw, SINK_OFFSETS) for _ in range(heads))
     return out
@@ -377,11 +373,11 @@ def _splits(draw: st.DrawFn, n_k: int, b: int) -> tuple[int, ...]:
 
 
 def _pages(draw: st.DrawFn, B: int, n_k: int, b: int) -> dict[str, Any]:
-    size = _weighted(draw, PAGE_SIZES)
-    size = {"b": b, "n_k": n_k}.get(size, size)
-    size = max(1, int(size))
+    """A paged cache: a page size of :data:`~exactattn.cases.interface_fields.PAGE_SIZES`,
+    whole pages shared in 40% of batches, the pages in a drawn order."""
+    size = page_size(_uniform(draw), b, n_k)
     whole = n_k // size
     shared = 0
     if B > 1 and whole and _percent(draw, 40):
         shared = draw(st.integers(1, whole))
-    return {"size": size, "shared": shared, "order": draw(st.integers(0, 2**32 - 1))}
+    return fill_pages(size, shared, draw(st.integers(0, 2**32 - 1)), B, n_k)

@@ -22,6 +22,12 @@ from these functions cannot inherit a bug of the code it judges (issue 11 §2).
   :func:`lift` says): the user's program is its own definition;
 * ``{"kind": "and" | "or", "parts": [...]}``: conjunction / disjunction of the parts.
 
+Each leaf kind's allowed set is one function here of the spec and the :class:`Strip` of rows
+it is read on (:func:`causal`, :func:`window`, ...), each composition's one of its parts'
+sets; the table of kinds, :data:`exactattn.cases.mask_kinds.MASK_KINDS`, names them beside
+everything else a kind means (its library mask, how each calling convention lowers it), and
+:func:`exactattn.cases.mask_kinds.allowed` reads a spec through it.
+
 The alignment offset ``o`` is ``0`` for ``"top-left"`` (torch SDPA's ``is_causal``) and
 ``n_k − n_q`` for ``"bottom-right"`` (flash-attn's), so that there the last query sees the
 last key.
@@ -51,18 +57,17 @@ each product to stay inside int64). The factors are ``ρ = r / (1 − p)`` by fo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
 import numpy as np
 
 ALIGNMENTS = ("top-left", "bottom-right")
-LEAF_KINDS = ("none", "causal", "window", "padding", "dense", "document", "mask_mod")
-COMBINATORS = ("and", "or")
-KINDS = LEAF_KINDS + COMBINATORS
 
 
-# --- masks -------------------------------------------------------------------------------
+# --- masks: each kind's allowed set (the table of kinds: exactattn.cases.mask_kinds) --------
 def offset(spec: dict[str, Any], n_q: int, n_k: int) -> int:
     """The alignment offset ``o`` of a causal or window spec."""
     align = spec.get("align", "top-left")
@@ -74,16 +79,31 @@ def offset(spec: dict[str, Any], n_q: int, n_k: int) -> int:
 Rows = tuple[int, int]  # a strip of query rows [start, stop)
 
 
-def allowed(
-    spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int, rows: Rows | None = None
-) -> np.ndarray:
-    """The allowed set ``A`` as a dense boolean array of shape ``(*batch, n_q, n_k)``; with
-    ``rows = (start, stop)`` only that strip of query rows, ``(*batch, stop − start, n_k)``
-    (a long case is read one strip at a time, never as an ``n_q × n_k`` table)."""
-    start, stop = (0, n_q) if rows is None else rows
-    return np.broadcast_to(
-        _allowed(spec, batch, n_q, n_k, start, stop), (*batch, stop - start, n_k)
-    )
+@dataclass(frozen=True)
+class Strip:
+    """Where a mask is read: ``batch`` dims, ``n_q × n_k`` pairs, the query rows ``start ≤
+    i < stop`` (a long case is read one strip at a time, never as an ``n_q × n_k`` table),
+    and ``mask_mod_table(reference)``: a user's mask_mod on the whole ``(*batch, n_q, n_k)``
+    grid."""
+
+    batch: tuple[int, ...]
+    n_q: int
+    n_k: int
+    start: int
+    stop: int
+    mask_mod_table: Callable[[str], np.ndarray]
+
+    @property
+    def i(self) -> np.ndarray:
+        return np.arange(self.start, self.stop)[:, None]
+
+    @property
+    def j(self) -> np.ndarray:
+        return np.arange(self.n_k)[None, :]
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
 
 
 def _strip(table: Any, start: int, stop: int) -> np.ndarray:
@@ -92,40 +112,59 @@ def _strip(table: Any, start: int, stop: int) -> np.ndarray:
     return table if table.shape[-2] == 1 else table[..., start:stop, :]
 
 
-def _allowed(
-    spec: dict[str, Any], batch: tuple[int, ...], n_q: int, n_k: int, start: int, stop: int
-) -> np.ndarray:
-    i = np.arange(start, stop)[:, None]
-    j = np.arange(n_k)[None, :]
-    r = stop - start
-    kind = spec["kind"]
-    if kind == "none":
-        return np.ones((r, n_k), dtype=bool)
-    if kind == "causal":
-        return j <= i + offset(spec, n_q, n_k)
-    if kind == "window":
-        o = offset(spec, n_q, n_k)
-        left, right = spec.get("left"), spec.get("right")
-        lower = np.ones((r, n_k), dtype=bool) if left is None else j >= i + o - left
-        return lower if right is None else lower & (j <= i + o + right)
-    if kind == "padding":
-        lengths = np.asarray(spec["lengths"], dtype=np.int64)
-        trailing = (1,) * (len(batch) - lengths.ndim)
-        return j < lengths.reshape((*lengths.shape, *trailing, 1, 1))
-    if kind == "dense":
-        return _strip(np.asarray(spec["allowed"], dtype=bool), start, stop)
-    if kind == "document":
-        q_doc, k_doc = np.asarray(spec["q_doc"])[..., start:stop], np.asarray(spec["k_doc"])
-        trailing = (1,) * (len(batch) - q_doc.ndim + 1)
-        q_doc = q_doc.reshape((*q_doc.shape[:-1], *trailing, r, 1))
-        k_doc = k_doc.reshape((*k_doc.shape[:-1], *trailing, 1, n_k))
-        return q_doc == k_doc
-    if kind == "mask_mod":
-        return mask_mod_table(spec["fn"], batch, n_q, n_k)[..., start:stop, :]
-    if kind in COMBINATORS:
-        parts = [allowed(part, batch, n_q, n_k, (start, stop)) for part in spec["parts"]]
-        return reduce(np.logical_and if kind == "and" else np.logical_or, parts)
-    raise ValueError(f"unknown mask kind {kind!r}; use one of {KINDS}")
+def every_pair(spec: dict[str, Any], at: Strip) -> np.ndarray:
+    """``none``: every key allowed."""
+    return np.ones((at.rows, at.n_k), dtype=bool)
+
+
+def causal(spec: dict[str, Any], at: Strip) -> np.ndarray:
+    """``causal``: ``j ≤ i + o``."""
+    return at.j <= at.i + offset(spec, at.n_q, at.n_k)
+
+
+def window(spec: dict[str, Any], at: Strip) -> np.ndarray:
+    """``window``: ``i + o − L ≤ j ≤ i + o + R`` (``None``: that side unbounded)."""
+    o = offset(spec, at.n_q, at.n_k)
+    left, right = spec.get("left"), spec.get("right")
+    lower = every_pair(spec, at) if left is None else at.j >= at.i + o - left
+    return lower if right is None else lower & (at.j <= at.i + o + right)
+
+
+def key_padding(spec: dict[str, Any], at: Strip) -> np.ndarray:
+    """``padding``: ``j < ℓ[b]``, one length per element of the first batch axis."""
+    lengths = np.asarray(spec["lengths"], dtype=np.int64)
+    trailing = (1,) * (len(at.batch) - lengths.ndim)
+    return at.j < lengths.reshape((*lengths.shape, *trailing, 1, 1))
+
+
+def dense(spec: dict[str, Any], at: Strip) -> np.ndarray:
+    """``dense``: the boolean table ``M`` itself."""
+    return _strip(np.asarray(spec["allowed"], dtype=bool), at.start, at.stop)
+
+
+def documents(spec: dict[str, Any], at: Strip) -> np.ndarray:
+    """``document``: ``D_q[b, i] = D_k[b, j]``."""
+    q_doc = np.asarray(spec["q_doc"])[..., at.start : at.stop]
+    k_doc = np.asarray(spec["k_doc"])
+    trailing = (1,) * (len(at.batch) - q_doc.ndim + 1)
+    q_doc = q_doc.reshape((*q_doc.shape[:-1], *trailing, at.rows, 1))
+    k_doc = k_doc.reshape((*k_doc.shape[:-1], *trailing, 1, at.n_k))
+    return q_doc == k_doc
+
+
+def program(spec: dict[str, Any], at: Strip) -> np.ndarray:
+    """``mask_mod``: the user's program on the grid (its own definition)."""
+    return at.mask_mod_table(spec["fn"])[..., at.start : at.stop, :]
+
+
+def conjunction(parts: list[np.ndarray]) -> np.ndarray:
+    """``and``: the pairs every part allows."""
+    return reduce(np.logical_and, parts)
+
+
+def disjunction(parts: list[np.ndarray]) -> np.ndarray:
+    """``or``: the pairs some part allows."""
+    return reduce(np.logical_or, parts)
 
 
 def lift(batch: tuple[int, ...]) -> tuple[int, int]:
@@ -137,68 +176,27 @@ def lift(batch: tuple[int, ...]) -> tuple[int, int]:
 
 
 def mask_mod_table(reference: str, batch: tuple[int, ...], n_q: int, n_k: int) -> np.ndarray:
-    """A user's ``mask_mod`` (``module:function``) on the whole grid, shaped
-    ``(*batch, n_q, n_k)``; an error names the mod when it does not give booleans."""
-    from ..core.ops import grid_indices
+    """A user's ``mask_mod`` (``module:function``) loaded and :func:`tabulated` on the whole
+    grid, ``(*batch, n_q, n_k)``."""
     from ..infra import loading
 
-    fn = loading.load_callable(reference, "--mask-mod")
+    return tabulated(loading.load_callable(reference, "--mask-mod"), reference, batch, n_q, n_k)
+
+
+def tabulated(
+    fn: Callable[..., Any], reference: str, batch: tuple[int, ...], n_q: int, n_k: int
+) -> np.ndarray:
+    """The loaded mask_mod ``fn`` (named ``reference``) evaluated once on the whole grid of
+    indices, shaped ``(*batch, n_q, n_k)``; an error names the mod when it does not give
+    booleans."""
+    from ..core.ops import grid_indices
+
     lifted = lift(batch)
     out = fn(*grid_indices(lifted, n_q, n_k))
     out = out.detach().cpu().numpy() if hasattr(out, "detach") else np.asarray(out)
     if out.dtype != bool:
         raise TypeError(f"mask_mod {reference} must return booleans; got dtype {out.dtype}")
     return np.broadcast_to(out, (*lifted, n_q, n_k)).reshape((*batch, n_q, n_k))
-
-
-def leaves(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The leaf specs of a (possibly composed) mask, left to right."""
-    if spec["kind"] in COMBINATORS:
-        return [leaf for part in spec["parts"] for leaf in leaves(part)]
-    return [spec]
-
-
-def simplified(spec: dict[str, Any]) -> dict[str, Any]:
-    """The same allowed set with the composition written shortest: ``none`` (every pair) is
-    the identity of ``and`` and absorbs an ``or``, a nested ``and`` in an ``and`` (``or`` in
-    ``or``) is flattened, repeated parts kept once, a single part stands alone
-    (``and(and(none, none), and(none, none))`` is ``none``)."""
-    kind = spec["kind"]
-    if kind not in COMBINATORS:
-        return spec
-    parts: list[dict[str, Any]] = []
-    for part in (simplified(p) for p in spec["parts"]):
-        for leaf in part["parts"] if part["kind"] == kind else [part]:
-            if leaf not in parts:
-                parts.append(leaf)
-    if any(p["kind"] == "none" for p in parts):
-        if kind == "or":
-            return {"kind": "none"}
-        parts = [p for p in parts if p["kind"] != "none"]
-    if not parts:
-        return {"kind": "none"}
-    return parts[0] if len(parts) == 1 else {"kind": kind, "parts": parts}
-
-
-def describe(spec: dict[str, Any]) -> str:
-    """A one-line human description, e.g. ``and(causal[bottom-right], window(2, 0))``."""
-    kind = spec["kind"]
-    if kind in COMBINATORS:
-        return f"{kind}({', '.join(describe(part) for part in spec['parts'])})"
-    if kind == "causal":
-        return f"causal[{spec.get('align', 'top-left')}]"
-    if kind == "window":
-        return f"window({spec.get('left')}, {spec.get('right')})[{spec.get('align', 'top-left')}]"
-    if kind == "padding":
-        return f"padding(lengths={np.asarray(spec['lengths']).tolist()})"
-    if kind == "dense":
-        table = np.asarray(spec["allowed"], dtype=bool)
-        return f"dense({table.shape}, {int(table.sum())} allowed)"
-    if kind == "document":
-        return f"document(q_doc={np.asarray(spec['q_doc']).tolist()}, k_doc=…)"
-    if kind == "mask_mod":
-        return f"mask_mod {spec['fn']}"
-    return kind
 
 
 # --- score modification --------------------------------------------------------------------

@@ -5,8 +5,10 @@ in the target's format, a mask spec, keywords) into the arguments one family of 
 functions takes, calls the target, and returns its outputs as NumPy arrays keyed ``y``,
 ``lse``, ``dq``, ``dk``, ``dv`` (gradients by autograd at the case's upstream ``G``).
 It also says which masks it can express: the mask arguments are derived from the case's
-mask spec (:mod:`exactattn.cases.spec`), never from the library's mask objects, except
-for the ``api`` and ``exactattn`` conventions whose argument *is* a library mask.
+mask spec as its kind's entry in :data:`exactattn.cases.mask_kinds.MASK_KINDS` lowers it (a
+boolean mask, ``is_causal``, a window, key lengths, the user's program), never from the
+library's mask objects, except for the ``api`` and ``exactattn`` conventions whose argument
+*is* a library mask (the entry's too).
 
 * ``api``: exactattn's own number systems (``exactattn.attention`` /
   ``attention_backward`` with ``backend=ctx``), any leading dims.
@@ -51,8 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cases import Case
-from ..cases import spec as maskspec
+from ..cases import Case, mask_kinds
 
 Outputs = dict[str, Any]
 
@@ -123,7 +124,8 @@ def autograd(y: Any, views: list[Any], g: np.ndarray, dtype: str, device: str) -
 
 def causal_top_left_only(spec: dict[str, Any], n_q: int, n_k: int) -> bool:
     """Whether the spec is exactly SDPA's ``is_causal`` (causal, top-left or square)."""
-    return spec["kind"] == "causal" and (spec.get("align", "top-left") == "top-left" or n_q == n_k)
+    align = mask_kinds.causal_alignment(spec)
+    return align is not None and (align == "top-left" or n_q == n_k)
 
 
 def lifted_allowed(case: Case) -> np.ndarray:
@@ -173,7 +175,7 @@ class Sdpa(Convention):
         if case.scale is not None and "scale" not in takes:
             return f"scale {case.scale:.6g}: the function takes no scale (its signature)"
         top_left = causal_top_left_only(case.mask, n["n_q"], n["n_k"]) and "is_causal" in takes
-        if case.mask["kind"] != "none" and not top_left and "attn_mask" not in takes:
+        if case.masked and not top_left and "attn_mask" not in takes:
             return "this mask needs attn_mask, which the function does not take (its signature)"
         return None
 
@@ -196,7 +198,7 @@ class Sdpa(Convention):
             kwargs["attn_mask"] = float_mask(case, held, dtype, device, -math.inf)
         elif is_causal and (takes is None or "is_causal" in takes):
             kwargs["is_causal"] = True
-        elif case.mask["kind"] != "none":
+        elif case.masked:
             kwargs["attn_mask"] = torch.from_numpy(lifted_allowed(case).copy()).to(device)
         if case.group > 1 and not expand:
             kwargs["enable_gqa"] = True
@@ -290,7 +292,7 @@ class Hf(Convention):
             mask = float_mask(case, held, dtype, device, low)
         elif causal_top_left_only(case.mask, n["n_q"], n["n_k"]) and square and not additive:
             module.is_causal = True
-        elif case.mask["kind"] != "none":
+        elif case.masked:
             allowed = torch.from_numpy(lifted_allowed(case).copy()).to(device)
             mask = allowed
             if additive:
@@ -394,18 +396,13 @@ def flash_window(case: Case) -> tuple[int, int] | str:
     leaves aligned bottom-right, or the reason the mask is not expressible."""
     n = case.sizes
     left, right = math.inf, math.inf
-    spec = case.mask
-    parts = spec["parts"] if spec["kind"] == "and" else [spec]
-    for part in parts:
-        kind = part["kind"]
-        if kind == "none":
-            continue
-        if kind not in ("causal", "window"):
+    for part in mask_kinds.conjuncts(case.mask):
+        window = mask_kinds.window(part)
+        if window is None:
             return "the flash convention expresses causal / sliding-window masks only"
-        if part.get("align", "top-left") != "bottom-right" and n["n_q"] != n["n_k"]:
+        part_left, part_right, align = window
+        if align not in (None, "bottom-right") and n["n_q"] != n["n_k"]:
             return "the flash convention aligns masks bottom-right (top-left with n_q != n_k)"
-        part_left = None if kind == "causal" else part.get("left")
-        part_right = 0 if kind == "causal" else part.get("right")
         left = min(left, math.inf if part_left is None else part_left)
         right = min(right, math.inf if part_right is None else part_right)
     as_int = lambda x: -1 if x == math.inf else int(x)  # noqa: E731
@@ -480,24 +477,17 @@ class Exactattn(Convention):
 
 
 def lifted_case(case: Case) -> Case:
-    """The case with its leading dims lifted to ``(B, H)``; dense tables follow."""
+    """The case with its leading dims lifted to ``(B, H)``; the mask follows as its kind says
+    (:func:`exactattn.cases.mask_kinds.lifted`: a dense table is reshaped)."""
     from dataclasses import replace
 
     if len(case.batch) == 2:
         return case
-    B, H = lift(case.batch)
+    B, _ = lift(case.batch)
     arrays = {x: getattr(case, x).reshape((B, -1, *getattr(case, x).shape[-2:])) for x in "qkvg"}
     n = case.sizes
-
-    def lifted(spec: dict[str, Any]) -> dict[str, Any]:
-        if spec["kind"] in maskspec.COMBINATORS:
-            return {**spec, "parts": [lifted(part) for part in spec["parts"]]}
-        if spec["kind"] == "dense":
-            table = maskspec.allowed(spec, case.batch, n["n_q"], n["n_k"])
-            return {**spec, "allowed": table.reshape((B, H, n["n_q"], n["n_k"])).tolist()}
-        return spec
-
-    return replace(case, mask=lifted(case.mask), **arrays)
+    mask = mask_kinds.lifted(case.mask, case.batch, n["n_q"], n["n_k"])
+    return replace(case, mask=mask, **arrays)
 
 
 class Api(Convention):
@@ -596,16 +586,16 @@ class Xformers(Convention):
         bias: Any = None
         if "bias" in held:
             bias = float_mask(case, held, dtype, device, -math.inf)
-        elif case.mask["kind"] == "causal":
+        elif (align := mask_kinds.causal_alignment(case.mask)) is not None:
             from xformers.ops import fmha
 
-            bottom = case.mask.get("align") == "bottom-right"
+            bottom = align == "bottom-right"
             bias = (
                 fmha.attn_bias.LowerTriangularFromBottomRightMask()
                 if bottom
                 else fmha.attn_bias.LowerTriangularMask()
             )
-        elif case.mask["kind"] != "none":
+        elif case.masked:
             allowed = torch.from_numpy(lifted_allowed(case).copy()).to(device)
             zero = torch.zeros((), dtype=torch_dtype(dtype), device=device)
             bias = torch.where(allowed, zero, torch.full_like(zero, -math.inf))

@@ -166,13 +166,13 @@ def _mask_mod(case: Any, padded: tuple[int, ...], device: str) -> Any:
     the allowed table (one function body for every mask kind: no recompile per mask)."""
     import torch
 
-    from ..infra import loading
+    from ..cases import mask_kinds
 
     B, H = lift(case.batch)
     n = case.sizes
-    if case.mask["kind"] == "mask_mod":
-        fn = loading.load_callable(case.mask["fn"], "--mask-mod")
-        user = _clamped(fn, (B, H, n["n_q"], n["n_k"]))
+    reference = mask_kinds.program(case.mask)
+    if reference is not None:
+        user = _clamped(case.mask_mod(reference), (B, H, n["n_q"], n["n_k"]))
 
         def program(b, h, q_idx, kv_idx):
             inside = (b < B) & (h < H) & (q_idx < n["n_q"]) & (kv_idx < n["n_k"])

@@ -9,9 +9,9 @@ the interface, so the case's certified reference judges the result unchanged:
   ``dK``, ``dV`` come back in place, the padded keys' are 0); causal and windows aligned
   bottom-right as ``flash``.
 * ``flash-kvcache``: ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=,
-  block_table=, ...)``: the keys placed in a paged cache, pages of the case's
-  :class:`InterfaceDraw` size in a shuffled order (key padding: ``cache_seqlens``);
-  forward only (flash-attn's function has no backward).
+  block_table=, ...)``: the keys placed in the case's paged cache (its ``pages``: the
+  block table of shuffled pages) (key padding: ``cache_seqlens``); forward only
+  (flash-attn's function has no backward).
 * ``fa4-combine``, ``xformers-merge``, ``flashinfer-merge``: the target is a *merge*: the
   keys are split into the case's number of parts, each part's partial ``(y_t, lse_t)`` is
   computed in float64 by :func:`exactattn.attention` (``key_range``) and rounded to the case
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cases import Case, interface_fields
+from ..cases import Case, interface_fields, mask_kinds
 from .conventions import (
     Convention,
     autograd,
@@ -52,14 +52,15 @@ from .conventions import (
     to_numpy,
 )
 
-PAGE_SIZES = (1, 2, 3, 5, 16)
 LOG2_E = 1 / math.log(2)
 
 
 @dataclass(frozen=True)
 class InterfaceDraw:
     """The layout of a case without interface fields: ``splits`` equal parts of the keys,
-    pages of ``page_size`` in the order ``seed`` draws."""
+    pages of ``page_size`` (of the drawn distribution,
+    :data:`~exactattn.cases.interface_fields.PAGE_SIZES`) in the order ``seed`` draws; all
+    read from a hash of the keys."""
 
     splits: int
     page_size: int
@@ -69,10 +70,11 @@ class InterfaceDraw:
     def of(cls, case: Case) -> InterfaceDraw:
         digest = hashlib.sha256(np.ascontiguousarray(case.k).tobytes()).digest()
         seed = int.from_bytes(digest[:4], "little")
+        u = int.from_bytes(digest[4:8], "little") / 2**32
         n_k = case.sizes["n_k"]
         return cls(
             splits=max(1, min(n_k, 2 + seed % 3)),
-            page_size=PAGE_SIZES[(seed >> 3) % len(PAGE_SIZES)],
+            page_size=interface_fields.page_size(u, case.block_size, n_k),
             seed=seed,
         )
 
@@ -90,26 +92,28 @@ class InterfaceDraw:
         if case.pages is not None:
             return case.pages
         derived = InterfaceDraw.of(case)
-        template = {"size": derived.page_size, "shared": 0, "order": derived.seed}
-        return interface_fields.fill_pages(template, B, case.sizes["n_k"])
+        return interface_fields.fill_pages(derived.page_size, 0, derived.seed, B, case.sizes["n_k"])
 
 
 def _key_lengths(case: Case, B: int) -> tuple[np.ndarray, str | None]:
     """Per-sequence key lengths: the case's ``seqlens`` (its mask is their key padding), the
-    padding lengths for a pure key-padding mask, else n_k."""
+    mask's for a mask of key lengths (:func:`exactattn.cases.mask_kinds.key_lengths`), else
+    n_k."""
     n_k = case.sizes["n_k"]
     if case.seqlens is not None:
         return np.asarray(case.seqlens, dtype=np.int64), None
-    if case.mask["kind"] != "padding":
+    lengths = mask_kinds.key_lengths(case.mask)
+    if lengths is None:
         return np.full(B, n_k), None
-    lengths = np.asarray(case.mask["lengths"]).reshape(-1)
+    lengths = np.asarray(lengths).reshape(-1)
     if lengths.shape[0] != B:
         return lengths, "padding lengths per head are not sequence lengths"
     return lengths.astype(np.int64), None
 
 
 def _window_of(case: Case) -> tuple[int, int] | str:
-    if case.mask["kind"] == "padding":
+    """A mask of key lengths is the lengths (no window); else the flash convention's."""
+    if mask_kinds.key_lengths(case.mask) is not None:
         return (-1, -1)
     return flash_window(case)
 
@@ -145,7 +149,7 @@ class _Flash(Convention):
         B, _ = lift(case.batch)
         reason = _key_lengths(case, B)[1]
         if reason is None and case.bias is not None:
-            if case.mask["kind"] == "padding":
+            if mask_kinds.key_lengths(case.mask) is not None:
                 return (
                     "flash-attn aligns ALiBi to each sequence's own key length; the padded "
                     "case aligns it to n_k"

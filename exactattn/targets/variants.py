@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.formats import Format, get_format, number_format
+from ..cases import mask_kinds
 from ..error.bounds import Arith
 from . import builtin, isolation
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
@@ -198,9 +199,7 @@ class Variant:
         if caps.max_n is not None and max(*n.values(), math.prod(case.batch)) > caps.max_n:
             return f"sizes above {caps.max_n} (slow number system)"
         if caps.masks is not None:
-            from ..cases.spec import leaves
-
-            kinds = {leaf["kind"] for leaf in leaves(case.mask)} | {case.mask["kind"]}
+            kinds = mask_kinds.kinds_named(case.mask)
             if not kinds <= set(caps.masks) | {"none"}:
                 return f"mask kinds {sorted(kinds - set(caps.masks))} not supported"
         if self.target.options.triton:
@@ -250,11 +249,7 @@ def _rebuilt(recipe: tuple, dtype: str, device: str) -> Variant:
 
 def _program(case: Any) -> bool:
     """Whether the case runs a user's ``score_mod`` or ``mask_mod``."""
-    from ..cases.spec import leaves
-
-    return case.score_mod is not None or any(
-        leaf["kind"] == "mask_mod" for leaf in leaves(case.mask)
-    )
+    return case.score_mod is not None or bool(mask_kinds.programs(case.mask))
 
 
 def _triton_unsupported(case: Any, device: str) -> str | None:

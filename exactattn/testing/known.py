@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..targets.conventions import causal_top_left_only
 from .judge import Finding
 
 KNOWN_BUGS = {
@@ -46,8 +47,7 @@ class Upstream:
 
 def _causal_negative_scale(case: Any, finding: Finding) -> bool:
     n_q, n_k = case.q.shape[-2], case.k.shape[-2]
-    top_left = case.mask.get("align", "top-left") == "top-left" or n_q == n_k
-    causal = case.mask["kind"] == "causal" and top_left and case.bias is None
+    causal = causal_top_left_only(case.mask, n_q, n_k) and case.bias is None
     # the +inf of the masked scores gives NaN rows; in float16 / bfloat16 with more keys
     # than one CPU block, rows of zeros (measured, torch 2.13.0: n_k = 700, 1025)
     wrong = " nan" in finding.detail or "(got 0," in finding.detail

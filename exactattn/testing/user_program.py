@@ -26,8 +26,8 @@ def try_program(mask_mod: str | None, score_mod: str | None, max_n: int) -> None
     """Raise ValueError / TypeError (the message names the mod) unless both mods run on the
     ``(B, H, max_n, max_n)`` grid; see the module docstring."""
     if mask_mod is not None:
-        loading.load_callable(mask_mod, "--mask-mod")
-        _guarded("--mask-mod", mask_mod, lambda: spec.mask_mod_table(mask_mod, GRID, max_n, max_n))
+        fn = loading.load_callable(mask_mod, "--mask-mod")
+        _guarded("--mask-mod", mask_mod, lambda: spec.tabulated(fn, mask_mod, GRID, max_n, max_n))
     if score_mod is not None:
         fn = loading.load_callable(score_mod, "--score-mod")
         _guarded("--score-mod", score_mod, lambda: _try_score_mod(fn, score_mod, max_n))

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from exactattn.cases import paths, spec, strategies
+from exactattn.cases import mask_kinds, paths, strategies
 from exactattn.testing.coverage import path_of
 from exactattn.testing.search import draw
 
@@ -83,11 +83,11 @@ def test_float64_cases_stay_small_and_the_cap_holds():
 def test_masks_print_simplified():
     none = {"kind": "none"}
     nested = {"kind": "and", "parts": [{"kind": "and", "parts": [none, none]}] * 2}
-    assert spec.simplified(nested) == none
+    assert mask_kinds.simplified(nested) == none
     causal = {"kind": "causal", "align": "top-left"}
     both = {"kind": "and", "parts": [causal, {"kind": "and", "parts": [none, causal]}]}
-    assert spec.describe(spec.simplified(both)) == "causal[top-left]"
-    assert spec.simplified({"kind": "or", "parts": [causal, none]}) == none
+    assert mask_kinds.describe(mask_kinds.simplified(both)) == "causal[top-left]"
+    assert mask_kinds.simplified({"kind": "or", "parts": [causal, none]}) == none
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -96,7 +96,7 @@ def test_simplifying_keeps_the_allowed_set(seed):
 
     template = draw(strategies.masks(), 1, seed)[0]
     case = build_case(Draw((2, 3), 5, 7, 2, 2, 3, mask=template, data_seed=seed))
-    kept = spec.allowed(spec.simplified(case.mask), case.batch, 5, 7)
+    kept = mask_kinds.allowed(mask_kinds.simplified(case.mask), case.batch, 5, 7)
     assert np.array_equal(kept, case.allowed())
 
 

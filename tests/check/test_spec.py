@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exactattn.cases import Draw, build_case, spec
+from exactattn.cases import Draw, build_case, mask_kinds, spec
 from exactattn.cases.strategies import BATCHES
 from exactattn.cases.strategies import masks as mask_templates
 from exactattn.cases.strategies import scores as score_templates
@@ -44,16 +44,17 @@ def _library_allowed(case) -> np.ndarray:
 )
 def test_every_mask_and_composition_matches_the_library(template, batch, n_q, n_k, seed):
     case = build_case(Draw(batch, n_q, n_k, 2, 2, 2, mask=template, data_seed=seed))
-    assert np.array_equal(spec.allowed(case.mask, batch, n_q, n_k), _library_allowed(case))
+    assert np.array_equal(mask_kinds.allowed(case.mask, batch, n_q, n_k), _library_allowed(case))
 
 
 def test_the_cross_check_fails_when_the_definition_is_wrong(monkeypatch):
     """An alignment offset of the wrong sign is caught by the comparison above."""
     case = build_case(Draw((2,), 3, 5, 2, 2, 2, mask={"kind": "causal", "align": "bottom-right"}))
-    good = spec.allowed(case.mask, case.batch, 3, 5)
+    good = mask_kinds.allowed(case.mask, case.batch, 3, 5)
     assert np.array_equal(good, _library_allowed(case))
     monkeypatch.setattr(spec, "offset", lambda s, n_q, n_k: n_q - n_k)
-    assert not np.array_equal(spec.allowed(case.mask, case.batch, 3, 5), _library_allowed(case))
+    wrong = mask_kinds.allowed(case.mask, case.batch, 3, 5)
+    assert not np.array_equal(wrong, _library_allowed(case))
 
 
 def _strips(n_q: int, cuts: list[int]) -> list[tuple[int, int]]:
@@ -103,14 +104,14 @@ def test_a_strip_read_from_the_wrong_rows_is_caught():
 
 def test_definitions_by_hand():
     """A few entries written out: bottom-right causal, a window, padding, documents."""
-    causal = spec.allowed({"kind": "causal", "align": "bottom-right"}, (), 2, 4)
+    causal = mask_kinds.allowed({"kind": "causal", "align": "bottom-right"}, (), 2, 4)
     assert causal.tolist() == [[True, True, True, False], [True, True, True, True]]
-    window = spec.allowed({"kind": "window", "left": 1, "right": 0}, (), 3, 3)
+    window = mask_kinds.allowed({"kind": "window", "left": 1, "right": 0}, (), 3, 3)
     assert window.tolist() == [[True, False, False], [True, True, False], [False, True, True]]
-    padding = spec.allowed({"kind": "padding", "lengths": [1, 3]}, (2, 5), 1, 3)
+    padding = mask_kinds.allowed({"kind": "padding", "lengths": [1, 3]}, (2, 5), 1, 3)
     assert padding[0].all(axis=(0, 1)).tolist() == [True, False, False]
     assert padding[1].all(axis=(0, 1)).tolist() == [True, True, True]
-    docs = spec.allowed({"kind": "document", "q_doc": [0, 1], "k_doc": [0, 0, 1]}, (), 2, 3)
+    docs = mask_kinds.allowed({"kind": "document", "q_doc": [0, 1], "k_doc": [0, 0, 1]}, (), 2, 3)
     assert docs.tolist() == [[True, True, False], [False, False, True]]
 
 

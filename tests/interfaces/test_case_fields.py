@@ -55,7 +55,7 @@ def test_the_shares_aim_where_kernels_break():
 
 
 def test_a_block_table_from_its_definition():
-    pages = interface_fields.fill_pages({"size": 3, "shared": 2, "order": 7}, B=3, n_k=10)
+    pages = interface_fields.fill_pages(3, shared=2, order=7, B=3, n_k=10)
     table = np.asarray(pages["table"])
     assert table.shape == (3, 4)  # ceil(10 / 3) pages per sequence
     assert (table[1:, :2] == table[0, :2]).all()  # the shared prefix is sequence 0's pages
@@ -64,9 +64,24 @@ def test_a_block_table_from_its_definition():
     assert pages["pool"] == len(own) + 1 and max(own) < pages["pool"]  # one spare page
 
 
+def test_pages_have_one_schema_drawn_built_and_derived():
+    """A drawn paged cache is the case's (``size, pool, table, shared``), and so is the one a
+    case without pages gets from its keys (page sizes of the one drawn distribution)."""
+    from exactattn.targets.interface_conventions import InterfaceDraw
+
+    schema = {"size", "pool", "table", "shared"}
+    drawn = _draws(30, interface=True)
+    assert all(set(d.pages) == schema and build_case(d).pages == d.pages for d in drawn)
+    case = dataclasses.replace(build_case(drawn[0]), pages=None)
+    derived = InterfaceDraw.pages(case, B=case.batch[0] if case.batch else 1)
+    assert set(derived) == schema
+    sizes = {s for s in interface_fields.PAGE_SIZES if isinstance(s, int)}
+    assert derived["size"] in sizes | {case.block_size, case.sizes["n_k"]}
+
+
 def test_shared_pages_hold_equal_keys_and_the_case_replays():
     draw = Draw(batch=(3, 2), n_q=4, n_k=10, d=4, v=3, block_size=4, data_seed=5,
-                pages={"size": 3, "shared": 2, "order": 1}, splits=(0, 4, 4, 10),
+                pages=interface_fields.fill_pages(3, 2, 1, B=3, n_k=10), splits=(0, 4, 4, 10),
                 seqlens=(0, 10, 5), sinks=(2.0, -20.0))  # fmt: skip
     case = build_case(draw)
     for x in (case.k, case.v):
@@ -116,8 +131,8 @@ def test_the_conventions_read_the_fields_and_broken_copies_are_caught():
 
     from . import broken_interfaces as broken
 
-    case = _field_case(pages={"size": 3, "shared": 2, "order": 1}, splits=(0, 4, 4, 7, 10),
-                       seqlens=(6, 10, 0), sinks=(2.0, 1.0))  # fmt: skip
+    case = _field_case(pages=interface_fields.fill_pages(3, 2, 1, B=3, n_k=10),
+                       splits=(0, 4, 4, 7, 10), seqlens=(6, 10, 0), sinks=(2.0, 1.0))  # fmt: skip
     runs = [
         (fa.flash_attn_with_kvcache, broken.kvcache_wrong_page, "flash-kvcache", FLASH),
         (fa.flash_attn_varlen_func, broken.varlen_wrong_offset, "flash-varlen", FLASH),
