@@ -90,6 +90,7 @@ NO_REFERENCE_GRADS = "onnx.reference evaluates the forward only (no backward)"
 NO_DROPOUT = "the ONNX Attention operator has no dropout"
 NO_SOFTCAP = "the sdpa calling convention has no soft-cap (the operator's softcap is not passed)"
 NEGATIVE_SCALE = "onnx-attention-negative-scale"  # exactattn.testing.known.UPSTREAM
+EMPTY_ROW_FLOAT64 = "onnx-attention-empty-row-float64"  # ditto: the float64 function body
 ELEMENT = {"float64": 11, "float32": 1, "float16": 10, "bfloat16": 16}  # onnx.TensorProto
 ORT_REFUSALS = (
     ("Fail", r"scale must be greater than 0 if specified"),
@@ -267,7 +268,7 @@ def entries() -> list[Target]:
             options=Options(
                 claim_by_dtype=ORT_CLAIMS,
                 refusals=ORT_REFUSALS,
-                known=(NEGATIVE_SCALE,),
+                known=(NEGATIVE_SCALE, EMPTY_ROW_FLOAT64),
                 isolated=True,  # native code: a crash or a hang fails one case only
             ),
         ),

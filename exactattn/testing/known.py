@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..targets.conventions import causal_top_left_only
 from .judge import Finding
 
@@ -52,6 +54,16 @@ def _causal_negative_scale(case: Any, finding: Finding) -> bool:
     # than one CPU block, rows of zeros (measured, torch 2.13.0: n_k = 700, 1025)
     wrong = " nan" in finding.detail or "(got 0," in finding.detail
     return causal and (case.scale or 1.0) < 0 and wrong
+
+
+def _onnx_empty_row_float64(case: Any, finding: Finding) -> bool:
+    # a row with no allowed key (the mask's, or a bias of -inf on every key) in float64
+    if finding.dtype != "float64" or " is nan for finite inputs" not in finding.detail:
+        return False
+    allowed = np.broadcast_to(case.allowed(), (*case.batch, case.sizes["n_q"], case.sizes["n_k"]))
+    if case.bias is not None:
+        allowed = allowed & ~np.isneginf(case.bias)
+    return bool((~allowed.any(axis=-1)).any())
 
 
 def _onnx_negative_scale(case: Any, finding: Finding) -> bool:
@@ -93,6 +105,17 @@ UPSTREAM = {
             "docs/zoo/onnx_negative_scale.py (reproducer; onnx 1.23.2, onnxruntime 1.31.1, not "
             "yet filed at github.com/onnx/onnx/issues)",
             _onnx_negative_scale,
+        ),
+        Upstream(
+            "onnx-attention-empty-row-float64",
+            "ONNX Runtime's float64 Attention returns NaN for a row with no allowed key (every "
+            "key masked or biased by -inf), where its float32/float16 kernel and torch SDPA "
+            "return 0: float64 has no kernel, so it runs the operator's function body "
+            "(onnx/defs/nn/old.cc, Attention-23), whose Softmax of an all -inf row is 0/0",
+            "tests/regressions/onnx_attention_empty_row_float64.json",
+            "docs/zoo/onnx_empty_row_float64.py (reproducer; onnx 1.23.2, onnxruntime 1.31.1, "
+            "found by exactattn zoo; not yet filed at github.com/microsoft/onnxruntime/issues)",
+            _onnx_empty_row_float64,
         ),
         Upstream(
             "jax-cpu-fp16-jit",

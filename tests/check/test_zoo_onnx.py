@@ -167,3 +167,17 @@ def test_there_is_a_reproducer_for_each_known_upstream_bug_of_these_targets():
     for name in {*targets.get("ort-attention").options.known,
                  *targets.get("onnx-reference").options.known}:  # fmt: skip
         assert (ZOO.parents[1] / UPSTREAM[name].report.split()[0]).exists(), name
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_float64_empty_row_nan_is_known_upstream_for_onnx_runtime_only(capsys):
+    """Found by ``exactattn zoo``: a decode row whose bias is -inf on every key."""
+    from exactattn.commands.check import main
+
+    replay = str(
+        Path(__file__).resolve().parents[1]
+        / "regressions"
+        / "onnx_attention_empty_row_float64.json"
+    )
+    assert main(["ort-attention", "--replay", replay]) == 0
+    assert "KNOWN-UPSTREAM ort-attention[float64]" in capsys.readouterr().out
