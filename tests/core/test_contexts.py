@@ -17,9 +17,10 @@ from tests.optional import requires
 
 def _torch(dtype):
     def make():
+        torch = requires("torch")
         from exactattn.backends.torch_backend import TorchContext
 
-        return TorchContext(getattr(requires("torch"), dtype))
+        return TorchContext(getattr(torch, dtype))
 
     return make
 

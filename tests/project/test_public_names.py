@@ -12,7 +12,11 @@ import pytest
 from exactattn.infra.aliases import PUBLIC_MODULES
 from tests.optional import requires
 
-NEEDS = {"exactattn.flash_attn": "torch"}  # the names whose module needs an optional package
+NEEDS = {  # the names whose module needs an optional package
+    "exactattn.flash_attn": "torch",
+    "exactattn.certified": "flint",
+    "exactattn.fast_reference": "flint",
+}
 DOCUMENTED = [  # (module, attribute) as README, docs/ and the docstrings write them
     ("exactattn", "attention"),
     ("exactattn", "attention_backward"),
@@ -44,6 +48,8 @@ def test_each_public_name_imports_as_the_module_itself(alias, real):
 
 @pytest.mark.parametrize(("module", "name"), DOCUMENTED)
 def test_each_documented_name_is_there(module, name):
+    if module in NEEDS:
+        requires(NEEDS[module])
     assert callable(getattr(importlib.import_module(module), name))
 
 
