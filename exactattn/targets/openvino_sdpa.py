@@ -61,7 +61,10 @@ each stage emulated; docs/zoo/openvino_*.py reproduce them):
   the wrapper repeats ``K, V`` over each group (head ``h`` reads ``h // group``).
 
 Not measured: the f16 path of a CPU with AVX512-FP16 or AMX-FP16 (where the probe finds
-f16); its claim follows the bf16 path's structure with f16 in place of bf16.
+f16); its claim follows the bf16 path's structure with f16 in place of bf16. A CPU without
+native bf16 keeps f32 for the bf16 hint as well (``config.cpp``, the same
+``hasHardwareSupport`` test), which the probe then finds: the claim is f32's. A plugin that
+cannot compile a hint here (:func:`compile_error`) leaves its target unavailable, saying why.
 """
 
 from __future__ import annotations
@@ -176,6 +179,25 @@ def probe(hint: str) -> tuple[float, ...]:
     return tuple(float(x) for x in run(one, one, v, hint).ravel())
 
 
+@functools.cache
+def compile_error(hint: str) -> str | None:
+    """Why the CPU plugin cannot compile the op under ``hint`` on this machine, or None.
+
+    A plugin that believes the CPU computes bf16 (its own CPU detection) while oneDNN is held
+    below it (``ONEDNN_MAX_CPU_ISA=AVX2`` on an AVX512-BF16 machine) finds no Softmax kernel for
+    the bf16 and f16 hints: "Supported primitive descriptors list is empty for node:
+    Softmax_…". The target is then unavailable (:attr:`Options.check`), with that line."""
+    try:
+        probe(hint)
+    except RuntimeError as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        return (
+            f"OpenVINO's CPU plugin cannot compile the {hint} precision hint on this machine: "
+            f"{lines[-1] if lines else type(error).__name__}"
+        )
+    return None
+
+
 def internal_format(hint: str) -> str:
     """The format ``hint`` computes in on this CPU (measured, :func:`probe`)."""
     near, fine, _ = probe(hint)
@@ -234,7 +256,11 @@ def _target(name: str, hint: str) -> Target:
         claim=claim(FORMATS[hint]),  # as documented where the CPU has the format natively
         description=f"OpenVINO ScaledDotProductAttention, CPU plugin, {hint} precision hint",
         requires=("torch", "openvino"),
-        options=Options(claim_probe=functools.partial(measured_claim, hint), isolated=True),
+        options=Options(
+            claim_probe=functools.partial(measured_claim, hint),
+            check=functools.partial(compile_error, hint),
+            isolated=True,
+        ),
     )
 
 

@@ -33,6 +33,23 @@ SHORT = session.Settings(
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
+def _computes_in(hint: str) -> str:
+    """The format ``hint`` computes in here; the test is skipped where the plugin cannot
+    compile it (a plugin whose CPU detection and oneDNN disagree, ONEDNN_MAX_CPU_ISA)."""
+    why = openvino_sdpa.compile_error(hint)
+    if why:
+        pytest.skip(why)
+    return openvino_sdpa.internal_format(hint)
+
+
+def _needs_bf16_arithmetic() -> None:
+    """Skips where the bf16 hint does not compute in bf16 (a CPU without native bf16 keeps
+    f32): the findings below are bf16's."""
+    found = _computes_in("bf16")
+    if found != "bfloat16":
+        pytest.skip(f"the bf16 hint computes in {found} on this CPU (no native bf16)")
+
+
 def _failures(target: targets.Target, settings: session.Settings = SHORT) -> list[str]:
     result = session.run([target], settings)
     assert result.variants and not result.unavailable, result.unavailable
@@ -43,6 +60,7 @@ def _failures(target: targets.Target, settings: session.Settings = SHORT) -> lis
 
 @pytest.mark.parametrize("name", list(openvino_sdpa.HINTS))
 def test_each_hint_passes_a_short_check(name):
+    _computes_in(openvino_sdpa.HINTS[name])
     assert _failures(targets.get(name)) == []
 
 
@@ -50,6 +68,7 @@ def test_each_hint_passes_a_short_check(name):
 def test_the_probe_agrees_with_a_model_run_directly(hint):
     """The probe's values and format against a model built here and the compiled model's own
     report of the precision it infers in."""
+    _computes_in(hint)
     one = np.ones((1, 1, 1, 1), np.float32)
     v = np.array(openvino_sdpa.PROBE, np.float32).reshape(1, 1, 1, -1)
     p = [ov.opset13.parameter(x.shape, ov.Type.f32) for x in (one, one, v)]
@@ -87,6 +106,7 @@ def test_a_wrapper_that_drops_the_scale_is_caught():
 
 
 def test_the_bf16_target_claiming_fp32_is_caught():
+    _needs_bf16_arithmetic()
     target = targets.get("openvino-bf16")
     options = dataclasses.replace(target.options, claim_probe=None, isolated=False)
     finer = dataclasses.replace(target, claim=Claim(input="float32", block=0), options=options)
@@ -98,6 +118,9 @@ def test_flushed_products_of_normalised_weights_are_within_the_bound():
     2^-126 and bf16 flushes it, so Y = 0 for an exact 3.8e-37. Naive attention forms P before
     P·V, so a flushed product costs ℓ·μ in the bound's units (Arith.p_normalized); without that
     factor the bound fails."""
+    _needs_bf16_arithmetic()
+    if not openvino_sdpa.flushes("bf16"):
+        pytest.skip("bf16 keeps subnormals on this CPU (no AVX512-BF16 flushing)")
     q, k = np.zeros((1, 1, 64, 8)), np.zeros((1, 1, 40, 8))  # a fused MHA (measured)
     v = np.full((1, 1, 40, 8), 2.0**-121)
     y = openvino_sdpa.run(q, k, v, "bf16").astype(np.float64)
@@ -116,7 +139,13 @@ def test_flushed_products_of_normalised_weights_are_within_the_bound():
 
 @pytest.mark.parametrize("path", REPROS, ids=[p.name for p in REPROS])
 def test_each_repro_runs(path):
-    assert len(path.read_text().splitlines()) <= 20
+    """Each runs and prints; those that compile a model need the plugin to compile the
+    hints they name (the empty-row one compiles under f32)."""
+    text = path.read_text()
+    assert len(text.splitlines()) <= 20
+    for hint in ("f16", "bf16"):
+        if f'"{hint}"' in text:
+            _computes_in(hint)
     out = subprocess.run(
         [sys.executable, str(path)], capture_output=True, text=True, timeout=120, check=True
     )
