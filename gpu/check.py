@@ -10,10 +10,11 @@ Three parts, written to ``$EXACTATTN_GPU_RESULTS`` (default ``./gpu-results``):
 1. **check** (``check/report.md``, ``check/report.json``, replay files): ``exactattn check``
    (:mod:`exactattn.testing`) over every CUDA target of the registry that is available —
    SDPA's backends (default dispatch, math, flash, memory-efficient, cuDNN), FlexAttention,
-   flash-attn and xformers if installed, exactattn's generic torch path and its Triton
-   kernels — in fp32, fp16 and bf16, forward and gradients judged against the certified
-   reference within each target's claimed arithmetic, with each one's error next to naive
-   attention's in the same dtype and the FlashAttention-2 policy's.
+   flash-attn, xformers, exactattn's generic torch path and its Triton kernels, then every
+   other GPU target of the zoo (:func:`zoo_gpu_targets`), each one not installed listed
+   unavailable with its reason — in fp32, fp16 and bf16, forward and gradients judged
+   against the certified reference within each target's claimed arithmetic, with each one's
+   error next to naive attention's in the same dtype and the FlashAttention-2 policy's.
 2. **sweep** (``sweep/``): the precision sweep (:func:`exactattn.precision.sweep_run.run_sweep`)
    of a preset (``quick``; ``tiny`` for the dry run), its CSV and report.
 3. **bench** (``bench.csv``): bf16, n ∈ {1k, 4k, 16k}, d ∈ {64, 128}, causal and not,
@@ -24,7 +25,8 @@ Three parts, written to ``$EXACTATTN_GPU_RESULTS`` (default ``./gpu-results``):
 
 ``check.md`` collects the environment and the three parts. ``--dry-run`` sets
 ``TRITON_INTERPRET=1`` before triton is imported and runs every part on the CPU at tiny
-sizes (CI runs it: ``tests/check/test_gpu_check.py``). Exit status 1 when the check failed.
+sizes, listing the zoo's CUDA-only targets unavailable (CI runs it:
+``tests/check/test_gpu_check.py``). Exit status 1 when the check failed.
 """
 
 from __future__ import annotations
@@ -59,6 +61,25 @@ CUDA_TARGETS = (
 DRY_TARGETS = ("exactattn-triton", "exactattn", "sdpa")
 
 
+def zoo_gpu_targets() -> tuple[str, ...]:
+    """Every other registered target that runs on CUDA: the zoo's GPU libraries (FlashInfer's,
+    SageAttention's, JAX's cuDNN and XLA paths, ...), each checked where it is installed and
+    listed unavailable, with its reason, where it is not."""
+    from exactattn.targets.resolve import registry
+
+    found = [name for name, target in registry().items() if "cuda" in target.caps.devices]
+    return tuple(name for name in found if name not in CUDA_TARGETS)
+
+
+def needing_cuda() -> tuple[str, ...]:
+    """The registered targets that run only on CUDA (flash-attn, xformers, the zoo's GPU
+    libraries): the dry run lists each unavailable with its reason, as the device check does
+    where a library is not installed."""
+    from exactattn.targets.resolve import registry
+
+    return tuple(name for name, target in registry().items() if target.needs_cuda)
+
+
 @dataclass(frozen=True)
 class Sizes:
     """Everything the dry run shrinks."""
@@ -80,9 +101,11 @@ class Sizes:
 
 def sizes(dry_run: bool, examples: int | None) -> Sizes:
     if dry_run:
-        return Sizes(DRY_TARGETS, ("float32",), examples or 12, 12, 8, "tiny",
+        dry = (*DRY_TARGETS, *needing_cuda())
+        return Sizes(dry, ("float32",), examples or 12, 12, 8, "tiny",
                      (32,), (16,), 64, 2, "float32", 1, 1)  # fmt: skip
-    return Sizes(CUDA_TARGETS, ("float32", "float16", "bfloat16"), examples or 150, 96, 64,
+    every = (*CUDA_TARGETS, *zoo_gpu_targets())
+    return Sizes(every, ("float32", "float16", "bfloat16"), examples or 150, 96, 64,
                  "quick", (1024, 4096, 16384), (64, 128), 16384, 16, "bfloat16", 3, 10)  # fmt: skip
 
 

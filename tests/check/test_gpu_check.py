@@ -36,6 +36,8 @@ def test_gpu_check_dry_run(tmp_path):
     ran = {row["variant"]: row["run"] for row in report["variants"]}
     assert ran["exactattn-triton[float32]"] > 0 and ran["exactattn[float32]"] > 0
     assert not report["failures"]
+    for name in ("flash-attn", "xformers", "jax-cudnn"):  # the zoo's GPU targets, listed
+        assert report["unavailable"][name], report["unavailable"]
     bench = list(csv.DictReader((tmp_path / "bench.csv").open()))
     assert {r["impl"] for r in bench} == {"sdpa", "exactattn"}
     assert {r["causal"] for r in bench} == {"True", "False"}
