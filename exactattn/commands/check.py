@@ -370,7 +370,7 @@ def _target_spec(target, spec: dict) -> dict | None:
 
 
 def _print(result, rows, failures: list[str]) -> None:
-    from ..testing import check_report, coverage
+    from ..testing import check_report, coverage, skips
 
     s = result.settings
     print(
@@ -412,6 +412,8 @@ def _print(result, rows, failures: list[str]) -> None:
         state = "ok" if p.ok else f"FAIL: {p.detail}"
         print(f"  dropout probe {p.target}: keep rate {p.keep_rate:.4f} (p={p.p}) {state}")
     for line in coverage.table(result.report.coverage, result.variants):
+        print(line)
+    for line in skips.terminal(result):
         print(line)
     for line in check_report.known_upstream(result) + check_report.suspicious(rows):
         print(line)

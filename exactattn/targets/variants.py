@@ -174,23 +174,14 @@ class Variant:
             return f"dtype {case.dtype}: this variant runs {self.dtype}"
         if len(case.batch) not in caps.batch_dims:
             return f"{len(case.batch)} leading dims (takes {caps.batch_dims})"
-        checks = (
-            (case.group > 1, caps.gqa, "GQA"),
-            (n["n_q"] != n["n_k"], caps.cross, "n_q != n_k"),
-            (bool(case.dropout_p), caps.dropout, "dropout"),
-            (case.empty_rows == "zero", caps.empty_rows, "rows with no allowed key"),
-            (case.bias is not None, caps.bias, "bias"),
-            (case.softcap is not None, caps.softcap, "softcap"),
-            (case.scale is not None and case.scale < 0, caps.negative_scale, "negative scale"),
-            (_program(case), caps.program, "a user's program"),
-        )
-        for applies, capability, what in checks:
-            if applies and capability is not True:
+        for field, what, applies in FEATURES:
+            capability = getattr(caps, field)
+            if capability is not True and applies(case):
                 if capability == "own":
                     return f"{what}: draws its own keep-bits (see the dropout probe)"
                 return f"{what}: {capability}" if isinstance(capability, str) else what
         if caps.equal_head_dims and n["d"] != n["v"]:
-            return "needs v == d"
+            return NEEDS_EQUAL_HEAD_DIMS
         if self.target.options.backend == "lowbit":
             return "low-bit schemes run in the sweep only (exactattn sweep --preset lowbit)"
         size = size_of(case.batch, n["n_q"], n["n_k"], n["d"], n["v"])
@@ -250,6 +241,21 @@ def _rebuilt(recipe: tuple, dtype: str, device: str) -> Variant:
 def _program(case: Any) -> bool:
     """Whether the case runs a user's ``score_mod`` or ``mask_mod``."""
     return case.score_mod is not None or bool(mask_kinds.programs(case.mask))
+
+
+FEATURES: tuple[tuple[str, str, Any], ...] = (
+    ("gqa", "GQA", lambda case: case.group > 1),
+    ("cross", "n_q != n_k", lambda case: case.sizes["n_q"] != case.sizes["n_k"]),
+    ("dropout", "dropout", lambda case: bool(case.dropout_p)),
+    ("empty_rows", "rows with no allowed key", lambda case: case.empty_rows == "zero"),
+    ("bias", "bias", lambda case: case.bias is not None),
+    ("softcap", "softcap", lambda case: case.softcap is not None),
+    ("negative_scale", "negative scale", lambda case: case.scale is not None and case.scale < 0),
+    ("program", "a user's program", _program),
+)
+"""The features a :class:`~.target.Capabilities` field gates: (its field, the label a skip's
+reason starts with, whether a case has it)."""
+NEEDS_EQUAL_HEAD_DIMS = "needs v == d"
 
 
 def _triton_unsupported(case: Any, device: str) -> str | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cases import Case
-from . import coverage
+from . import coverage, skips
 from .case_check import target_errors
 from .judge import Finding
 from .session import Result
@@ -247,15 +247,9 @@ def markdown(result: Result, rows: list[dict[str, Any]], failures: list[str]) ->
         "",
     ]
     body += ["## Coverage", "", *coverage.markdown(result.report.coverage, result.variants), ""]
-    reasons = [(r["variant"], r["skip_reasons"], r["grads_skipped"]) for r in rows]
-    if any(skips or grads for _, skips, grads in reasons):
-        body += ["## Skipped, with reasons", ""]
-        for name, skips, grads in reasons:
-            for why, count in sorted(skips.items(), key=lambda kv: -kv[1]):
-                body.append(f"- {name}: {count} × {why}")
-            for why, count in grads.items():
-                body.append(f"- {name}: gradients not judged in {count} cases: {why}")
-        body.append("")
+    listed = skips.markdown(result)
+    if listed:
+        body += ["## Skipped, with reasons", "", *listed, ""]
     if result.probes:
         body += ["## Dropout probe (the target's own keep-bits)", ""]
         body += ["| variant | p | keep rate | z | kept-factor error | mean z (y, grads) | ok |"]

@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 from ..targets import registry
+from . import skips
 from .known import UPSTREAM
 
 
@@ -69,12 +70,9 @@ def page(result: Any, command: str, wall: float, cpu: float, load: str) -> str:
     if result.unavailable:
         lines += ["", "## Not run here", ""]
         lines += [f"- {name}: {why}" for name, why in sorted(result.unavailable.items())]
-    skipped = {v: s for v, s in report.skips.items() if s}
-    if skipped:
-        lines += ["", "## Skipped cases by reason", ""]
-        for variant, reasons in sorted(skipped.items()):
-            for why, n in reasons.most_common():
-                lines.append(f"- {variant}: {n} × {why}")
+    listed = skips.markdown(result)
+    if listed:
+        lines += ["", "## Skipped cases by reason", "", *listed]
     lines += ["", "## Findings", ""]
     known = {name for counts in report.known.values() for name in counts}
     for name in sorted(known):
