@@ -61,6 +61,7 @@ def runs_them(target: Any, reason: str) -> str:
 def rows(result: Any) -> list[Skip]:
     """Every skip reason of ``result`` (a :class:`~.session.CheckResult`) per variant, the
     most frequent first, then the gradients left unjudged."""
+
     def target(variant: str) -> Any:
         return result.targets[variant.partition("[")[0]]
 
