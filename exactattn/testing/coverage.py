@@ -50,6 +50,15 @@ def path_of(draw: Any) -> str:
     return note.removeprefix("path ") if note.startswith("path ") else "other"
 
 
+VIEW = "view "  # a path-like subset that cuts across the drawn paths (GQA)
+
+
+def views_of(draw: Any) -> list[str]:
+    """The subsets a case also belongs to besides its drawn path: ``view GQA`` (more query
+    heads than key/value heads, whatever the mask), counted apart from the paths."""
+    return [f"{VIEW}GQA"] if draw.group > 1 else []
+
+
 def tally(counts: dict[str, Counter], finding: Any, draw: Any) -> None:
     """Count ``finding`` (a judged case of its variant) under its case ``draw``."""
     if finding.status == "skip":
@@ -58,12 +67,12 @@ def tally(counts: dict[str, Counter], finding: Any, draw: Any) -> None:
     b = finding.block_size or draw.block_size or 1
     blocks = math.ceil(draw.n_k / b)
     c["judged"] += 1
-    path = path_of(draw)
-    c[f"path {path}"] += 1
-    c[f"failed {path}"] += finding.status == "fail"
-    c[f"worst {path}"] = max(c[f"worst {path}"], finding.worst)  # |error| / bound, ok cases
-    if not math.isnan(finding.expected):
-        c[f"expected {path}"] = max(c[f"expected {path}"], finding.expected)
+    for path in [path_of(draw), *views_of(draw)]:
+        c[f"path {path}"] += 1
+        c[f"failed {path}"] += finding.status == "fail"
+        c[f"worst {path}"] = max(c[f"worst {path}"], finding.worst)  # |error| / bound, ok cases
+        if not math.isnan(finding.expected):
+            c[f"expected {path}"] = max(c[f"expected {path}"], finding.expected)
     c["cross"] += draw.n_q != draw.n_k
     c["decode"] += draw.n_q == 1
     c["gqa"] += draw.group > 1
@@ -86,7 +95,11 @@ def rows(counts: dict[str, Counter], variants: list[str]) -> list[dict[str, Any]
         row: dict[str, Any] = {"variant": name, **{key: c[key] for _, key in COLUMNS}}
         for key in ("vacuous", "float64"):
             row[key] = c[key] / n if n else math.nan
-        row["paths"] = {k.removeprefix("path "): v for k, v in c.items() if k.startswith("path ")}
+        row["paths"] = {
+            k.removeprefix("path "): v
+            for k, v in c.items()
+            if k.startswith("path ") and not k.startswith(f"path {VIEW}")
+        }
         row["interfaces"] = {
             k.removeprefix("iface "): v for k, v in c.items() if k.startswith("iface ")
         }

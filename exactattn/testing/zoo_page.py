@@ -4,10 +4,12 @@
 machine can run — torch's SDPA backends, FlexAttention, transformers' functions, ONNX
 Runtime, OpenVINO, JAX/XLA, and the GPU libraries where there is a device — through check's
 one runner (so ``--workers``, ``--scheduler`` and ``--journal``/``--resume`` work as for
-check), and :func:`page` writes what it found: per target, dtype and calling path the cases
-judged, the failures, the worst error over its bound and the worst measured error over the
-expected one (``/exp``, :mod:`.suspicion`), then the targets that could not run and why,
-the skips by reason, and every finding with its cause and reproducer.
+check), and :func:`page` writes what it found: per target, dtype and calling path (the
+drawn paths, a GQA row across them, and an interface convention's name before its paths:
+``flash-kvcache: decode``) the cases judged, the failures, the worst error over its bound
+and the worst measured error over the expected one (``/exp``, :mod:`.suspicion`), then the
+targets that could not run and why, the skips by reason, and every finding with its cause
+and reproducer.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections import Counter
 from typing import Any
 
 from ..targets import registry
-from . import skips
+from ..targets.interface_conventions import NAMES as INTERFACES
+from . import coverage, skips
 from .known import UPSTREAM
 
 
@@ -32,11 +35,13 @@ def rows(result: Any) -> list[dict[str, Any]]:
     for variant in result.variants:
         c = result.report.coverage.get(variant, Counter())
         paths = sorted(k.removeprefix("path ") for k in c if k.startswith("path "))
+        convention = result.targets[variant.partition("[")[0]].convention
+        interface = f"{convention}: " if convention in INTERFACES else ""
         for path in paths:
             out.append(
                 {
                     "variant": variant,
-                    "path": path,
+                    "path": interface + path.removeprefix(coverage.VIEW),
                     "judged": c[f"path {path}"],
                     "failed": c[f"failed {path}"],
                     "worst": c[f"worst {path}"],
