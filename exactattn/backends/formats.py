@@ -10,6 +10,7 @@ exponent (mpmath's emulated formats).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,18 @@ def canonical_name(name: str) -> str:
     if canonical != "longdouble":
         get_format(canonical)
     return canonical
+
+
+def format_names(items: str | Iterable[str]) -> tuple[str, ...]:
+    """Format names as ``--dtypes`` and ``--supports dtypes=`` take them: one string or
+    several, each holding names separated by spaces or ``+`` (``float32+float16``,
+    ``"float32 float16"``, ``fp16``), each made canonical (:func:`canonical_name`, which
+    names the accepted formats for an unknown one); repeats kept once, in order."""
+    parts = [items] if isinstance(items, str) else list(items)
+    names = [canonical_name(x) for part in parts for x in re.split(r"[\s+]+", part) if x]
+    if not names:
+        raise ValueError(f"no format named in {items!r}; use one of {sorted(FORMATS)}")
+    return tuple(dict.fromkeys(names))
 
 
 def number_format(spec: Any) -> Format:

@@ -41,7 +41,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..backends.formats import canonical_name
+from ..backends.formats import format_names
 from ..infra import executors
 from ..testing.profiles import PROFILES
 
@@ -83,7 +83,10 @@ def _parser(prog: str = "exactattn check") -> argparse.ArgumentParser:
         "forward on strips of rows, <= 1 h a case, with an ETA; --max-n caps the lengths)",
     )  # fmt: skip
     parser.add_argument("--examples", type=int, default=None, help="cases (default: profile's)")
-    parser.add_argument("--dtypes", nargs="+", default=None, help="default: each target's own")
+    parser.add_argument(
+        "--dtypes", nargs="+", default=None,
+        help="names, by spaces or + (float32+fp16); default: each target's own",
+    )  # fmt: skip
     parser.add_argument(
         "--max-n", type=int, default=None, help="largest n_q, n_k (default: the profile's)"
     )
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None, prog: str = "exactattn check") -> int:
         return _error(wrong)
     try:
         chosen = [targets.get(name, **(spec if ":" in name else {})) for name in args.targets]
-        dtypes = tuple(canonical_name(d) for d in args.dtypes) if args.dtypes else None
+        dtypes = format_names(args.dtypes) if args.dtypes else None
         program = _program(args)
     except (ValueError, TypeError, IndexError) as error:
         return _error(str(error))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..backends.formats import Format, canonical_name, number_format
+from ..backends.formats import Format, canonical_name, format_names, number_format
 from ..error.bounds import Arith
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -197,7 +197,9 @@ class Capabilities:
     @classmethod
     def parse(cls, text: str, base: Capabilities | None = None) -> Capabilities:
         """``masks=none+causal,gqa=no,dropout=own,grads=no,dtypes=float16+bfloat16`` (any
-        subset; ``yes``/``no`` for the features; lists joined by ``+``) over ``base``."""
+        subset; ``yes``/``no`` for the features; lists joined by ``+``, dtypes also by spaces
+        as ``--dtypes`` takes them: :func:`~exactattn.backends.formats.format_names`) over
+        ``base``."""
         base = base or cls()
         lists = {"dtypes", "devices", "masks"}
         flags = {"grads", "dropout", "lse", "gqa", "cross", "empty_rows", "equal_head_dims"}
@@ -210,9 +212,10 @@ class Capabilities:
                     f"--supports item {item!r} is not KEY=VALUE with KEY one of "
                     f"{sorted(lists | flags)}"
                 )
-            if key in lists:
-                items = tuple(filter(None, value.split("+")))
-                values[key] = tuple(canonical_name(x) for x in items) if key == "dtypes" else items
+            if key == "dtypes":
+                values[key] = format_names(value)  # as --dtypes reads them
+            elif key in lists:
+                values[key] = tuple(filter(None, value.split("+")))
             elif key == "equal_head_dims":
                 values[key] = value == "yes"
             elif value in ("yes", "no", "own"):

@@ -91,6 +91,20 @@ def test_capabilities_parse():
         Capabilities.parse("colour=blue")
 
 
+def test_supports_reads_dtypes_as_dtypes_does():
+    """``dtypes=float32+float16`` and ``dtypes="float32 float16"`` are one list, read by the
+    parser of ``--dtypes`` (which takes ``+`` too); an unknown name is named."""
+    from exactattn.backends.formats import format_names
+
+    joined = Capabilities.parse("dtypes=float32+fp16").dtypes
+    assert joined == Capabilities.parse("dtypes=float32 float16").dtypes == ("float32", "float16")
+    assert format_names(["float32", "fp16+bf16"]) == ("float32", "float16", "bfloat16")
+    with pytest.raises(ValueError, match="'float17'"):
+        Capabilities.parse("dtypes=float32+float17")
+    with pytest.raises(ValueError, match="no format"):
+        format_names(" + ")
+
+
 def test_claims_of_the_built_in_targets():
     """Each claim follows its documented source (see exactattn.targets.foreign); SDPA's
     ``ftz`` is measured by running torch (its probe), hence torch."""
