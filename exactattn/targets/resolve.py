@@ -96,11 +96,13 @@ def from_callable(
 
 
 def user_capabilities(convention: str) -> Capabilities:
-    """What a user's function is assumed to take before ``--supports`` says more: a bias, a
-    soft-cap and rows with no allowed key only under the ``exactattn`` convention, whose
-    keywords carry them (a function with SDPA's signature may take boolean masks only, and a
-    plain softmax gives NaN on a row with every key masked: ``--supports bias=yes,
-    empty_rows=yes``)."""
+    """What a user's function is assumed to take before ``--supports`` says more, following
+    its convention's library: a bias and a soft-cap only under the ``exactattn`` convention,
+    whose keywords carry them (a function with SDPA's signature may take boolean masks only:
+    ``--supports bias=yes``); rows with no allowed key under ``exactattn`` and ``sdpa``, whose
+    semantics define them (torch SDPA returns ``Y = 0`` and zero gradients there, math and
+    flash backends alike; a kernel that does not, a plain softmax's NaN, says so with
+    ``--supports empty_rows=no``, which ``--discover`` finds), elsewhere only when told."""
     own = convention == "exactattn"
     unstated = "not stated for a user's function (--supports {}=yes)"
     return Capabilities(
@@ -108,7 +110,7 @@ def user_capabilities(convention: str) -> Capabilities:
         grads=f"the {convention} convention is forward only"
         if convention in FORWARD_ONLY
         else True,
-        empty_rows=True if own else unstated.format("empty_rows"),
+        empty_rows=True if convention in ("exactattn", "sdpa") else unstated.format("empty_rows"),
         dropout=True if own else "own",
         bias=True if own else unstated.format("bias"),
         softcap=True if own else unstated.format("softcap"),

@@ -52,3 +52,17 @@ def detached(q, k, v, attn_mask=None, is_causal=False, scale=None):
 
 def ignores_scale(q, k, v, attn_mask=None, is_causal=False, scale=None):
     return _math(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def nan_on_empty_rows(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """A plain softmax: exp(s − max) / ℓ over the allowed keys, so a row with none is 0/0."""
+    c = q.shape[-1] ** -0.5 if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * c
+    allowed = torch.ones(s.shape[-2:], dtype=torch.bool)
+    if is_causal:
+        allowed = torch.ones_like(allowed).tril()
+    if attn_mask is not None:
+        allowed = allowed & attn_mask if attn_mask.dtype == torch.bool else allowed
+        s = s if attn_mask.dtype == torch.bool else s + attn_mask
+    s = s.masked_fill(~allowed, -torch.inf)
+    return torch.softmax(s, dim=-1) @ v

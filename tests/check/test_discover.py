@@ -8,6 +8,8 @@ import pytest
 
 from exactattn import targets
 from exactattn.commands.check import main
+from exactattn.targets import Capabilities
+from exactattn.targets.resolve import user_capabilities
 from exactattn.testing.discover import discover, supports_text
 from tests.optional import requires
 
@@ -23,6 +25,7 @@ KERNELS = "tests.check.refusing_kernels"
         ("no_dropout", "dtypes=float64+float32+float16,dropout=no"),
         ("no_negative_scale", "negative_scale=no"),
         ("detached", "dtypes=float64+float32+float16,grads=no"),
+        ("nan_on_empty_rows", "empty_rows=no"),
     ],
 )
 def test_the_printed_flags_leave_out_what_the_function_refuses(function, flags, capsys):
@@ -43,3 +46,28 @@ def test_without_the_flags_the_refusal_is_a_failure_and_a_wrong_answer_is_never_
     outcomes = discover(targets.get(f"{KERNELS}:wrong_on_negative_scale"))
     (negative,) = [o for o in outcomes if o.probe.feature == "negative scale"]
     assert negative.status == "fails" and supports_text(outcomes) == ""
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_an_sdpa_kernel_is_judged_on_rows_with_no_allowed_key_by_default():
+    """SDPA defines such a row (Y = 0): by default a kernel that returns NaN there fails, one
+    that returns 0 passes, and told ``empty_rows=no`` the case is skipped with the flag."""
+    import numpy as np
+
+    from exactattn.cases import Case
+    from exactattn.testing.case_check import check_case
+
+    rng = np.random.default_rng(0)
+    q, k, v, g = (rng.standard_normal((1, 2, 6, 4)) for _ in range(4))
+    allowed = np.ones((6, 6), dtype=bool)
+    allowed[2] = False
+    mask = {"kind": "dense", "allowed": allowed.tolist()}
+    case = Case(q, k, v, g, 4, mask=mask, empty_rows="zero", dtype="float64")
+    nan, zero = (targets.get(f"{KERNELS}:{f}") for f in ("nan_on_empty_rows", "no_dropout"))
+    found = check_case(case, [targets.Variant(t, "float64") for t in (nan, zero)])
+    assert [f.status for f in found] == ["fail", "ok"], [f.detail for f in found]
+    assert "is nan" in found[0].detail
+    told = targets.get(f"{KERNELS}:nan_on_empty_rows", supports=Capabilities.parse(
+        "empty_rows=no", user_capabilities("sdpa")
+    ))  # fmt: skip
+    assert targets.Variant(told, "float64").unsupported(case).startswith("rows with no allowed")

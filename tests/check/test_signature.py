@@ -25,7 +25,8 @@ import torch
 
 
 def plain(q, k, v, *, is_causal=False, scale=None, attn_mask=None):
-    """Attention from its definition, in the inputs' dtype (scores in fp32 for fp16/bf16)."""
+    """Attention from its definition, in the inputs' dtype (scores in fp32 for fp16/bf16); a
+    row with no allowed key is 0, as SDPA defines it."""
     c = q.shape[-1] ** -0.5 if scale is None else scale
     wide = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     s = (q.to(wide) @ k.to(wide).transpose(-1, -2)) * c
@@ -34,7 +35,9 @@ def plain(q, k, v, *, is_causal=False, scale=None, attn_mask=None):
         s = s.masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool).tril(), float("-inf"))
     if attn_mask is not None:
         s = s.masked_fill(~attn_mask, float("-inf"))
-    return (torch.softmax(s, -1) @ v.to(wide)).to(q.dtype)
+    empty = torch.isinf(s).all(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
+    return (p @ v.to(wide)).to(q.dtype)
 
 
 def unscaled(q, k, v, *, is_causal=False):
