@@ -53,6 +53,7 @@ from .conventions import (
     flash_window,
     four_g,
     lift,
+    lifted_allowed,
     tensor,
     to_numpy,
     torch_dtype,
@@ -285,9 +286,25 @@ class _Flashinfer(_Flash):
 class FlashinferPrefill(_Flashinfer):
     """``single_prefill_with_kv_cache(q, k, v, causal=, window_left=, sm_scale=,
     logits_soft_cap=, return_lse=)`` once per batch element, on its real keys only (key
-    padding: ``k[:ℓ_b]``)."""
+    padding: ``k[:ℓ_b]``); any other mask the same for every head as its ``custom_mask``
+    ``(n_q, n_k)`` (True = attend)."""
 
     name = "flashinfer-prefill"
+
+    def unsupported(self, target, case, device, grads):
+        reason = super().unsupported(target, case, device, grads)
+        if reason is None or case.bias is not None or not self._custom(case):
+            return reason
+        allowed = lifted_allowed(case)
+        if not (allowed == allowed[:, :1]).all():
+            return f"{reason}; custom_mask is one (n_q, n_k) mask for every head"
+        return None
+
+    @staticmethod
+    def _custom(case: Case) -> bool:
+        """Whether the mask goes as ``custom_mask`` (not causal / window / key lengths)."""
+        window = _window_of(case)
+        return isinstance(window, str) or window[1] > 0
 
     def run(self, target, case, held, device, grads):
         fn = target.load()
@@ -296,11 +313,19 @@ class FlashinferPrefill(_Flashinfer):
         bnhd = _bnhd(held, B)
         lengths, _ = _key_lengths(case, B)
         want_lse = target.caps.lse is True
+        if self._custom(case):
+            import torch
+
+            allowed = torch.from_numpy(lifted_allowed(case)[:, 0].copy()).to(device)
+            keywords = {"sm_scale": case.c(), "logits_soft_cap": case.softcap}
+            masks = [{"custom_mask": allowed[b], **keywords} for b in range(B)]
+        else:
+            masks = [self.keywords(case)] * B
         ys, lses = [], []
         for b in range(B):
             q, k, v = (bnhd["q"][b], bnhd["k"][b, : lengths[b]], bnhd["v"][b, : lengths[b]])
             views = [tensor(x, case.dtype, device, case.layout, False) for x in (q, k, v)]
-            result = fn(*views, return_lse=want_lse, **self.keywords(case))
+            result = fn(*views, return_lse=want_lse, **masks[b])
             y = result[0] if want_lse else result
             ys.append(to_numpy("y", y, (n["n_q"], H, n["v"])))
             if want_lse:
