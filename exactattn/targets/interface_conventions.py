@@ -20,8 +20,9 @@ the interface, so the case's certified reference judges the result unchanged:
   lse_split (S, B, H, n))``, FlashInfer's ``merge_state(v_a, s_a, v_b, s_b)`` (``(n, H, v)``,
   ``(n, H)``, lse in base 2, folded over the parts). Forward only.
 * ``onnx-kvcache``: ONNX ``Attention`` with ``past_key`` / ``past_value``
-  (:class:`OnnxKvcache`): the keys split into a past and the new part; the present caches
-  must come back as their concatenation, exactly. Forward only.
+  (:class:`OnnxKvcache`): the keys split into a past and the new part (at a causal mask's
+  offset, else at the last split-KV boundary, ``splits``); the present caches must come back
+  as their concatenation, exactly. Forward only.
 * ``ort-gqa``: ``com.microsoft.GroupQueryAttention`` (:class:`OrtGqa`): ``(B, S, H·d)``
   inputs, a right-padded past cache, ``seqlens_k``, ``local_window_size``. Forward only.
 * ``exactattn-sinks``: a sink-capable attention returning ``(y, lse)``
@@ -487,7 +488,8 @@ def _same_cache(name: str, got: np.ndarray, expected: np.ndarray) -> None:
         at = tuple(int(i) for i in np.argwhere(~(got == expected))[0])
         raise TargetError(
             f"{name} is not the concatenation of the past and the new rows: entry {at} "
-            f"(batch, kv head, position, column) is {got[at]!r}, expected {expected[at]!r}"
+            f"(batch, kv head, position, column) is {float(got[at])!r}, expected "
+            f"{float(expected[at])!r}"
         )
 
 

@@ -87,6 +87,7 @@ MS_DOMAIN = "com.microsoft"
 HEAD_MULTIPLE = 8  # GroupQueryAttention's head_size rule (group_query_attention_helper.h)
 DTYPES = ("float32", "float16")  # what the CPU provider registers (see the module docstring)
 NUMPY = {"float32": np.float32, "float16": np.float16}
+NO_GRADS = "ONNX Runtime has no backward for Attention or GroupQueryAttention (inference only)"
 NO_BIAS_GQA = "GroupQueryAttention's attention_bias is not exercised (causal/window/padding only)"
 GQA_REFUSALS = (*base.ORT_REFUSALS, ("InvalidArgument", r"head_size must be a multiple of 8"))
 
@@ -204,7 +205,13 @@ def ort_attention_kvcache(
         kind = "bool" if attn_mask.dtype == np.bool_ else "float"
         if kind == "float" and attn_mask.dtype != query.dtype:
             raise ValueError(f"attn_mask must be bool or {dtype}; got {attn_mask.dtype}")
-        feeds["attn_mask"] = attn_mask
+        rows = (query.shape[2], past_key.shape[2] + key.shape[2])
+        if attn_mask.ndim > 4 or attn_mask.shape[-2:] != rows:
+            raise ValueError(
+                f"attn_mask must be (..., S, P + L) = (..., {rows[0]}, {rows[1]}) with at most "
+                f"4 dims; got {attn_mask.shape}"
+            )
+        feeds["attn_mask"] = attn_mask.reshape((1,) * (4 - attn_mask.ndim) + attn_mask.shape)
     cap = None if softcap is None else float(softcap)
     session = attention_session(
         dtype, kind, bool(is_causal), None if scale is None else float(scale), cap, opset
@@ -340,7 +347,7 @@ def ort_group_query_attention(
 def _caps(**kwargs: Any) -> Capabilities:
     return Capabilities(
         dtypes=DTYPES,
-        grads=base.NO_GRADS.replace("Attention", "its KV-cache operators"),
+        grads=NO_GRADS,
         dropout=base.NO_DROPOUT,
         softcap=True,
         **kwargs,
@@ -365,7 +372,7 @@ def entries() -> list[Target]:
             description="ONNX Runtime's CPU Attention (opset 23) with past_key/past_value",
             requires=requires,
             options=Options(
-                claim_by_dtype=base.ORT_CLAIMS[:1],
+                claim_by_dtype=(("float16", dict(base.ORT_CLAIMS)["float16"]),),
                 refusals=base.ORT_REFUSALS,
                 isolated=True,
             ),
