@@ -11,7 +11,15 @@ import functools
 from typing import Any
 
 from ..infra import loading
-from . import builtin, flashinfer_targets, foreign, jax_attention, onnx_attention, openvino_sdpa
+from . import (
+    builtin,
+    flashinfer_targets,
+    foreign,
+    jax_attention,
+    onnx_attention,
+    openvino_sdpa,
+    ort_kvcache,
+)
 from .conventions import USER_CONVENTIONS
 from .interface_conventions import FORWARD_ONLY
 from .interface_conventions import NAMES as INTERFACE_CONVENTIONS
@@ -28,6 +36,7 @@ def registry() -> dict[str, Target]:
     """Every registered target by name (exactattn's own first, then foreign ones)."""
     zoo = [
         *onnx_attention.entries(),
+        *ort_kvcache.entries(),
         *openvino_sdpa.entries(),
         *jax_attention.entries(),
         *flashinfer_targets.entries(),
