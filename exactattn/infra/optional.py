@@ -28,6 +28,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "onnx": ("onnx", "onnx"),
     "openvino": ("openvino", "openvino"),
     "jax": ("jax", "jax"),
+    "flashinfer": ("flashinfer-python", "flashinfer"),
 }
 
 

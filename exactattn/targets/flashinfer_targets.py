@@ -1,7 +1,7 @@
 """FlashInfer (``flashinfer-python``) as targets: ``flashinfer-prefill``, ``flashinfer-decode``,
 ``flashinfer-paged`` and ``flashinfer-merge``, CUDA only, float16 and bfloat16, forward only.
 
-Each runs through a convention of :mod:`.interface_conventions` (where the calls are laid
+Each runs through a convention of :mod:`.flashinfer_conventions` (where the calls are laid
 out): ``single_prefill_with_kv_cache`` per batch element, ``single_decode_with_kv_cache`` per
 query row, ``BatchPrefillWithPagedKVCacheWrapper`` on the case's paged cache, and
 ``merge_state`` folded over split-KV partials. The API, from flashinfer-python 0.7.4:

@@ -18,21 +18,14 @@ the interface, so the case's certified reference judges the result unchanged:
   dtype, and the target merges them: FA4's ``flash_attn_combine(out_partial (S, B, n, H,
   v), lse_partial (S, B, n, H))``, xformers' ``merge_attentions(attn_split (S, B, n, H, v),
   lse_split (S, B, H, n))``, FlashInfer's ``merge_state(v_a, s_a, v_b, s_b)`` (``(n, H, v)``,
-  ``(n, H)``, lse in base 2, folded over the parts in the case's dtype). Forward only.
-* ``flashinfer-prefill``, ``flashinfer-decode``, ``flashinfer-paged``: FlashInfer's
-  ``single_prefill_with_kv_cache`` per batch element, ``single_decode_with_kv_cache`` per
-  query row (the decode steps of a cache) and ``BatchPrefillWithPagedKVCacheWrapper`` on
-  the case's paged cache (its ``pages``, as ``flash-kvcache``); causal and ``window_left``
-  bottom-right, lse in base 2 (:class:`_Flashinfer`). Forward only.
-* ``onnx-kvcache``: ONNX ``Attention`` with ``past_key`` / ``past_value``
-  (:class:`OnnxKvcache`): the keys split into a past and the new part (at a causal mask's
-  offset, else at the last split-KV boundary, ``splits``); the present caches must come back
-  as their concatenation, exactly. Forward only.
-* ``ort-gqa``: ``com.microsoft.GroupQueryAttention`` (:class:`OrtGqa`): ``(B, S, H·d)``
-  inputs, a right-padded past cache, ``seqlens_k``, ``local_window_size``. Forward only.
+  ``(n, H)``, lse in base 2, folded over the parts in the case's dtype:
+  :mod:`.flashinfer_conventions`, with FlashInfer's prefill, decode and paged conventions).
+  Forward only.
 * ``exactattn-sinks``: a sink-capable attention returning ``(y, lse)``
   (:class:`Sinks`: the sink given and taken out again). Forward only.
 
+ONNX Runtime's KV-cache conventions (``onnx-kvcache``, ``ort-gqa``) are
+:mod:`.onnx_conventions`'s; :mod:`.interface_table` gathers every interface convention.
 Each reads the case's interface fields (:mod:`exactattn.cases.interface_fields`: ``seqlens``,
 ``splits``, ``pages``, ``sinks``), which ``exactattn check`` draws whenever a target runs
 through one of these conventions. A case without them (drawn for another convention, or
@@ -44,7 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,20 +45,15 @@ import numpy as np
 from ..cases import Case, interface_fields, mask_kinds
 from .conventions import (
     Convention,
-    TargetError,
     autograd,
     dtype_name,
     flash_alibi,
     flash_window,
     four_g,
     lift,
-    lifted_allowed,
     tensor,
     to_numpy,
-    torch_dtype,
 )
-
-LOG2_E = 1 / math.log(2)
 
 
 @dataclass(frozen=True)
@@ -109,7 +96,7 @@ class InterfaceDraw:
         return interface_fields.fill_pages(derived.page_size, 0, derived.seed, B, case.sizes["n_k"])
 
 
-def _key_lengths(case: Case, B: int) -> tuple[np.ndarray, str | None]:
+def key_lengths(case: Case, B: int) -> tuple[np.ndarray, str | None]:
     """Per-sequence key lengths: the case's ``seqlens`` (its mask is their key padding), the
     mask's for a mask of key lengths (:func:`exactattn.cases.mask_kinds.key_lengths`), else
     n_k."""
@@ -125,7 +112,7 @@ def _key_lengths(case: Case, B: int) -> tuple[np.ndarray, str | None]:
     return lengths.astype(np.int64), None
 
 
-def _window_of(case: Case) -> tuple[int, int] | str:
+def window_of(case: Case) -> tuple[int, int] | str:
     """A mask of key lengths is the lengths (no window); else the flash convention's."""
     if mask_kinds.key_lengths(case.mask) is not None:
         return (-1, -1)
@@ -133,7 +120,7 @@ def _window_of(case: Case) -> tuple[int, int] | str:
 
 
 def _flash_kwargs(case: Case, device: str) -> dict[str, Any]:
-    left, right = _window_of(case)  # type: ignore[misc]
+    left, right = window_of(case)  # type: ignore[misc]
     kwargs: dict[str, Any] = {
         "softmax_scale": case.c(),
         "causal": right == 0 and left == -1,
@@ -149,19 +136,19 @@ def _flash_kwargs(case: Case, device: str) -> dict[str, Any]:
     return kwargs
 
 
-def _bnhd(held: dict[str, np.ndarray], B: int) -> dict[str, np.ndarray]:
+def to_bnhd(held: dict[str, np.ndarray], B: int) -> dict[str, np.ndarray]:
     return {x: held[x].reshape((B, -1, *held[x].shape[-2:])).transpose(0, 2, 1, 3) for x in "qkv"}
 
 
-class _Flash(Convention):
+class FlashBase(Convention):
     """What flash-attn's packed conventions share: the masks they express."""
 
     def unsupported(self, target, case, device, grads):
-        window = _window_of(case)
+        window = window_of(case)
         if isinstance(window, str):
             return window
         B, _ = lift(case.batch)
-        reason = _key_lengths(case, B)[1]
+        reason = key_lengths(case, B)[1]
         if reason is None and case.bias is not None:
             if mask_kinds.key_lengths(case.mask) is not None:
                 return (
@@ -172,7 +159,7 @@ class _Flash(Convention):
         return reason
 
 
-class FlashVarlen(_Flash):
+class FlashVarlen(FlashBase):
     name = "flash-varlen"
 
     def run(self, target, case, held, device, grads):
@@ -181,8 +168,8 @@ class FlashVarlen(_Flash):
         fn = target.load()
         B, H = lift(case.batch)
         n = case.sizes
-        bnhd = _bnhd(held, B)
-        lengths, _ = _key_lengths(case, B)
+        bnhd = to_bnhd(held, B)
+        lengths, _ = key_lengths(case, B)
         packed = {"q": bnhd["q"].reshape((-1, *bnhd["q"].shape[2:]))}
         for x in "kv":
             packed[x] = np.concatenate([bnhd[x][b, : lengths[b]] for b in range(B)])
@@ -222,7 +209,7 @@ class FlashVarlen(_Flash):
         return out
 
 
-class FlashKvcache(_Flash):
+class FlashKvcache(FlashBase):
     name = "flash-kvcache"
 
     def run(self, target, case, held, device, grads):
@@ -231,11 +218,11 @@ class FlashKvcache(_Flash):
         fn = target.load()
         B, H = lift(case.batch)
         n = case.sizes
-        bnhd = _bnhd(held, B)
-        lengths, _ = _key_lengths(case, B)
+        bnhd = to_bnhd(held, B)
+        lengths, _ = key_lengths(case, B)
         pages = InterfaceDraw.pages(case, B)
         table = np.asarray(pages["table"])
-        caches = _paged_caches(case, bnhd, pages, device)
+        caches = paged_caches(case, bnhd, pages, device)
         q = tensor(bnhd["q"], case.dtype, device, case.layout, False)
         want_lse = target.caps.lse is True
         result = fn(
@@ -256,185 +243,7 @@ class FlashKvcache(_Flash):
         return out
 
 
-class _Flashinfer(_Flash):
-    """What FlashInfer's attention conventions share (``flashinfer/prefill.py``,
-    ``decode.py``): NHD tensors ``q (n_q, H, d)``, ``k, v (n_k, H_kv, ·)`` per request,
-    ``causal`` aligned bottom-right, a left window ``window_left`` (key ``j`` of row ``i``
-    allowed iff ``j + n_q + window_left ≥ n_k + i``, ``attention/variants.cuh``
-    ``DefaultAttention``), ``sm_scale``, ``logits_soft_cap`` (``cap·tanh(c·s/cap)``), no
-    bias; the lse in base 2, ``lse₂ = m₂ + log₂ ℓ`` over the scores ``c·s·log₂e``
-    (``prefill.py`` ``_finish_lse``: "Kernels write base-2 LSE"), so ``lse = lse₂ / log₂e``."""
-
-    def unsupported(self, target, case, device, grads):
-        if case.bias is not None:
-            return "FlashInfer takes no bias (its ALiBi is pos_encoding_mode's own slopes)"
-        reason = super().unsupported(target, case, device, grads)
-        if reason is None and _window_of(case)[1] > 0:  # type: ignore[index]
-            return "FlashInfer bounds a window on the left only (window_left; right: causal)"
-        return reason
-
-    @staticmethod
-    def keywords(case: Case) -> dict[str, Any]:
-        left, right = _window_of(case)  # type: ignore[misc]
-        kwargs: dict[str, Any] = {"causal": right == 0, "window_left": left, "sm_scale": case.c()}
-        if case.softcap is not None:
-            kwargs["logits_soft_cap"] = case.softcap
-        return kwargs
-
-    @staticmethod
-    def outputs(held, y: np.ndarray, lse: np.ndarray | None, dtype: str) -> dict[str, Any]:
-        """``y (B, n_q, H, v)`` and the base-2 ``lse (B, n_q, H)`` in the case's layout."""
-        out = {"y": y.transpose(0, 2, 1, 3).reshape(held["g"].shape), "_dtype": dtype}
-        if lse is not None:
-            out["lse"] = (lse.transpose(0, 2, 1) / LOG2_E).reshape(held["g"].shape[:-1])
-        return out
-
-
-class FlashinferPrefill(_Flashinfer):
-    """``single_prefill_with_kv_cache(q, k, v, causal=, window_left=, sm_scale=,
-    logits_soft_cap=, return_lse=)`` once per batch element, on its real keys only (key
-    padding: ``k[:ℓ_b]``); any other mask the same for every head as its ``custom_mask``
-    ``(n_q, n_k)`` (True = attend)."""
-
-    name = "flashinfer-prefill"
-
-    def unsupported(self, target, case, device, grads):
-        reason = super().unsupported(target, case, device, grads)
-        if reason is None or case.bias is not None or not self._custom(case):
-            return reason
-        allowed = lifted_allowed(case)
-        if not (allowed == allowed[:, :1]).all():
-            return f"{reason}; custom_mask is one (n_q, n_k) mask for every head"
-        return None
-
-    @staticmethod
-    def _custom(case: Case) -> bool:
-        """Whether the mask goes as ``custom_mask`` (not causal / window / key lengths)."""
-        window = _window_of(case)
-        return isinstance(window, str) or window[1] > 0
-
-    def run(self, target, case, held, device, grads):
-        fn = target.load()
-        B, H = lift(case.batch)
-        n = case.sizes
-        bnhd = _bnhd(held, B)
-        lengths, _ = _key_lengths(case, B)
-        want_lse = target.caps.lse is True
-        if self._custom(case):
-            import torch
-
-            allowed = torch.from_numpy(lifted_allowed(case)[:, 0].copy()).to(device)
-            keywords = {"sm_scale": case.c(), "logits_soft_cap": case.softcap}
-            masks = [{"custom_mask": allowed[b], **keywords} for b in range(B)]
-        else:
-            masks = [self.keywords(case)] * B
-        ys, lses = [], []
-        for b in range(B):
-            q, k, v = (bnhd["q"][b], bnhd["k"][b, : lengths[b]], bnhd["v"][b, : lengths[b]])
-            views = [tensor(x, case.dtype, device, case.layout, False) for x in (q, k, v)]
-            result = fn(*views, return_lse=want_lse, **masks[b])
-            y = result[0] if want_lse else result
-            ys.append(to_numpy("y", y, (n["n_q"], H, n["v"])))
-            if want_lse:
-                lses.append(to_numpy("lse", result[1], (n["n_q"], H)))
-        return self.outputs(held, np.stack(ys), np.stack(lses) if want_lse else None, dtype_name(y))
-
-
-class FlashinferDecode(_Flashinfer):
-    """``single_decode_with_kv_cache(q (H, d), k, v, window_left=, sm_scale=,
-    logits_soft_cap=, return_lse=)`` once per query row, as the decode steps of a KV cache:
-    row ``i`` of a causal case is the step whose cache holds keys ``0..i + n_k − n_q`` (the
-    query sits at the last key, as decode's window counts back from it); without causal
-    every row reads all ``ℓ_b`` real keys. A window without causal is no decode step."""
-
-    name = "flashinfer-decode"
-
-    def unsupported(self, target, case, device, grads):
-        reason = super().unsupported(target, case, device, grads)
-        if reason is None:
-            left, right = _window_of(case)  # type: ignore[misc]
-            if left >= 0 and right != 0:
-                return "a decode step's window counts back from its last key: causal only"
-        return reason
-
-    def run(self, target, case, held, device, grads):
-        fn = target.load()
-        B, H = lift(case.batch)
-        n = case.sizes
-        bnhd = _bnhd(held, B)
-        lengths, _ = _key_lengths(case, B)
-        keywords = self.keywords(case)
-        causal = keywords.pop("causal")
-        want_lse = target.caps.lse is True
-        y_rows = np.zeros((B, n["n_q"], H, n["v"]))
-        lse_rows = np.zeros((B, n["n_q"], H))
-        for b, i in itertools.product(range(B), range(n["n_q"])):
-            stop = min(lengths[b], i + n["n_k"] - n["n_q"] + 1) if causal else lengths[b]
-            q, k, v = (bnhd["q"][b, i], bnhd["k"][b, :stop], bnhd["v"][b, :stop])
-            views = [tensor(x, case.dtype, device, case.layout, False) for x in (q, k, v)]
-            result = fn(*views, return_lse=want_lse, **keywords)
-            y = result[0] if want_lse else result
-            y_rows[b, i] = to_numpy("y", y, (H, n["v"]))
-            if want_lse:
-                lse_rows[b, i] = to_numpy("lse", result[1], (H,))
-        return self.outputs(held, y_rows, lse_rows if want_lse else None, dtype_name(y))
-
-
-WORKSPACE_BYTES = 128 << 20  # the float workspace FlashInfer's wrappers recommend (128 MB)
-
-
-class FlashinferPaged(_Flashinfer):
-    """``BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")``, ``.plan(qo_indptr,
-    paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, H, H_kv, d, P,
-    head_dim_vo=, causal=, ...)``, ``.run(q, (k_cache, v_cache), return_lse=)``: the keys
-    in the case's paged cache (its ``pages``, as ``flash-kvcache``), sequence ``b`` on the
-    first ``⌈ℓ_b/P⌉`` pages of its block table, its last page holding ``ℓ_b − (⌈ℓ_b/P⌉−1)·P``
-    keys; the queries packed ``(B·n_q, H, d)``."""
-
-    name = "flashinfer-paged"
-
-    def run(self, target, case, held, device, grads):
-        import torch
-
-        wrapper_class = target.load()
-        B, H = lift(case.batch)
-        n = case.sizes
-        bnhd = _bnhd(held, B)
-        lengths, _ = _key_lengths(case, B)
-        pages = InterfaceDraw.pages(case, B)
-        size, table = pages["size"], np.asarray(pages["table"])
-        caches = _paged_caches(case, bnhd, pages, device)
-        counts = -(-lengths // size)
-        indices = np.concatenate([table[b, : counts[b]] for b in range(B)])
-        as_int = lambda x: torch.tensor(np.asarray(x), dtype=torch.int32, device=device)  # noqa: E731
-        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        wrapper = wrapper_class(workspace, "NHD")
-        wrapper.plan(
-            as_int(np.arange(B + 1) * n["n_q"]),
-            as_int(np.concatenate([[0], np.cumsum(counts)])),
-            as_int(indices),
-            as_int(lengths - (counts - 1) * size),
-            H,
-            bnhd["k"].shape[2],
-            n["d"],
-            size,
-            head_dim_vo=n["v"],
-            q_data_type=torch_dtype(case.dtype),
-            kv_data_type=torch_dtype(case.dtype),
-            **self.keywords(case),
-        )
-        q = tensor(bnhd["q"].reshape((-1, H, n["d"])), case.dtype, device, case.layout, False)
-        want_lse = target.caps.lse is True
-        result = wrapper.run(q, (caches["k"], caches["v"]), return_lse=want_lse)
-        y = result[0] if want_lse else result
-        dense_y = to_numpy("y", y, (B * n["n_q"], H, n["v"])).reshape(B, n["n_q"], H, n["v"])
-        lse = None
-        if want_lse:
-            lse = to_numpy("lse", result[1], (B * n["n_q"], H)).reshape(B, n["n_q"], H)
-        return self.outputs(held, dense_y, lse, dtype_name(y))
-
-
-def _paged_caches(case: Case, bnhd: dict[str, np.ndarray], pages: dict[str, Any], device: str):
+def paged_caches(case: Case, bnhd: dict[str, np.ndarray], pages: dict[str, Any], device: str):
     """The keys and values in the case's paged cache ``(pool, P, H_kv, ·)`` (NHD): key ``t``
     of sequence ``b`` at row ``t mod P`` of page ``table[b][t // P]``."""
     size, table = pages["size"], np.asarray(pages["table"])
@@ -473,7 +282,7 @@ def partials(case: Case, held: dict[str, np.ndarray], edges: list[int]) -> list[
     return out
 
 
-class _Merge(Convention):
+class MergeBase(Convention):
     """A merge of split-KV partials; subclasses lay them out and call the target."""
 
     def unsupported(self, target, case, device, grads):
@@ -508,7 +317,7 @@ class _Merge(Convention):
         raise NotImplementedError
 
 
-class Fa4Combine(_Merge):
+class Fa4Combine(MergeBase):
     name = "fa4-combine"
 
     def merge(self, fn, ys, lses):
@@ -516,52 +325,12 @@ class Fa4Combine(_Merge):
         return y.permute(0, 2, 1, 3), lse.permute(0, 2, 1)
 
 
-class XformersMerge(_Merge):
+class XformersMerge(MergeBase):
     name = "xformers-merge"
 
     def merge(self, fn, ys, lses):
         y, lse = fn(ys.permute(0, 1, 3, 2, 4), lses)
         return y.permute(0, 2, 1, 3), lse
-
-
-class FlashinferMerge(_Merge):
-    """FlashInfer's ``merge_state``: ``(n, H, v)`` and base-2 ``(n, H)``, one batch element and
-    two states per call, folded over the parts; each tensor contiguous and ``v`` in the case's
-    dtype, as the kernel takes them (``csrc/cascade.cu`` ``merge_state``: ``CHECK_INPUT``,
-    float16/bfloat16 only by ``DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16``).
-
-    Each merged ``v`` comes back in that dtype, so a fold over more than two parts with keys
-    rounds every intermediate to it, which the bound does not charge (found as 2 of 145
-    float16 cases over it, ``docs/interfaces.md``): such float16/bfloat16 cases are skipped.
-    A part with no key is the state ``(0, −∞)``, whose merge is exact."""
-
-    name = "flashinfer-merge"
-
-    def unsupported(self, target, case, device, grads):
-        parts = sum(stop > start for start, stop in itertools.pairwise(InterfaceDraw.edges(case)))
-        if parts > 2 and case.dtype in ("float16", "bfloat16"):
-            return (
-                f"{parts} parts with keys: a fold of merge_state rounds each intermediate "
-                f"state to {case.dtype} (the kernel's output dtype), beyond the bound"
-            )
-        return super().unsupported(target, case, device, grads)
-
-    def merge(self, fn, ys, lses):
-        import torch
-
-        S, B = ys.shape[:2]
-        y_out, lse_out = [], []
-        for b in range(B):
-            states = [
-                (ys[t, b].transpose(0, 1).contiguous(), (lses[t, b] * LOG2_E).T.contiguous())
-                for t in range(S)
-            ]
-            v, s = states[0]
-            for v_t, s_t in states[1:]:
-                v, s = fn(v, s, v_t, s_t)
-            y_out.append(v.transpose(0, 1))
-            lse_out.append(s.transpose(0, 1) / LOG2_E)
-        return torch.stack(y_out), torch.stack(lse_out)
 
 
 class Sinks(Convention):
@@ -678,238 +447,3 @@ def _sink_radius(target: Any, case: Case, held, y64, stats, sigma) -> dict[str, 
         "y": np.where(empty[..., None], 0.0, bound["y"] * grow[..., None]),
         "lse": np.where(empty, 0.0, bound["lse"] * grow),
     }
-
-
-GQA_HEAD_MULTIPLE = 8  # GroupQueryAttention's head_size rule (group_query_attention_helper.h)
-
-
-def _returned(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """A returned NumPy array as float64, after checking it is an array of ``shape``."""
-    if not isinstance(x, np.ndarray):
-        raise TargetError(f"{name} is a {type(x).__name__}; expected an array of shape {shape}")
-    if x.shape != tuple(shape):
-        raise TargetError(f"{name} has shape {x.shape}; expected {tuple(shape)}")
-    return x.astype(np.float64)
-
-
-def _same_cache(name: str, got: np.ndarray, expected: np.ndarray) -> None:
-    """A present cache must be the concatenation of the past and the new rows, bit for bit
-    (a copy: nothing in it is computed)."""
-    if not np.array_equal(got, expected):
-        at = tuple(int(i) for i in np.argwhere(~(got == expected))[0])
-        raise TargetError(
-            f"{name} is not the concatenation of the past and the new rows: entry {at} "
-            f"(batch, kv head, position, column) is {float(got[at])!r}, expected "
-            f"{float(expected[at])!r}"
-        )
-
-
-def _numpy_dtype(dtype: str) -> Any:
-    return {"float64": np.float64, "float32": np.float32, "float16": np.float16}[dtype]
-
-
-def past_length(case: Case) -> int:
-    """The past length ``P`` :class:`OnnxKvcache` splits the case's keys at: a causal mask's
-    offset (``is_causal`` sees ``j ≤ i + P``: 0 top-left, ``n_k − n_q`` bottom-right), else
-    the start of the last nonempty part of the split-KV boundaries (at most ``n_k − 1``: the
-    new part holds a key)."""
-    n_q, n_k = case.sizes["n_q"], case.sizes["n_k"]
-    align = mask_kinds.causal_alignment(case.mask)
-    if align is not None:
-        return 0 if align == "top-left" else n_k - n_q
-    return max(e for e in InterfaceDraw.edges(case) if e < n_k)
-
-
-class OnnxKvcache(Convention):
-    """ONNX ``Attention`` with a KV cache: ``fn(query, key, value, past_key, past_value,
-    attn_mask=None, is_causal=False, scale=None, softcap=None) -> (Y, present_key,
-    present_value)`` on NumPy arrays ``(B, H, n, ·)`` in the case's dtype
-    (:func:`exactattn.targets.ort_kvcache.ort_attention_kvcache`).
-
-    The case's keys and values split at ``P`` (:func:`past_length`): rows ``j < P`` are
-    ``past_key`` / ``past_value``, the others ``key`` / ``value``; the queries are the new
-    rows. A causal mask is ``is_causal``, whose offset is the past length (ONNX's
-    definition; a bottom-right mask with ``n_q > n_k`` has a negative offset, which no past
-    gives); any other mask is a boolean ``attn_mask`` ``(B, H, n_q, n_k)``, a bias the additive
-    one (``−∞`` where the mask excludes); the soft-cap is ``softcap``. ``present_key`` and
-    ``present_value`` must equal the case's keys and values (the concatenation) exactly, or
-    the case fails naming the first entry that differs.
-    """
-
-    name = "onnx-kvcache"
-
-    def unsupported(self, target, case, device, grads):
-        n = case.sizes
-        if case.dtype not in ("float64", "float32", "float16"):
-            return f"dtype {case.dtype}: the onnx-kvcache convention passes NumPy arrays"
-        if mask_kinds.causal_alignment(case.mask) == "bottom-right" and n["n_q"] > n["n_k"]:
-            return (
-                "is_causal with a past sees j <= i + past_length: a bottom-right mask with "
-                "n_q > n_k has a negative offset (no past)"
-            )
-        return None
-
-    def run(self, target, case, held, device, grads):
-        fn = target.load()
-        B, H = lift(case.batch)
-        n = case.sizes
-        dtype = _numpy_dtype(case.dtype)
-        four = {x: held[x].reshape((B, -1, *held[x].shape[-2:])).astype(dtype) for x in "qkv"}
-        P = past_length(case)
-        kwargs: dict[str, Any] = {"scale": case.scale, "softcap": case.softcap}
-        if mask_kinds.causal_alignment(case.mask) is not None:
-            kwargs["is_causal"] = True
-        elif "bias" in held:
-            values = case.lifted_bias(held["bias"])
-            kwargs["attn_mask"] = np.where(lifted_allowed(case), values, -np.inf).astype(dtype)
-        elif case.masked:
-            kwargs["attn_mask"] = lifted_allowed(case).copy()
-        k, v = four["k"], four["v"]
-        y, present_key, present_value = fn(
-            four["q"], k[:, :, P:], v[:, :, P:], k[:, :, :P], v[:, :, :P], **kwargs
-        )
-        _same_cache("present_key", _returned("present_key", present_key, k.shape), k)
-        _same_cache("present_value", _returned("present_value", present_value, v.shape), v)
-        out = _returned("y", y, (B, H, n["n_q"], n["v"]))
-        return {"y": out.reshape(held["g"].shape), "_dtype": str(y.dtype)}
-
-
-def gqa_layout(case: Case) -> dict[str, Any] | str:
-    """How :class:`OrtGqa` lays the case out: each sequence's total length ``ℓ_b``
-    (``lengths``) and ``local_window_size`` (``window``), or why the case is not
-    GroupQueryAttention's.
-
-    The kernel is causal at each sequence's own length and its new keys are the query rows:
-    a causal / windowed mask aligned bottom-right (or square) with right bound 0 and ``n_q ≤
-    n_k`` is ``ℓ_b = n_k`` with ``w = left + 1`` (−1 unbounded: the window holds ``w`` keys,
-    the diagonal included); one query row sees every key up to its sequence's length, so
-    key padding (the case's ``seqlens`` or a padding mask) with ``n_q = 1`` is ``ℓ_b`` itself."""
-    n = case.sizes
-    n_q, n_k = n["n_q"], n["n_k"]
-    B, _ = lift(case.batch)
-    if case.scale == 0:
-        return "scale 0 is GroupQueryAttention's 'default' (1/sqrt(head_size))"
-    if case.seqlens is not None or mask_kinds.key_lengths(case.mask) is not None:
-        lengths, reason = _key_lengths(case, B)
-        if reason is not None:
-            return reason
-        if n_q != 1:
-            return "GroupQueryAttention is causal: key padding is expressible for one query row"
-        if lengths.min(initial=1) < 1:
-            return "a sequence of length 0 is seqlens_k = -1, which GroupQueryAttention rejects"
-        return {"lengths": lengths, "window": -1}
-    if n_q > n_k:
-        return "GroupQueryAttention's new keys are the query rows: it needs n_q <= n_k"
-    window = flash_window(case)
-    if isinstance(window, str):
-        return window.replace("the flash convention", "GroupQueryAttention")
-    left, right = window
-    if right != 0 and n_q != 1:  # one row at the last key: any right bound is causal
-        return "GroupQueryAttention is causal (bottom-right): the mask's right bound must be 0"
-    return {"lengths": np.full(B, n_k), "window": -1 if left == -1 else left + 1}
-
-
-class OrtGqa(Convention):
-    """``com.microsoft.GroupQueryAttention``'s interface: ``fn(query, key, value, past_key,
-    past_value, seqlens_k, total_sequence_length, *, num_heads, kv_num_heads, scale,
-    local_window_size, softcap) -> (output, present_key, present_value)``
-    (:func:`exactattn.targets.ort_kvcache.ort_group_query_attention`).
-
-    Per sequence ``b`` of total length ``ℓ_b`` (:func:`gqa_layout`) the ``S = n_q`` new rows
-    are keys ``ℓ_b − S ≤ j < ℓ_b`` (``key``, ``value`` ``(B, S, H_kv·D)``; queries ``(B, S,
-    H·D)``), the past ``P_b = ℓ_b − S`` rows sit right-padded in a static cache ``past_key``,
-    ``past_value`` ``(B, H_kv, max ℓ_b + 1, D)`` (the kernel takes ``total_sequence_length``
-    ≤ its length, or equal to it plus ``S``) whose unused slots (one at least) hold NaN, so a
-    read past a sequence's past shows; ``seqlens_k = ℓ_b − 1``, ``total_sequence_length = max
-    ℓ_b``.
-    Head dims are padded with zero columns to ``D``, a multiple of 8 (the kernel's rule;
-    exact: the added products are zeros), and the scale is then passed (the default would be
-    ``1/√D``); the output is cut back to ``v``. The present caches' first ``ℓ_b`` rows must
-    equal the case's keys and values exactly.
-    """
-
-    name = "ort-gqa"
-
-    def unsupported(self, target, case, device, grads):
-        if case.dtype not in ("float64", "float32", "float16"):
-            return f"dtype {case.dtype}: the ort-gqa convention passes NumPy arrays"
-        layout = gqa_layout(case)
-        return layout if isinstance(layout, str) else None
-
-    def run(self, target, case, held, device, grads):
-        fn = target.load()
-        layout = gqa_layout(case)
-        assert not isinstance(layout, str), layout  # unsupported() said so
-        B, H = lift(case.batch)
-        n = case.sizes
-        S, d, dv = n["n_q"], n["d"], n["v"]
-        D = GQA_HEAD_MULTIPLE * -(-max(d, dv) // GQA_HEAD_MULTIPLE)
-        dtype = _numpy_dtype(case.dtype)
-        four = {x: self._padded(held[x], B, D) for x in "qkv"}
-        H_kv = four["k"].shape[1]
-        lengths = np.asarray(layout["lengths"], dtype=np.int64)
-        past = lengths - S
-        M = int(lengths.max()) + 1  # a static cache (total <= M) with a slot no row reaches
-        caches = {x: np.full((B, H_kv, M, D), np.nan) for x in "kv"}
-        new = {x: np.zeros((B, H_kv, S, D)) for x in "kv"}
-        for x in "kv":
-            for b in range(B):
-                caches[x][b, :, : past[b]] = four[x][b, :, : past[b]]
-                new[x][b] = four[x][b, :, past[b] : lengths[b]]
-        packed = {
-            x: a.transpose(0, 2, 1, 3).reshape(B, S, -1).astype(dtype) for x, a in new.items()
-        }
-        query = four["q"].transpose(0, 2, 1, 3).reshape(B, S, H * D).astype(dtype)
-        scale = case.scale if d == D else case.c()
-        output, present_key, present_value = fn(
-            query,
-            packed["k"],
-            packed["v"],
-            caches["k"].astype(dtype),
-            caches["v"].astype(dtype),
-            (lengths - 1).astype(np.int32),
-            int(lengths.max()),
-            num_heads=H,
-            kv_num_heads=H_kv,
-            scale=scale,
-            local_window_size=int(layout["window"]),
-            softcap=case.softcap,
-        )
-        for name, got, x in (
-            ("present_key", present_key, "k"),
-            ("present_value", present_value, "v"),
-        ):
-            got = _returned(name, got, (B, H_kv, M, D))
-            for b in range(B):
-                keep = slice(0, lengths[b])
-                _same_cache(
-                    name, got[b : b + 1, :, keep], four[x][b : b + 1, :, keep].astype(dtype)
-                )
-        y = _returned("output", output, (B, S, H * D)).reshape(B, S, H, D)
-        y = y.transpose(0, 2, 1, 3)[..., :dv]
-        return {"y": np.ascontiguousarray(y).reshape(held["g"].shape), "_dtype": str(output.dtype)}
-
-    @staticmethod
-    def _padded(x: np.ndarray, B: int, D: int) -> np.ndarray:
-        """``x`` as ``(B, heads, n, D)``: its columns then zeros."""
-        four = x.reshape((B, -1, *x.shape[-2:]))
-        out = np.zeros((*four.shape[:-1], D))
-        out[..., : four.shape[-1]] = four
-        return out
-
-
-CONVENTIONS = (
-    FlashVarlen(),
-    FlashKvcache(),
-    Fa4Combine(),
-    XformersMerge(),
-    FlashinferMerge(),
-    Sinks(),
-    FlashinferPrefill(),
-    FlashinferDecode(),
-    FlashinferPaged(),
-    OnnxKvcache(),
-    OrtGqa(),
-)
-NAMES = tuple(c.name for c in CONVENTIONS)
-FORWARD_ONLY = NAMES[1:]  # what they return has no gradient with respect to q, k, v

@@ -8,8 +8,8 @@ heads; one kernel for opsets 23 and 24). What it leaves out and these targets ta
 cache (``present_key = Concat(past_key, K)`` along the sequence axis, ``Y`` over all
 ``past + new`` keys), the ``softcap`` attribute, and GroupQueryAttention's ``seqlens_k``,
 ``local_window_size`` and head-dim rules. Both are called through their calling conventions
-(:class:`~exactattn.targets.interface_conventions.OnnxKvcache`,
-:class:`~exactattn.targets.interface_conventions.OrtGqa`): NumPy arrays in the case's dtype,
+(:class:`~exactattn.targets.onnx_conventions.OnnxKvcache`,
+:class:`~exactattn.targets.onnx_conventions.OrtGqa`): NumPy arrays in the case's dtype,
 outputs with the present caches, which the convention checks equal the concatenation of the
 case's keys and values bit for bit (a mismatch fails the case).
 

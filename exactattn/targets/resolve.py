@@ -21,8 +21,8 @@ from . import (
     ort_kvcache,
 )
 from .conventions import USER_CONVENTIONS
-from .interface_conventions import FORWARD_ONLY
-from .interface_conventions import NAMES as INTERFACE_CONVENTIONS
+from .interface_table import FORWARD_ONLY
+from .interface_table import NAMES as INTERFACE_CONVENTIONS
 from .signature import keywords_taken, narrowed
 from .target import Capabilities, Claim, Options, Target
 

@@ -20,7 +20,7 @@ from ..error.bounds import Arith
 from . import builtin, isolation
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
 from .flex_convention import Flex
-from .interface_conventions import CONVENTIONS as INTERFACES
+from .interface_table import CONVENTIONS as INTERFACES
 from .resolve import UnknownTarget, get, registry
 from .target import NAIVE_BLOCK, Claim, Target, size_of
 

@@ -23,7 +23,7 @@ from ..infra.executors import make_executor
 from ..infra.journal import Journal
 from ..targets import Target, Variant
 from ..targets.flex_convention import STATS
-from ..targets.interface_conventions import NAMES as INTERFACES
+from ..targets.interface_table import NAMES as INTERFACES
 from .case_check import Options, check_case
 from .judge import Finding
 from .known import reclassify

@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Any
 
 from ..targets import registry
-from ..targets.interface_conventions import NAMES as INTERFACES
+from ..targets.interface_table import NAMES as INTERFACES
 from . import coverage, skips
 from .known import UPSTREAM
 

@@ -1,0 +1,36 @@
+"""The interface conventions by name: every convention that calls a target through a
+production interface (varlen, KV caches, merges, sinks) rather than a dense call.
+
+:data:`CONVENTIONS` gathers them from their modules (:mod:`.interface_conventions`: flash-attn's,
+FA4's, xformers', the sinks'; :mod:`.flashinfer_conventions`; :mod:`.onnx_conventions`);
+``exactattn check`` draws the case's interface fields for a target run through any of them.
+:data:`FORWARD_ONLY`: those whose outputs have no gradient with respect to ``q, k, v``.
+"""
+
+from __future__ import annotations
+
+from .flashinfer_conventions import (
+    FlashinferDecode,
+    FlashinferMerge,
+    FlashinferPaged,
+    FlashinferPrefill,
+)
+from .interface_conventions import Fa4Combine, FlashKvcache, FlashVarlen, Sinks, XformersMerge
+from .onnx_conventions import OnnxKvcache, OrtGqa
+
+CONVENTIONS = (
+    FlashVarlen(),
+    FlashKvcache(),
+    Fa4Combine(),
+    XformersMerge(),
+    FlashinferMerge(),
+    Sinks(),
+    FlashinferPrefill(),
+    FlashinferDecode(),
+    FlashinferPaged(),
+    OnnxKvcache(),
+    OrtGqa(),
+)
+NAMES = tuple(c.name for c in CONVENTIONS)
+WITH_GRADIENTS = ("flash-varlen",)  # flash_attn_varlen_func has a backward
+FORWARD_ONLY = tuple(name for name in NAMES if name not in WITH_GRADIENTS)
