@@ -57,14 +57,24 @@ EPILOG = """your own function (MODULE:FUNCTION or path/to/file.py:FUNCTION):
 
   exactattn check mykernels.py:attention --convention sdpa \\
       --claim scores=fp32,stats=fp32,acc=fp32,block=128 \\
-      --supports masks=none+causal,gqa=no,dropout=no,bias=yes,empty_rows=yes
+      --supports masks=none+causal,gqa=no,dropout=no,bias=yes,empty_rows=no
 
-  --claim keys: input, scores, stats, p, acc (formats: fp16, bf16, fp32, fp64, ...),
-  block (an integer, or naive), group=input (a GQA backward that sums each group's per-head
+  --claim keys: input, scores, stats, p, acc (formats: fp16, bf16, fp32, fp64, ...);
+  unstated ones follow input, and an unstated input is each run's dtype (with --dtypes
+  float32 float16: fp32 in the float32 run, fp16 in the float16 one), while a stated
+  input=fp16 holds for every dtype run (a kernel that casts whatever it gets to fp16).
+  block: the key-block size the bound assumes (an integer, naive for one block over all
+  keys; unstated: one key per block, the worst case). For a merge (fa4-combine,
+  xformers-merge, flashinfer-merge) leave block unstated: the parts are the case's drawn
+  split boundaries, which fall inside blocks as well as on their edges, and the worst case
+  charges a merge at any of them. group=input (a GQA backward that sums each group's per-head
   dK, dV in the input dtype), dp=input (a backward that rounds dP = G·Vᵀ to the input
-  dtype, as autodiff through a P·V product in it does). --supports keys: dtypes, devices,
-  masks (joined by +); grads, dropout (yes/no/own), lse, gqa, cross, empty_rows, bias,
-  softcap, program, equal_head_dims (yes/no).
+  dtype, as autodiff through a P·V product in it does). --supports keys: dtypes (joined by
+  + or spaces, as --dtypes), devices, masks (joined by +); grads, dropout (yes/no/own),
+  lse, gqa, cross, empty_rows, bias, softcap, program, equal_head_dims (yes/no). The
+  defaults follow the convention's library: under sdpa a row with no allowed key is judged
+  (torch SDPA returns 0 there; empty_rows=no for a kernel that leaves it NaN), a bias and a
+  soft-cap are not given unless told.
 """
 
 
