@@ -111,12 +111,16 @@ def dtype_name(x: Any) -> str:
     return str(getattr(x, "dtype", type(x).__name__)).removeprefix("torch.")
 
 
+DETACHED = "y does not require grad: the target's output is detached"
+
+
 def autograd(y: Any, views: list[Any], g: np.ndarray, dtype: str, device: str) -> list[Any]:
-    """``(dq, dk, dv)`` of ``Σ G∘y`` with respect to the tensors the target received."""
+    """``(dq, dk, dv)`` of ``Σ G∘y`` with respect to the tensors the target received (a
+    :class:`TargetError` :data:`DETACHED` when ``y`` is outside autograd's graph)."""
     import torch
 
     if not getattr(y, "requires_grad", False):
-        raise TargetError("y does not require grad: the target's output is detached")
+        raise TargetError(DETACHED)
     upstream = torch.from_numpy(g).to(torch_dtype(dtype)).to(device)
     grads = torch.autograd.grad(y, views, upstream, allow_unused=True)
     return [torch.zeros_like(v) if d is None else d for d, v in zip(grads, views)]

@@ -33,7 +33,7 @@ from ..cases import Case
 from ..cases.exact import Reference, certified, fast, serves
 from ..error.metrics import relative_error
 from ..targets import Variant, builtin
-from ..targets.conventions import TargetError
+from ..targets.conventions import DETACHED, TargetError
 from . import suspicion
 from .judge import Finding, certain, judge
 from .tolerance import Allowed, bounds
@@ -123,6 +123,8 @@ def run_and_judge(
         prefix = "" if allowed.overflow_risk else "FloatingPointError within range: "
         failed = Finding(variant.name, status, f"{prefix}{error}", dtype=variant.dtype)
     except TargetError as error:
+        if grads and str(error) == DETACHED:
+            return _judged_as_constant(variant, case, held, ref, allowed)
         failed = Finding(variant.name, "fail", str(error), dtype=variant.dtype)
     except (KeyboardInterrupt, SystemExit):
         raise
@@ -140,6 +142,24 @@ def run_and_judge(
         failed.own_block = variant.target.options.exact_block
         return failed, {}
     finding = judge(variant, case, outputs, ref, allowed)
+    suspicion.mark(variant, outputs, ref, finding)
+    return finding, outputs
+
+
+def _judged_as_constant(
+    variant: Variant, case: Case, held: dict[str, np.ndarray], ref: Reference, allowed: Allowed
+) -> tuple[Finding, dict]:
+    """A detached output has zero gradients as autograd sees it (a constant of ``q, k, v``):
+    its forward judged again without gradients and ``dQ = dK = dV = 0`` judged beside it, which
+    passes exactly where the exact gradients are 0 (every row with no allowed key, say) and
+    fails, saying the output is detached, where they are not."""
+    finding, outputs = run_and_judge(variant, case, held, ref, False, allowed)
+    if finding.status != "ok":
+        return finding, outputs
+    outputs = {**outputs, **{name: np.zeros(ref.near[name].shape) for name in GRADS}}
+    finding = judge(variant, case, outputs, ref, allowed)
+    if finding.status == "fail":
+        finding.detail = f"{DETACHED} (its gradients read as 0): {finding.detail}"
     suspicion.mark(variant, outputs, ref, finding)
     return finding, outputs
 

@@ -24,12 +24,13 @@ import numpy as np
 
 from ..cases import Case
 from ..targets import Capabilities, Target, Variant
+from ..targets.conventions import DETACHED
 from ..targets.target import FLOAT_DTYPES
 from .case_check import Options, check_case
 
 # what a function that does not take a feature answers (else a failure is a wrong answer):
 # an exception, an output outside autograd's graph, an output in another dtype
-REFUSED = ("raised ", "y does not require grad", "y has dtype ")
+REFUSED = ("raised ", DETACHED, "y has dtype ")
 MASK_KINDS = ("none", "causal", "window", "padding", "dense")  # what the probes draw
 N, D = 12, 8  # a probe's size: two key blocks of the smallest claimed block sizes and a tail
 

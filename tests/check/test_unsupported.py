@@ -79,3 +79,21 @@ def test_not_implemented_from_exactattn_own_configuration_is_a_bug_not_a_skip():
     user = targets.from_callable(refusing_kernels.no_dropout)
     assert user.refuses(NotImplementedError("no dropout")) == "no dropout"
     assert user.refuses(RuntimeError("no dropout")) is None
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_detached_output_is_a_zero_gradient_judged_where_it_is_exact():
+    """Every row with no allowed key: Y = 0 whatever q, k, v, so dQ = dK = dV = 0 exactly and
+    a detached output passes; with keys, the zero gradients fail, saying why."""
+    from exactattn.targets.conventions import DETACHED
+
+    detached = _variant(refusing_kernels.detached)
+    rng = np.random.default_rng(0)
+    q, k, v, g = (rng.standard_normal((1, 2, 6, 4)) for _ in range(4))
+    none = {"kind": "dense", "allowed": np.zeros((6, 6), dtype=bool).tolist()}
+    empty = Case(q, k, v, g, 4, mask=none, empty_rows="zero", dtype="float32")
+    (found,) = check_case(empty, [detached])
+    assert found.status == "ok", found.detail
+    (found,) = check_case(_case(), [detached])
+    assert found.status == "fail" and found.detail.startswith(DETACHED), found.detail
+    assert "dq" in found.detail or "dk" in found.detail or "dv" in found.detail
