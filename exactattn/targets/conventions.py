@@ -148,9 +148,14 @@ def float_mask(case: Case, held: dict[str, np.ndarray], dtype: str, device: str,
 
 # --- conventions ---------------------------------------------------------------------------
 class Convention:
-    """Base: the case's layout in, ``{y, lse?, dq?, dk?, dv?}`` and their dtypes out."""
+    """Base: the case's layout in, ``{y, lse?, dq?, dk?, dv?}`` and their dtypes out.
+
+    ``ragged``: the convention passes per-sequence query lengths (the ``query_padding``
+    mask kind), so the check draws ragged query batches for it
+    (:func:`exactattn.cases.paths.check_draws`)."""
 
     name = ""
+    ragged = False
 
     def unsupported(self, target: Any, case: Case, device: str, grads: bool) -> str | None:
         """Why this convention cannot express the case (None: it can)."""
