@@ -208,6 +208,18 @@ class FlashVarlen(_Flash):
         return out
 
 
+def paged(x: np.ndarray, pages: dict[str, Any]) -> np.ndarray:
+    """The keys (or values) ``x`` ``(B, n_k, ·)`` in the paged cache ``pages``
+    (:mod:`exactattn.cases.interface_fields`): ``(pool, size, ·)``, key ``t`` of sequence
+    ``b`` at row ``t mod P`` of page ``table[b][t // P]``; pages no sequence reads are 0."""
+    size, table = pages["size"], np.asarray(pages["table"])
+    cache = np.zeros((pages["pool"], size, *x.shape[2:]))
+    for b in range(x.shape[0]):  # a shared page is written by each sequence with the same keys
+        for t in range(x.shape[1]):
+            cache[table[b, t // size], t % size] = x[b, t]
+    return cache
+
+
 class FlashKvcache(_Flash):
     name = "flash-kvcache"
 
@@ -220,14 +232,10 @@ class FlashKvcache(_Flash):
         bnhd = _bnhd(held, B)
         lengths, _ = _key_lengths(case, B)
         pages = InterfaceDraw.pages(case, B)
-        size, table = pages["size"], np.asarray(pages["table"])
-        caches = {}
-        for x in "kv":
-            cache = np.zeros((pages["pool"], size, *bnhd[x].shape[2:]))
-            for b in range(B):  # a shared page is written by each sequence with the same keys
-                for t in range(n["n_k"]):
-                    cache[table[b, t // size], t % size] = bnhd[x][b, t]
-            caches[x] = tensor(cache, case.dtype, device, "contiguous", False)
+        table = np.asarray(pages["table"])
+        caches = {
+            x: tensor(paged(bnhd[x], pages), case.dtype, device, "contiguous", False) for x in "kv"
+        }
         q = tensor(bnhd["q"], case.dtype, device, case.layout, False)
         want_lse = target.caps.lse is True
         result = fn(
