@@ -22,6 +22,7 @@ from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
 from .flex_convention import Flex
 from .interface_conventions import CONVENTIONS as INTERFACES
 from .jax_convention import Jax
+from .openvino_paged import OpenvinoPaged
 from .resolve import UnknownTarget, get, registry
 from .target import NAIVE_BLOCK, Claim, Target, size_of
 
@@ -31,7 +32,7 @@ OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated", "lowbit")  # contexts 
 @functools.cache
 def conventions() -> dict[str, Convention]:
     """Every calling convention by name."""
-    own = (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex(), Jax())
+    own = (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex(), Jax(), OpenvinoPaged())
     return {c.name: c for c in (*own, *INTERFACES)}
 
 
