@@ -11,7 +11,9 @@ A mask spec (:mod:`.spec`) is ``{"kind": K, ...}``; its entry (a :class:`MaskKin
 * how the calling conventions lower it: every kind is a boolean mask (its allowed set);
   ``causal`` the alignment of a causal mask (SDPA's ``is_causal``, xformers' triangular
   masks), ``window`` flash-attn's ``window_size`` as ``(left, right, align)``, ``key_lengths``
-  the per-sequence key lengths of a varlen batch or a KV cache, ``program`` the user's
+  the per-sequence key lengths of a varlen batch or a KV cache, ``query_lengths`` the
+  per-sequence query lengths of a ragged batch of queries (JAX's ``query_seq_lengths``),
+  ``program`` the user's
   program a FlexAttention target runs as itself. None where the kind is not that: a
   convention that takes masks only in that form skips the case, saying why.
 
@@ -79,6 +81,7 @@ class MaskKind:
     causal: Callable[[Spec], str] | None = None
     window: Callable[[Spec], Window] | None = None
     key_lengths: Callable[[Spec], Any] | None = None
+    query_lengths: Callable[[Spec], Any] | None = None
     program: Callable[[Spec], str] | None = None
     every_pair: bool = False
     parts: bool = False
@@ -95,6 +98,16 @@ def _fill_padding(template: Spec, rng: np.random.Generator, batch, n_q: int, n_k
     spec = dict(template)
     if "lengths" not in spec:
         spec["lengths"] = np.asarray(rng.integers(1, n_k + 1, size=batch[:1])).tolist()
+    return spec
+
+
+def _fill_query_padding(
+    template: Spec, rng: np.random.Generator, batch, n_q: int, n_k: int
+) -> Spec:
+    """One length in ``0..n_q`` per element of the first batch axis (0: every row padding)."""
+    spec = dict(template)
+    if "lengths" not in spec:
+        spec["lengths"] = np.asarray(rng.integers(0, n_q + 1, size=batch[:1])).tolist()
     return spec
 
 
@@ -220,6 +233,14 @@ MASK_KINDS: dict[str, MaskKind] = {
             lambda spec: f"padding(lengths={np.asarray(spec['lengths']).tolist()})",
             fill=_fill_padding,
             key_lengths=lambda spec: spec["lengths"],
+        ),
+        MaskKind(
+            "query_padding",
+            maskspec.query_padding,
+            _dense_mask,
+            lambda spec: f"query_padding(lengths={np.asarray(spec['lengths']).tolist()})",
+            fill=_fill_query_padding,
+            query_lengths=lambda spec: spec["lengths"],
         ),
         MaskKind(
             "dense",
@@ -382,6 +403,12 @@ def key_lengths(spec: Spec) -> Any:
     """The mask as one key length per sequence (None: it is no key padding)."""
     kind = of(spec)
     return None if kind.key_lengths is None else kind.key_lengths(spec)
+
+
+def query_lengths(spec: Spec) -> Any:
+    """The mask as one query length per sequence (None: it is no query padding)."""
+    kind = of(spec)
+    return None if kind.query_lengths is None else kind.query_lengths(spec)
 
 
 def varlen(template: Spec) -> bool:

@@ -11,6 +11,9 @@ from these functions cannot inherit a bug of the code it judges (issue 11 §2).
   (``None``: that side unbounded);
 * ``{"kind": "padding", "lengths": ℓ}``: ``j < ℓ[b]``, one length per element of the first
   batch axis (a scalar for no batch axis);
+* ``{"kind": "query_padding", "lengths": ℓ}``: ``i < ℓ[b]``, every key, one length per
+  element of the first batch axis: the query rows ``i ≥ ℓ[b]`` are padding, rows with no
+  allowed key (a ragged batch of queries: JAX's ``query_seq_lengths``);
 * ``{"kind": "dense", "allowed": M}``: the boolean table ``M`` broadcast to
   ``(*batch, n_q, n_k)``;
 * ``{"kind": "document", "q_doc": D_q, "k_doc": D_k}``: ``D_q[b, i] = D_k[b, j]`` (document
@@ -135,6 +138,13 @@ def key_padding(spec: dict[str, Any], at: Strip) -> np.ndarray:
     lengths = np.asarray(spec["lengths"], dtype=np.int64)
     trailing = (1,) * (len(at.batch) - lengths.ndim)
     return at.j < lengths.reshape((*lengths.shape, *trailing, 1, 1))
+
+
+def query_padding(spec: dict[str, Any], at: Strip) -> np.ndarray:
+    """``query_padding``: ``i < ℓ[b]``, one length per element of the first batch axis."""
+    lengths = np.asarray(spec["lengths"], dtype=np.int64)
+    trailing = (1,) * (len(at.batch) - lengths.ndim)
+    return (at.i < lengths.reshape((*lengths.shape, *trailing, 1, 1))) & every_pair(spec, at)
 
 
 def dense(spec: dict[str, Any], at: Strip) -> np.ndarray:

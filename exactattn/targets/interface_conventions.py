@@ -209,6 +209,18 @@ class FlashVarlen(FlashBase):
         return out
 
 
+def paged(x: np.ndarray, pages: dict[str, Any]) -> np.ndarray:
+    """The keys (or values) ``x`` ``(B, n_k, ·)`` in the paged cache ``pages``
+    (:mod:`exactattn.cases.interface_fields`): ``(pool, size, ·)``, key ``t`` of sequence
+    ``b`` at row ``t mod P`` of page ``table[b][t // P]``; pages no sequence reads are 0."""
+    size, table = pages["size"], np.asarray(pages["table"])
+    cache = np.zeros((pages["pool"], size, *x.shape[2:]))
+    for b in range(x.shape[0]):  # a shared page is written by each sequence with the same keys
+        for t in range(x.shape[1]):
+            cache[table[b, t // size], t % size] = x[b, t]
+    return cache
+
+
 class FlashKvcache(FlashBase):
     name = "flash-kvcache"
 
@@ -244,17 +256,9 @@ class FlashKvcache(FlashBase):
 
 
 def paged_caches(case: Case, bnhd: dict[str, np.ndarray], pages: dict[str, Any], device: str):
-    """The keys and values in the case's paged cache ``(pool, P, H_kv, ·)`` (NHD): key ``t``
-    of sequence ``b`` at row ``t mod P`` of page ``table[b][t // P]``."""
-    size, table = pages["size"], np.asarray(pages["table"])
-    caches = {}
-    for x in "kv":
-        cache = np.zeros((pages["pool"], size, *bnhd[x].shape[2:]))
-        for b in range(table.shape[0]):  # a shared page is written by each sequence alike
-            for t in range(bnhd[x].shape[1]):
-                cache[table[b, t // size], t % size] = bnhd[x][b, t]
-        caches[x] = tensor(cache, case.dtype, device, "contiguous", False)
-    return caches
+    """The keys and values in the case's paged cache ``(pool, P, H_kv, ·)`` (NHD, :func:`paged`)
+    as tensors of the case's dtype on ``device``."""
+    return {x: tensor(paged(bnhd[x], pages), case.dtype, device, "contiguous", False) for x in "kv"}
 
 
 def partials(case: Case, held: dict[str, np.ndarray], edges: list[int]) -> list[tuple[Any, Any]]:

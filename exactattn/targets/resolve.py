@@ -17,6 +17,7 @@ from . import (
     foreign,
     jax_attention,
     onnx_attention,
+    openvino_paged,
     openvino_sdpa,
     ort_kvcache,
 )
@@ -38,6 +39,7 @@ def registry() -> dict[str, Target]:
         *onnx_attention.entries(),
         *ort_kvcache.entries(),
         *openvino_sdpa.entries(),
+        *openvino_paged.entries(),
         *jax_attention.entries(),
         *flashinfer_targets.entries(),
     ]

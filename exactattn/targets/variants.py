@@ -21,6 +21,7 @@ from . import builtin, isolation
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
 from .flex_convention import Flex
 from .interface_table import CONVENTIONS as INTERFACES
+from .jax_convention import Jax
 from .resolve import UnknownTarget, get, registry
 from .target import NAIVE_BLOCK, Claim, Target, size_of
 
@@ -30,7 +31,7 @@ OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated", "lowbit")  # contexts 
 @functools.cache
 def conventions() -> dict[str, Convention]:
     """Every calling convention by name."""
-    own = (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex())
+    own = (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex(), Jax())
     return {c.name: c for c in (*own, *INTERFACES)}
 
 
