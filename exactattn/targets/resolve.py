@@ -11,7 +11,7 @@ import functools
 from typing import Any
 
 from ..infra import loading
-from . import builtin, foreign, jax_attention, onnx_attention, openvino_sdpa
+from . import builtin, foreign, jax_attention, onnx_attention, openvino_sdpa, sageattention_target
 from .conventions import USER_CONVENTIONS
 from .interface_conventions import FORWARD_ONLY
 from .interface_conventions import NAMES as INTERFACE_CONVENTIONS
@@ -27,6 +27,7 @@ class UnknownTarget(ValueError):
 def registry() -> dict[str, Target]:
     """Every registered target by name (exactattn's own first, then foreign ones)."""
     zoo = [*onnx_attention.entries(), *openvino_sdpa.entries(), *jax_attention.entries()]
+    zoo += sageattention_target.entries()
     return {t.name: t for t in [*builtin.entries(), *foreign.entries(), *zoo]}
 
 
