@@ -45,9 +45,11 @@ always upwards (never tighter than the kernel):
   kernel computes with: ``q̂ = int8·scale/sm'``, ``k̂ = int8·scale + km`` (``km`` cancels in
   the softmax), ``v̂ = fp16(v)``. The bound of ``exactattn.error.lowbit``'s ``sage1`` scheme
   is the same quantisation on float32 inputs; this is its kernel-side error model, the
-  smallest the existing ``Arith`` fields say. A faithful low-bit claim (per-block scales
-  charged per block and per operand, the smoothing as a shift) comes with the "precision
-  IV" issue.
+  smallest the existing ``Arith`` fields say. Its ``abs`` is the largest block's grid,
+  charged to every entry with all errors aligned: it cannot tell per-block from per-tensor
+  scales, and on N(0, 1) inputs it is about 80 times the measured error. A faithful
+  low-bit claim (per-block scales charged per block and per operand, the smoothing as a
+  shift) comes with the "precision IV" issue.
 
 What the check finds that the claim does not excuse: ``_attn_fwd_inner`` (non-causal) loads
 the last key tile with ``mask=offs_n < kv_len − start_n`` and no ``other``, and never masks
