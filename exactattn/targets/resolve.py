@@ -20,6 +20,7 @@ from . import (
     openvino_paged,
     openvino_sdpa,
     ort_kvcache,
+    sageattention_target,
 )
 from .conventions import USER_CONVENTIONS
 from .interface_table import FORWARD_ONLY
@@ -42,6 +43,7 @@ def registry() -> dict[str, Target]:
         *openvino_paged.entries(),
         *jax_attention.entries(),
         *flashinfer_targets.entries(),
+        *sageattention_target.entries(),
     ]
     return {t.name: t for t in [*builtin.entries(), *foreign.entries(), *zoo]}
 

@@ -139,7 +139,8 @@ class Variant:
         on top stays within ``ū``). Every other target: its claim (the coarser of the score
         and statistics formats computes, ``p`` — and in the reverse ``p`` and ``γ`` — is
         cast when it is coarser, as FlashAttention-2's kernels do; outputs are in the input
-        format).
+        format); a kernel that quantises its inputs itself (``options.quantisation``) adds
+        that quantisation's error model on ``inputs``.
         """
         options = self.target.options
         if options.backend == "lowbit" and inputs is not None:  # a low-bit scheme's own
@@ -158,7 +159,11 @@ class Variant:
             s = max(tensor_scale(inputs[x], options.quantize) for x in "qkv")
             e_min = base.e_min + math.ceil(math.log2(s)) + 1  # 2^(e_min − p) ≥ 2·s·μ_fp8
             return replace(arith, input=Format(f"{options.quantize}*s", base.p, e_min))
-        return self.claim.arith(block)
+        arith = self.claim.arith(block)
+        if options.quantisation is None or inputs is None:
+            return arith
+        rel, abs_ = options.quantisation(inputs, self.dtype)
+        return replace(arith, quant_rel=rel, quant_abs=abs_)
 
     def grads_unsupported(self) -> str | None:
         caps = self.target.caps
