@@ -29,6 +29,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "openvino": ("openvino", "openvino"),
     "jax": ("jax", "jax"),
     "flashinfer": ("flashinfer-python", "flashinfer"),
+    "sageattention": ("sageattention", "sage"),
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cases import mask_kinds
 from ..targets.conventions import causal_top_left_only
 from .judge import Finding
 
@@ -76,12 +77,37 @@ def _raised(dtype: str, message: str) -> Callable[[Any, Finding], bool]:
     return lambda case, finding: finding.dtype == dtype and message in finding.detail
 
 
+SAGE_KEY_TILE = 64  # attn_qk_int8_per_block.py: BLOCK_N
+
+
+def _sage_unmasked_tail(case: Any, finding: Finding) -> bool:
+    # no causal mask (the causal kernel's diagonal tile masks the tail) and a partial last
+    # key tile: its padded keys count in the row sum, so Y comes back too small
+    n_k = case.sizes["n_k"]
+    causal = mask_kinds.causal_alignment(case.mask) is not None
+    return not causal and n_k % SAGE_KEY_TILE != 0 and finding.detail.startswith("y[")
+
+
 JAX_FP16_JIT = "The precision 'F16_F16_F32' is not supported by dot_general on CPU"
 JAX_BF16_ELEMENTAL = "Algorithm not supported by the ElementalIrEmitter: ALG_DOT_BF16_BF16_F32"
 
 UPSTREAM = {
     u.name: u
     for u in (
+        Upstream(
+            "sageattention-unmasked-tail",
+            "SageAttention 1.0.6's non-causal kernel does not mask the padded keys of its last "
+            "64-key tile (sageattention/attn_qk_int8_per_block.py, _attn_fwd_inner: the tail "
+            "tile's K is loaded as 0 past n_k, its scores get no key bound): each padded key "
+            "(score 0) adds e^(0 - m) to the row sum l while its V adds 0, so for n_k not a "
+            "multiple of 64 every Y is scaled down (n_k = 3: by about 3/64); the causal kernel "
+            "masks it",
+            "tests/regressions/sageattention_unmasked_tail.json",
+            "docs/zoo/sageattention_unmasked_tail.py (reproducer; sageattention 1.0.6, found by "
+            "exactattn's sageattention target under the Triton interpreter; not yet filed at "
+            "github.com/thu-ml/SageAttention/issues)",
+            _sage_unmasked_tail,
+        ),
         Upstream(
             "sdpa-causal-negative-scale",
             "torch SDPA's CPU flash kernel returns NaN for is_causal=True with a negative "

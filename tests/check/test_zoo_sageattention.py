@@ -28,6 +28,7 @@ from exactattn.cases import Case, Draw, build_case
 from exactattn.commands.check import main
 from exactattn.testing import session
 from exactattn.testing.case_check import Options, check_case
+from exactattn.testing.known import UPSTREAM, reclassify
 from tests.optional import requires
 
 requires("torch")
@@ -41,6 +42,8 @@ SHORT = session.Settings(
 )
 EXACT = Options(sampled=False, fast_reference=True)
 ROOT = Path(__file__).resolve().parents[2]
+REPLAY = ROOT / "tests" / "regressions" / "sageattention_unmasked_tail.json"
+REPRO = ROOT / "docs" / "zoo" / "sageattention_unmasked_tail.py"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
@@ -158,6 +161,12 @@ def _child() -> None:
     (status and the failing output's name), or with ``short`` the counts of a short check."""
     torch.Tensor.is_cuda = property(lambda self: True)
     variant = targets.Variant(_target(), "bfloat16")
+    if sys.argv[1:] == ["replay"]:
+        case = Case.from_json(REPLAY.read_text())
+        (found,) = check_case(case, [variant], EXACT)
+        found = reclassify(variant, case, found)
+        print(f"{found.status}:{found.detail.partition('[')[0]}")
+        return
     if sys.argv[1:] == ["short"]:
         result = session.run([_target()], replace(SHORT, examples=12, dtypes=("bfloat16",)))
         counts = result.report.counts[variant.name]
@@ -186,3 +195,20 @@ def test_the_real_kernels_run_a_short_check():
     ok, fail, skip, *failures = _real("short")
     judged = sum(int(x.partition("=")[2]) for x in (ok, fail))
     assert judged >= 2 and set(failures) <= {"fail:y"}, (ok, fail, skip, failures)
+
+
+def test_the_unmasked_tail_is_known_upstream_with_its_replay_and_reproducer():
+    """The replay (n_k = 3, no mask) fails on y and the entry explains it; the reproducer (19
+    lines, sageattention and torch only) shows Y = 1 at n_k = 64 and far below 1 at 3."""
+    bug = UPSTREAM["sageattention-unmasked-tail"]
+    assert (
+        bug.replay == str(REPLAY.relative_to(ROOT)) and str(REPRO.relative_to(ROOT)) in bug.report
+    )
+    assert "sageattention-unmasked-tail" in targets.get("sageattention").options.known
+    assert len(REPRO.read_text().splitlines()) <= 20
+    assert _real("replay") == ["known-upstream:sageattention-unmasked-tail"]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, str(REPRO)], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = dict(line.split() for line in run.stdout.splitlines())
+    assert float(rows["64"]) > 0.99 and float(rows["3"]) < 0.5, rows
