@@ -5,7 +5,9 @@ Both run one graph, a single ``Attention`` node of the default domain at opset 2
 here with SDPA's signature (:func:`ort_attention`, :func:`onnx_reference`; the ``sdpa``
 calling convention): ``(B, H, n, E)`` inputs, ``is_causal``, ``scale``, a boolean or an
 additive float ``attn_mask``, GQA as 4-D ``K, V`` with fewer heads (ONNX reads the head
-counts from the shapes of 4-D inputs; ``q_num_heads`` / ``kv_num_heads`` are for 3-D ones).
+counts from the shapes of 4-D inputs); ``ort-attention-3d`` feeds the same node as exported
+models do, 3-D ``(B, n, H·E)`` inputs with the head counts as ``q_num_heads`` /
+``kv_num_heads`` (:func:`ort_attention_packed`).
 The model is built once per dtype and flags (symbolic sizes: one session serves every
 shape). Opset 24 is not a second target: ONNX Runtime registers one kernel class,
 ``Attention<T>``, for 23 and 24 (``onnxruntime/core/providers/cpu/llm/attention.cc``,
@@ -99,10 +101,19 @@ ORT_REFUSALS = (
 
 
 @functools.lru_cache(maxsize=SESSIONS)
-def model(dtype: str, mask: str | None, is_causal: bool, scale: float | None, opset: int = OPSET):
+def model(
+    dtype: str,
+    mask: str | None,
+    is_causal: bool,
+    scale: float | None,
+    opset: int = OPSET,
+    heads: tuple[int, int] | None = None,
+):
     """The ``ModelProto`` of one ``Attention`` node: inputs ``Q (B, H, L, E)``, ``K, V (B,
     H_kv, S, ·)`` and, when ``mask`` is ``"bool"`` or ``"float"``, ``attn_mask (B, H, L,
-    S)``; output ``Y``; sizes symbolic."""
+    S)``; output ``Y``; sizes symbolic. With ``heads = (H, H_kv)`` the inputs are 3-D, as
+    exported models feed them: ``Q (B, L, H·E)``, ``K, V (B, S, H_kv··)``, ``Y (B, L,
+    H·E_v)``, the head counts as the ``q_num_heads`` / ``kv_num_heads`` attributes."""
     with needs("the ONNX Attention targets (exactattn.targets.onnx_attention)"):
         from onnx import TensorProto, helper
     if dtype not in ELEMENT:
@@ -114,11 +125,16 @@ def model(dtype: str, mask: str | None, is_causal: bool, scale: float | None, op
         "V": ["B", "H_kv", "S", "E_v"],
         "attn_mask": ["B", "H", "L", "S"],
     }
+    out = ["B", "H", "L", "E_v"]
+    attrs: dict[str, Any] = {"is_causal": 1} if is_causal else {}
+    if heads is not None:
+        dims |= {"Q": ["B", "L", "HE"], "K": ["B", "S", "HE_kv"], "V": ["B", "S", "HE_v"]}
+        out = ["B", "L", "HE_vq"]
+        attrs |= {"q_num_heads": heads[0], "kv_num_heads": heads[1]}
     names = ["Q", "K", "V"] + (["attn_mask"] if mask else [])
     kinds = {"attn_mask": TensorProto.BOOL if mask == "bool" else element}
     inputs = [helper.make_tensor_value_info(x, kinds.get(x, element), dims[x]) for x in names]
-    output = helper.make_tensor_value_info("Y", element, ["B", "H", "L", "E_v"])
-    attrs: dict[str, Any] = {"is_causal": 1} if is_causal else {}
+    output = helper.make_tensor_value_info("Y", element, out)
     if scale is not None:
         attrs["scale"] = float(scale)
     node = helper.make_node("Attention", names, ["Y"], **attrs)
@@ -128,7 +144,14 @@ def model(dtype: str, mask: str | None, is_causal: bool, scale: float | None, op
 
 
 @functools.lru_cache(maxsize=SESSIONS)
-def ort_session(dtype: str, mask: str | None, is_causal: bool, scale: float | None, opset: int):
+def ort_session(
+    dtype: str,
+    mask: str | None,
+    is_causal: bool,
+    scale: float | None,
+    opset: int,
+    heads: tuple[int, int] | None = None,
+):
     """An ONNX Runtime CPU session of :func:`model`, on one intra-op thread: MLAS partitions
     its GEMMs by rows and columns and the softmax by rows, never a sum, so the thread count
     does not change the arithmetic (and the check's machine is shared)."""
@@ -138,17 +161,22 @@ def ort_session(dtype: str, mask: str | None, is_causal: bool, scale: float | No
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
     options.log_severity_level = 4  # fatal only: a refusal is raised, not also logged
-    proto = model(dtype, mask, is_causal, scale, opset).SerializeToString()
+    proto = model(dtype, mask, is_causal, scale, opset, heads).SerializeToString()
     return onnxruntime.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
 
 
 @functools.lru_cache(maxsize=SESSIONS)
 def reference_evaluator(
-    dtype: str, mask: str | None, is_causal: bool, scale: float | None, opset: int
+    dtype: str,
+    mask: str | None,
+    is_causal: bool,
+    scale: float | None,
+    opset: int,
+    heads: tuple[int, int] | None = None,
 ):
     with needs("the onnx-reference target"):
         from onnx.reference import ReferenceEvaluator
-    return ReferenceEvaluator(model(dtype, mask, is_causal, scale, opset))
+    return ReferenceEvaluator(model(dtype, mask, is_causal, scale, opset, heads))
 
 
 def _run_ort(key: tuple, feeds: dict[str, Any]) -> Any:
@@ -194,9 +222,11 @@ def attention(
     enable_gqa: bool = False,
     dropout_p: float = 0.0,
     opset: int = OPSET,
+    packed: bool = False,
 ) -> Any:
     """``F.scaled_dot_product_attention``'s signature over the ONNX ``Attention`` node, run by
-    ``runner`` (``"ort"`` or ``"reference"``)."""
+    ``runner`` (``"ort"`` or ``"reference"``); ``packed``: fed as 3-D inputs, each token's
+    heads side by side (``(B, H, n, E) → (B, n, H·E)``), with the head counts as attributes."""
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {sorted(RUNNERS)}; got {runner!r}")
     if dropout_p:
@@ -213,17 +243,38 @@ def attention(
         )
     dtype = str(query.dtype).removeprefix("torch.")
     kind = None if attn_mask is None else ("float" if attn_mask.is_floating_point() else "bool")
-    feeds = {"Q": _numpy(query), "K": _numpy(key), "V": _numpy(value)}
+    heads = (int(query.shape[1]), int(key.shape[1])) if packed else None
+    q, k, v = (_tokens(x) if packed else x for x in (query, key, value))
+    feeds = {"Q": _numpy(q), "K": _numpy(k), "V": _numpy(v)}
     if attn_mask is not None:
         feeds["attn_mask"] = _numpy(attn_mask)
-    key_ = (dtype, kind, bool(is_causal), None if scale is None else float(scale), opset)
-    return _tensor(RUNNERS[runner](key_, feeds), query.dtype)
+    key_ = (dtype, kind, bool(is_causal), None if scale is None else float(scale), opset, heads)
+    y = _tensor(RUNNERS[runner](key_, feeds), query.dtype)
+    if packed:  # (B, n, H·E_v) back to (B, H, n, E_v)
+        B, n = y.shape[:2]
+        y = y.reshape(B, n, query.shape[1], -1).transpose(1, 2)
+    return y
+
+
+def _tokens(x: Any) -> Any:
+    """``(B, H, n, E)`` as the 3-D ``(B, n, H·E)`` of exported models (heads side by side)."""
+    B, H, n, E = x.shape
+    return x.transpose(1, 2).reshape(B, n, H * E)
 
 
 def ort_attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
                   enable_gqa=False, dropout_p=0.0):  # fmt: skip
     """SDPA's signature over ONNX Runtime's CPU ``Attention`` kernel (opset 23)."""
     return attention("ort", query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p)
+
+
+def ort_attention_packed(query, key, value, attn_mask=None, is_causal=False, scale=None,
+                         enable_gqa=False, dropout_p=0.0):  # fmt: skip
+    """SDPA's signature over ONNX Runtime's ``Attention`` fed as exported models feed it: 3-D
+    ``(B, n, H·E)`` inputs with ``q_num_heads`` / ``kv_num_heads``."""
+    return attention(
+        "ort", query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p, packed=True
+    )
 
 
 def onnx_reference(query, key, value, attn_mask=None, is_causal=False, scale=None,
@@ -255,7 +306,8 @@ REFERENCE_CLAIMS = (
 
 
 def entries() -> list[Target]:
-    """``ort-attention`` and ``onnx-reference`` (see the module docstring for the claims)."""
+    """``ort-attention``, ``ort-attention-3d`` and ``onnx-reference`` (see the module
+    docstring for the claims)."""
     return [
         Target(
             name="ort-attention",
@@ -270,6 +322,22 @@ def entries() -> list[Target]:
                 refusals=ORT_REFUSALS,
                 known=(NEGATIVE_SCALE, EMPTY_ROW_FLOAT64),
                 isolated=True,  # native code: a crash or a hang fails one case only
+            ),
+        ),
+        Target(
+            name="ort-attention-3d",
+            convention="sdpa",
+            loader=lambda: ort_attention_packed,
+            caps=_caps(NO_GRADS),
+            claim=Claim(block=0),
+            description="ONNX Runtime's CPU Attention kernel with 3-D inputs and "
+            "q_num_heads / kv_num_heads (as exported models call it)",
+            requires=("torch", "onnx", "onnxruntime"),
+            options=Options(
+                claim_by_dtype=ORT_CLAIMS,  # the same kernel, after its own head split
+                refusals=ORT_REFUSALS,
+                known=(NEGATIVE_SCALE, EMPTY_ROW_FLOAT64),
+                isolated=True,
             ),
         ),
         Target(

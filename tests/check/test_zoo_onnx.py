@@ -63,7 +63,7 @@ def causal_shifted(
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("name", ["ort-attention", "onnx-reference"])
+@pytest.mark.parametrize("name", ["ort-attention", "ort-attention-3d", "onnx-reference"])
 def test_each_target_passes_the_smoke_check(name, capsys):
     from exactattn.commands.check import main
 
@@ -102,16 +102,47 @@ def test_a_negative_scale_is_known_upstream_not_refused_in_the_reference():
     assert {v.detail for v in verdicts[:2]} == {onnx_attention.NEGATIVE_SCALE}
 
 
+def heads_packed_last(
+    query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False
+):
+    """3-D inputs with each token's columns head-minor, (B, n, E·H), where ONNX reads H·E."""
+    flat = [x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1) for x in (query, key, value)]
+    unpacked = [
+        x.reshape(x.shape[0], x.shape[1], h, -1).transpose(1, 2)
+        for x, h in zip(flat, (query.shape[1], key.shape[1], value.shape[1]))
+    ]  # read back as ONNX reads them: the columns in the wrong heads
+    return onnx_attention.ort_attention_packed(*unpacked, attn_mask, is_causal, scale, enable_gqa)
+
+
+def _gqa_case(n_q=5, n_k=7):
+    rng = np.random.default_rng(1)
+    q, g = (rng.standard_normal((1, 4, n_q, 4)) for _ in range(2))
+    k, v = (rng.standard_normal((1, 2, n_k, 4)) for _ in range(2))
+    return Case(q, k, v, g, 4, mask=CAUSAL, dtype="float32")
+
+
+def test_the_3d_inputs_compute_what_the_4d_ones_do():
+    """The same kernel after its own head split: the outputs agree to the last bit on GQA."""
+    case = _gqa_case()
+    y = {}
+    for fn in (onnx_attention.ort_attention, onnx_attention.ort_attention_packed):
+        q, k, v = (torch.from_numpy(x).float() for x in (case.q, case.k, case.v))
+        y[fn] = fn(q, k, v, is_causal=True, enable_gqa=True)
+    assert torch.equal(*y.values())
+
+
 @pytest.mark.parametrize(
     ("broken", "case"),
     [
+        (heads_packed_last, _gqa_case()),
         (scale_dropped, _case(scale=2.0)),
         (causal_shifted, _case(mask=CAUSAL)),
         (causal_shifted, _case(mask=CAUSAL, n_q=3, n_k=7)),
     ],
 )
 def test_a_broken_wrapper_is_caught(broken, case):
-    told = [_variant("ort-attention"), _variant("ort-attention", fn=broken)]
+    name = "ort-attention-3d" if broken is heads_packed_last else "ort-attention"
+    told = [_variant(name), _variant(name, fn=broken)]
     found = check_case(case, told, Options())
     assert [f.status for f in found] == ["ok", "fail"], [f.detail for f in found]
 
