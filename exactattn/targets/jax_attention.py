@@ -47,12 +47,14 @@ transpose casts the float32 ``c·γ`` to bfloat16 before the dQ, dK products (th
 ``p`` cast covers γ too). And XLA's CPU runtime flushes subnormals to zero in every
 operation (``tsl::port::ScopedFlushDenormal`` around each execution,
 ``xla/pjrt/cpu/cpu_client.cc``, "to match the default TF ThreadPool behavior"; found as a
-bfloat16 dK = 0 where the exact value is 4.86e-38): ``ftz=bfloat16`` charges each bfloat16
-cast and each float32 accumulation (bfloat16's exponent range) the smallest normal number.
+bfloat16 dK = 0 where the exact value is 4.86e-38, and, by ``exactattn zoo``, a float32 dK
+= 0 where the exact value is 2.6e-37: logits of thousands make ``p`` subnormal, and the
+float32 softmax flushes it): ``ftz=float32+bfloat16`` charges each bfloat16 cast and each
+float32 rounding, in the accumulators and the compute alike, the smallest normal number.
 
 So the claim, for every dtype: scores, statistics and accumulators float32, ``p`` and
 ``dP`` in the input dtype (a cast for bfloat16/float16), one block over all keys (naive
-attention), bfloat16-range flushes (claimed on every device, as this wrapper runs JAX on
+attention), float32 and bfloat16 flushes (claimed on every device, as this wrapper runs JAX on
 its default device: looser than needed where that is a GPU). For float64 the compute
 format is float32: the float64 logits are rounded to float32 before the softmax, and a
 float32 compute bounds the float64 ``P·V`` too (:meth:`Claim.arith` never accumulates
@@ -86,7 +88,12 @@ from ..infra.optional import needs
 from .target import FLOAT_DTYPES, REVERSES, Capabilities, Claim, Options, Target
 
 CLAIM = Claim(
-    scores="float32", stats="float32", acc="float32", block=0, dp="input", ftz="bfloat16"
+    scores="float32",
+    stats="float32",
+    acc="float32",
+    block=0,
+    dp="input",
+    ftz="float32+bfloat16",
 )  # see the module docstring
 KNOWN = ("jax-cpu-fp16-jit", "jax-cpu-bf16-elemental-dot")  # exactattn.testing.known
 REFUSALS = (("ValueError", r"value shape should be"),)  # dot_product_attention, l. 1187

@@ -61,6 +61,8 @@ class Claim:
     ``γ·q`` before the scale ``c`` with subnormals flushed (measured: bf16 dK = 0 where the
     exact value is 2.09e-38, up to ``|c|·2^-126``, on the replay of a 2000-case check).
     A compute format that is the ``ftz`` format flushes every rounding (OpenVINO's bf16).
+    Several formats join by ``+``: ``float32+bfloat16``, a runtime that flushes every float32
+    result and every bfloat16 cast (XLA on the CPU, whose executions run with FTZ set).
     ``dp``: the format the reverse rounds ``dP = G·Vᵀ`` to before γ (``input``: the input's,
     as autodiff through a ``P·V`` product in the input dtype does — JAX's; None: the compute
     format, as FlashAttention-2's kernels keep it).
@@ -109,8 +111,8 @@ class Claim:
                 values[key] = int(value)
             elif key in ("group", "dp") and value == "input":
                 values[key] = value
-            elif key == "ftz" and value == "no":
-                values[key] = None
+            elif key == "ftz":  # no, a format, or formats joined by + (float32+bfloat16)
+                values[key] = None if value == "no" else "+".join(format_names(value))
             else:
                 values[key] = canonical_name(value)
         return cls(**values)
@@ -122,18 +124,19 @@ class Claim:
         and in the reverse ``p`` and ``γ`` — is cast when it is coarser (FlashAttention-2's
         kernels), outputs are in the input format."""
         compute = max((number_format(self.scores), number_format(self.stats)), key=lambda f: f.u)
-        if compute.name == self.ftz and compute.e_min is not None:  # computes in what flushes
+        flushed = self.flushed()
+        if compute.name in flushed and compute.e_min is not None:  # computes in what flushes
             compute = replace(compute, e_min=compute.e_min + compute.p)
 
         def fmt(name: str) -> Format:  # a narrower cast that flushes: μ = the least normal
             f = number_format(name)
-            if f.name == self.ftz and f.e_min is not None and f.p < compute.p:
+            if f.name in flushed and f.e_min is not None and f.p < compute.p:
                 return replace(f, e_min=f.e_min + f.p)
             return f
 
         p = fmt(self.p) if fmt(self.p).u > compute.u else None
         acc = number_format(self.acc)  # a finer accumulator too (fp16 GEMMs summing in fp32)
-        if self.ftz is not None and acc.e_min == number_format(self.ftz).e_min:
+        if any(acc.e_min == number_format(name).e_min for name in flushed):
             acc = replace(acc, e_min=acc.e_min + acc.p)  # its GEMMs' accumulators flush too
         return Arith(
             input=number_format(self.input),
@@ -147,6 +150,10 @@ class Claim:
             dp=None if self.dp is None else number_format(self.dp),
             pv_acc=None if self.pv_acc is None else number_format(self.pv_acc),
         )
+
+    def flushed(self) -> tuple[str, ...]:
+        """The formats whose results ``ftz`` flushes (``float32+bfloat16``: both)."""
+        return tuple(self.ftz.split("+")) if self.ftz else ()
 
     def resolve(self, dtype: str) -> Claim:
         """Every format filled in for inputs of ``dtype`` (unstated ones follow the input)."""

@@ -65,7 +65,7 @@ def test_the_claim_is_naive_float32_softmax_with_dp_and_flushes():
     assert (claim.scores, claim.stats, claim.p, claim.dp, claim.block) == (
         "float32", "float32", "bfloat16", "bfloat16", 0,
     )  # fmt: skip
-    assert claim.ftz == "bfloat16"  # XLA's CPU runtime flushes float32's subnormals
+    assert claim.flushed() == ("float32", "bfloat16")  # XLA's CPU runtime flushes float32's
     wide = targets.claim_for(targets.get("jax-xla"), "float64").arith(8)
     assert wide.compute.name == "float32" and wide.output.name == "float64" and wide.p is None
 
@@ -139,6 +139,19 @@ def test_the_cpu_flush_to_zero_is_claimed_and_needed():
     v = g * np.where(np.arange(n) % 2, -1.0, 1.0)[:, None]
     case = Case(q, 0 * q, v, g, 512, dtype="bfloat16")
     told, untold = _variant(dtype="bfloat16"), _variant(dtype="bfloat16", ftz=None)
+    found = check_case(case, [told, untold], EXACT)
+    assert [f.status for f in found] == ["ok", "fail"], [f.detail for f in found]
+    assert found[1].detail.startswith("dk[") and "(got 0," in found[1].detail
+
+
+def test_the_float32_flush_is_claimed_and_needed():
+    """Found by exactattn zoo (tests/regressions/jax_cpu_float32_flush.json): logits of
+    thousands make p subnormal, the float32 softmax flushes it, and dK = 0 for an exact
+    2.6e-37; a claim flushing only bfloat16 casts and float32 accumulators fails there."""
+    case = Case.from_json(
+        (ROOT / "tests" / "regressions" / "jax_cpu_float32_flush.json").read_text()
+    )
+    told, untold = _variant(dtype="float32"), _variant(dtype="float32", ftz="bfloat16")
     found = check_case(case, [told, untold], EXACT)
     assert [f.status for f in found] == ["ok", "fail"], [f.detail for f in found]
     assert found[1].detail.startswith("dk[") and "(got 0," in found[1].detail
