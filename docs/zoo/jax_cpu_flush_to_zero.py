@@ -1,4 +1,4 @@
-"""XLA's CPU runtime flushes subnormals to zero (modelled: the claim's ftz=bfloat16).
+"""XLA's CPU runtime flushes subnormals to zero (modelled: ftz=float32+bfloat16).
 
 xla/pjrt/cpu/cpu_client.cc wraps each execution in tsl::port::ScopedFlushDenormal "to match
 the default TF ThreadPool behavior": float32 subnormals (below 2^-126, bfloat16's range too)
