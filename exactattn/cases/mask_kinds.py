@@ -86,7 +86,34 @@ class MaskKind:
 
 
 def _align(spec: Spec) -> str:
+    if "sequences" in spec:
+        return "per sequence"
     return spec.get("align", "top-left")
+
+
+PER_SEQUENCE = ("sequences", "q_lengths")  # a varlen batch's per-sequence fields
+
+
+def _varlen(spec: Spec) -> bool:
+    """Whether the spec is per sequence of a varlen batch (:mod:`.spec`: causal / window
+    aligned within each sequence, query padding)."""
+    return any(name in spec for name in PER_SEQUENCE)
+
+
+def _whole(lowering: Callable[[Spec], Any]) -> Callable[[Spec], Any]:
+    """A lowering that only a mask over the whole ``n_q × n_k`` grid has (None per sequence:
+    only a varlen call expresses that, from the case's lengths)."""
+    return lambda spec: None if _varlen(spec) else lowering(spec)
+
+
+def _per_sequence(build: Callable[[Spec, Any], Any]) -> Callable[[Spec, Any], Any]:
+    """The library mask, or per sequence the dense table of its definition."""
+    return lambda spec, at: _dense_mask(spec, at) if _varlen(spec) else build(spec, at)
+
+
+def _describe_padding(spec: Spec) -> str:
+    queries = f", q_lengths={list(spec['q_lengths'])}" if "q_lengths" in spec else ""
+    return f"padding(lengths={np.asarray(spec['lengths']).tolist()}{queries})"
 
 
 # --- leaves ----------------------------------------------------------------------------------
@@ -201,25 +228,25 @@ MASK_KINDS: dict[str, MaskKind] = {
         MaskKind(
             "causal",
             maskspec.causal,
-            lambda spec, at: masks.causal(_align(spec)),
+            _per_sequence(lambda spec, at: masks.causal(_align(spec))),
             lambda spec: f"causal[{_align(spec)}]",
-            causal=_align,
-            window=lambda spec: (None, 0, _align(spec)),
+            causal=_whole(_align),
+            window=_whole(lambda spec: (None, 0, _align(spec))),
         ),
         MaskKind(
             "window",
             maskspec.window,
-            lambda spec, at: masks.sliding_window(*window(spec)),
+            _per_sequence(lambda spec, at: masks.sliding_window(*window(spec))),
             lambda spec: f"window({spec.get('left')}, {spec.get('right')})[{_align(spec)}]",
-            window=lambda spec: (spec.get("left"), spec.get("right"), _align(spec)),
+            window=_whole(lambda spec: (spec.get("left"), spec.get("right"), _align(spec))),
         ),
         MaskKind(
             "padding",
             maskspec.key_padding,
-            lambda spec, at: masks.key_padding(at.array(spec["lengths"], "int64")),
-            lambda spec: f"padding(lengths={np.asarray(spec['lengths']).tolist()})",
+            _per_sequence(lambda spec, at: masks.key_padding(at.array(spec["lengths"], "int64"))),
+            _describe_padding,
             fill=_fill_padding,
-            key_lengths=lambda spec: spec["lengths"],
+            key_lengths=_whole(lambda spec: spec["lengths"]),
         ),
         MaskKind(
             "dense",
@@ -384,10 +411,29 @@ def key_lengths(spec: Spec) -> Any:
     return None if kind.key_lengths is None else kind.key_lengths(spec)
 
 
+VARLEN_KINDS = ("causal", "window")  # aligned within each sequence in a varlen batch
+
+
 def varlen(template: Spec) -> bool:
-    """Whether a varlen batch expresses the kind: every pair, or key lengths."""
+    """Whether a varlen batch expresses the kind: every pair, key lengths, or a causal /
+    window mask (aligned bottom-right within each sequence, :func:`per_sequence`)."""
     kind = of(template)
-    return kind.every_pair or kind.key_lengths is not None
+    return kind.every_pair or kind.key_lengths is not None or kind.name in VARLEN_KINDS
+
+
+def per_sequence(template: Spec, q_lengths: list[int], k_lengths: list[int], n_q: int) -> Spec:
+    """The mask of a varlen batch of sequences with ``q_lengths`` queries and ``k_lengths``
+    keys: key padding ``j < ℓ^k_b``, query padding ``i < ℓ^q_b`` (left out when every
+    sequence has ``n_q``) and the template's causal / window leaf aligned bottom-right
+    within each sequence (``o_b = ℓ^k_b − ℓ^q_b``, :mod:`.spec`)."""
+    padding: Spec = {"kind": "padding", "lengths": list(k_lengths)}
+    if any(length != n_q for length in q_lengths):
+        padding["q_lengths"] = list(q_lengths)
+    if template["kind"] not in VARLEN_KINDS:
+        return padding
+    leaf = {key: value for key, value in template.items() if key != "align"}
+    leaf["sequences"] = [[lq, lk] for lq, lk in zip(q_lengths, k_lengths, strict=True)]
+    return {"kind": "and", "parts": [padding, leaf]}
 
 
 def program(spec: Spec) -> str | None:

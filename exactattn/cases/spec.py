@@ -10,7 +10,8 @@ from these functions cannot inherit a bug of the code it judges (issue 11 §2).
 * ``{"kind": "window", "left": L, "right": R, "align": A}``: ``i + o − L ≤ j ≤ i + o + R``
   (``None``: that side unbounded);
 * ``{"kind": "padding", "lengths": ℓ}``: ``j < ℓ[b]``, one length per element of the first
-  batch axis (a scalar for no batch axis);
+  batch axis (a scalar for no batch axis); with ``"q_lengths": ℓ^q`` also ``i < ℓ^q[b]``
+  (a varlen batch's query padding: those rows have no allowed key, ``Y = 0``, ``dQ = 0``);
 * ``{"kind": "dense", "allowed": M}``: the boolean table ``M`` broadcast to
   ``(*batch, n_q, n_k)``;
 * ``{"kind": "document", "q_doc": D_q, "k_doc": D_k}``: ``D_q[b, i] = D_k[b, j]`` (document
@@ -30,7 +31,10 @@ everything else a kind means (its library mask, how each calling convention lowe
 
 The alignment offset ``o`` is ``0`` for ``"top-left"`` (torch SDPA's ``is_causal``) and
 ``n_k − n_q`` for ``"bottom-right"`` (flash-attn's), so that there the last query sees the
-last key.
+last key. A causal or window spec with ``"sequences": [[ℓ^q_b, ℓ^k_b], …]`` (one pair per
+element of the first batch axis: a varlen batch) is aligned bottom-right within each
+sequence, ``o_b = ℓ^k_b − ℓ^q_b``, as flash-attn's varlen functions do: query ``i`` of
+sequence ``b`` sees keys ``j ≤ i + ℓ^k_b − ℓ^q_b`` under causal.
 
 **Score modification specs.** An additive bias ``B`` (float64, broadcastable to
 ``(*batch, n_q, n_k)``; ``−∞`` excludes a pair) is data too, ``{"kind": K, ...}``:
@@ -68,8 +72,13 @@ ALIGNMENTS = ("top-left", "bottom-right")
 
 
 # --- masks: each kind's allowed set (the table of kinds: exactattn.cases.mask_kinds) --------
-def offset(spec: dict[str, Any], n_q: int, n_k: int) -> int:
-    """The alignment offset ``o`` of a causal or window spec."""
+def offset(spec: dict[str, Any], n_q: int, n_k: int, batch: tuple[int, ...] = ()) -> Any:
+    """The alignment offset ``o`` of a causal or window spec: an integer, or with
+    ``sequences`` the per-sequence ``o_b = ℓ^k_b − ℓ^q_b`` shaped to broadcast over
+    ``(*batch, rows, n_k)``."""
+    if "sequences" in spec:
+        lengths = np.asarray(spec["sequences"], dtype=np.int64).reshape(-1, 2)
+        return _per_sequence(lengths[:, 1] - lengths[:, 0], batch)
     align = spec.get("align", "top-left")
     if align not in ALIGNMENTS:
         raise ValueError(f"align must be one of {ALIGNMENTS}; got {align!r}")
@@ -119,22 +128,31 @@ def every_pair(spec: dict[str, Any], at: Strip) -> np.ndarray:
 
 def causal(spec: dict[str, Any], at: Strip) -> np.ndarray:
     """``causal``: ``j ≤ i + o``."""
-    return at.j <= at.i + offset(spec, at.n_q, at.n_k)
+    return at.j <= at.i + offset(spec, at.n_q, at.n_k, at.batch)
 
 
 def window(spec: dict[str, Any], at: Strip) -> np.ndarray:
     """``window``: ``i + o − L ≤ j ≤ i + o + R`` (``None``: that side unbounded)."""
-    o = offset(spec, at.n_q, at.n_k)
+    o = offset(spec, at.n_q, at.n_k, at.batch)
     left, right = spec.get("left"), spec.get("right")
     lower = every_pair(spec, at) if left is None else at.j >= at.i + o - left
     return lower if right is None else lower & (at.j <= at.i + o + right)
 
 
 def key_padding(spec: dict[str, Any], at: Strip) -> np.ndarray:
-    """``padding``: ``j < ℓ[b]``, one length per element of the first batch axis."""
-    lengths = np.asarray(spec["lengths"], dtype=np.int64)
-    trailing = (1,) * (len(at.batch) - lengths.ndim)
-    return at.j < lengths.reshape((*lengths.shape, *trailing, 1, 1))
+    """``padding``: ``j < ℓ[b]``, one length per element of the first batch axis; with
+    ``q_lengths`` also ``i < ℓ^q[b]``."""
+    keys = at.j < _per_sequence(np.asarray(spec["lengths"], dtype=np.int64), at.batch)
+    if "q_lengths" not in spec:
+        return keys
+    return keys & (at.i < _per_sequence(np.asarray(spec["q_lengths"], dtype=np.int64), at.batch))
+
+
+def _per_sequence(values: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
+    """Values per element of the first batch axis (or per leading axes, a scalar for none)
+    shaped to broadcast over ``(*batch, rows, n_k)``."""
+    trailing = (1,) * (len(batch) - values.ndim)
+    return values.reshape((*values.shape, *trailing, 1, 1))
 
 
 def dense(spec: dict[str, Any], at: Strip) -> np.ndarray:

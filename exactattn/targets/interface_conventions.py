@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +103,13 @@ def key_lengths(case: Case, B: int) -> tuple[np.ndarray, str | None]:
     n_k."""
     n_k = case.sizes["n_k"]
     if case.seqlens is not None:
-        return np.asarray(case.seqlens, dtype=np.int64), None
+        lengths = np.asarray(case.seqlens, dtype=np.int64)
+        if mask_kinds.key_lengths(case.mask) is None:
+            return lengths, (
+                "the varlen batch has its own query lengths or a causal / window mask per "
+                "sequence: only a varlen call (cu_seqlens_q, cu_seqlens_k) expresses it"
+            )
+        return lengths, None
     lengths = mask_kinds.key_lengths(case.mask)
     if lengths is None:
         return np.full(B, n_k), None
@@ -112,6 +119,49 @@ def key_lengths(case: Case, B: int) -> tuple[np.ndarray, str | None]:
     return lengths.astype(np.int64), None
 
 
+@dataclass(frozen=True)
+class Sequences:
+    """A varlen call's layout of a case: sequence ``b`` has ``q[b]`` queries (the first of
+    its ``n_q`` rows) and ``k[b]`` keys, and ``window`` is flash-attn's ``window_size``
+    aligned bottom-right within each sequence."""
+
+    q: np.ndarray
+    k: np.ndarray
+    window: tuple[int, int]
+
+    @staticmethod
+    def offsets(lengths: np.ndarray) -> np.ndarray:
+        """``cu_seqlens``: ``0, ℓ_0, ℓ_0 + ℓ_1, …``."""
+        return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def sequences(case: Case, B: int) -> Sequences | str:
+    """The case as a varlen call: its varlen batch (``seqlens``, ``q_seqlens``: the mask's
+    causal / window leaf aligned within each sequence, :func:`~exactattn.cases.mask_kinds.
+    per_sequence`), or every sequence ``n_q`` queries, the key lengths and window of
+    :func:`key_lengths` and :func:`window_of`; or the reason it is none."""
+    n_q = case.sizes["n_q"]
+    if case.seqlens is None:
+        lengths, reason = key_lengths(case, B)
+        window = window_of(case)
+        if reason is not None or isinstance(window, str):
+            return reason or window  # type: ignore[return-value]
+        return Sequences(np.full(B, n_q), lengths, window)
+    q = np.asarray(case.q_seqlens or [n_q] * B, dtype=np.int64)
+    left, right = math.inf, math.inf
+    for part in mask_kinds.conjuncts(case.mask):
+        if part["kind"] == "padding":  # the lengths themselves
+            continue
+        whole = {key: value for key, value in part.items() if key != "sequences"}
+        window = mask_kinds.window(whole)
+        if window is None:
+            return "the flash convention expresses causal / sliding-window masks only"
+        left = min(left, math.inf if window[0] is None else window[0])
+        right = min(right, math.inf if window[1] is None else window[1])
+    as_int = lambda x: -1 if x == math.inf else int(x)  # noqa: E731
+    return Sequences(q, np.asarray(case.seqlens, dtype=np.int64), (as_int(left), as_int(right)))
+
+
 def window_of(case: Case) -> tuple[int, int] | str:
     """A mask of key lengths is the lengths (no window); else the flash convention's."""
     if mask_kinds.key_lengths(case.mask) is not None:
@@ -119,8 +169,8 @@ def window_of(case: Case) -> tuple[int, int] | str:
     return flash_window(case)
 
 
-def _flash_kwargs(case: Case, device: str) -> dict[str, Any]:
-    left, right = window_of(case)  # type: ignore[misc]
+def _flash_kwargs(case: Case, device: str, window: tuple[int, int] | None = None):
+    left, right = window or window_of(case)  # type: ignore[misc]
     kwargs: dict[str, Any] = {
         "softmax_scale": case.c(),
         "causal": right == 0 and left == -1,
@@ -160,7 +210,25 @@ class FlashBase(Convention):
 
 
 class FlashVarlen(FlashBase):
+    """flash-attn's varlen call: only each sequence's real queries and keys are packed
+    (``cu_seqlens_q``, ``cu_seqlens_k`` from the lengths of :func:`sequences`); the outputs
+    come back in place and the padded rows get what the case defines for them, rows with no
+    allowed key: ``Y = 0``, ``lse = −∞``, ``dQ = 0`` (the padded keys' ``dK = dV = 0``)."""
+
     name = "flash-varlen"
+
+    def unsupported(self, target, case, device, grads):
+        if case.seqlens is None:
+            return super().unsupported(target, case, device, grads)
+        layout = sequences(case, lift(case.batch)[0])
+        if isinstance(layout, str):
+            return layout
+        if case.bias is not None:
+            return (
+                "flash-attn aligns ALiBi to each sequence's own lengths; the varlen case "
+                "aligns it to n_q, n_k"
+            )
+        return None
 
     def run(self, target, case, held, device, grads):
         import torch
@@ -169,42 +237,44 @@ class FlashVarlen(FlashBase):
         B, H = lift(case.batch)
         n = case.sizes
         bnhd = to_bnhd(held, B)
-        lengths, _ = key_lengths(case, B)
-        packed = {"q": bnhd["q"].reshape((-1, *bnhd["q"].shape[2:]))}
-        for x in "kv":
-            packed[x] = np.concatenate([bnhd[x][b, : lengths[b]] for b in range(B)])
+        bnhd["g"] = four_g(held, B).transpose(0, 2, 1, 3)
+        layout = sequences(case, B)
+        assert not isinstance(layout, str)  # unsupported() said so
+        lengths = {"q": layout.q, "k": layout.k, "v": layout.k, "g": layout.q}
+        packed = {x: np.concatenate([bnhd[x][b, : lengths[x][b]] for b in range(B)]) for x in bnhd}
         views = [tensor(packed[x], case.dtype, device, case.layout, grads) for x in "qkv"]
-        cu_q = torch.arange(B + 1, dtype=torch.int32, device=device) * n["n_q"]
-        cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+        cu = {x: torch.tensor(Sequences.offsets(lengths[x]), dtype=torch.int32) for x in "qk"}
         want_lse = target.caps.lse is True
         result = fn(
             *views,
-            cu_q,
-            cu_k.to(device),
-            n["n_q"],
-            int(lengths.max(initial=0)),
+            cu["q"].to(device),
+            cu["k"].to(device),
+            int(layout.q.max(initial=0)),
+            int(layout.k.max(initial=0)),
             return_attn_probs=want_lse,
-            **_flash_kwargs(case, device),
+            **_flash_kwargs(case, device, layout.window),
         )
         y = result[0] if isinstance(result, (tuple, list)) else result
-        dense_y = to_numpy("y", y, (B * n["n_q"], H, n["v"])).reshape(B, n["n_q"], H, n["v"])
+
+        def unpacked(flat: np.ndarray, x: str, fill: float) -> np.ndarray:
+            """``(total, H, ·)`` back to ``(B, n, H, ·)``, ``fill`` past each length."""
+            back = np.full(bnhd[x].shape[:2] + flat.shape[1:], fill)
+            starts = Sequences.offsets(lengths[x])
+            for b in range(B):
+                back[b, : lengths[x][b]] = flat[starts[b] : starts[b + 1]]
+            return back
+
+        total_q = packed["q"].shape[0]
+        dense_y = unpacked(to_numpy("y", y, (total_q, H, n["v"])), "q", 0.0)
         out = {"y": dense_y.transpose(0, 2, 1, 3).reshape(held["g"].shape), "_dtype": dtype_name(y)}
         if want_lse:
-            lse = to_numpy("lse", result[1], (H, B * n["n_q"])).reshape(H, B, n["n_q"])
-            out["lse"] = lse.transpose(1, 0, 2).reshape(held["g"].shape[:-1])
+            lse = to_numpy("lse", result[1], (H, total_q)).T[..., None]
+            lse = unpacked(lse, "q", -np.inf)[..., 0]  # (B, n_q, H)
+            out["lse"] = lse.transpose(0, 2, 1).reshape(held["g"].shape[:-1])
         if grads:
-            g = four_g(held, B).transpose(0, 2, 1, 3).reshape((-1, H, n["v"])).copy()
-            dq, dk, dv = autograd(y, views, g, case.dtype, device)
-            dense = {"dq": (dq, "q"), "dk": (dk, "k"), "dv": (dv, "v")}
-            for name, (grad, x) in dense.items():
-                flat = to_numpy(name, grad, packed[x].shape)
-                back = np.zeros(bnhd[x].shape)
-                if x == "q":
-                    back[:] = flat.reshape(back.shape)
-                else:
-                    offsets = np.concatenate([[0], np.cumsum(lengths)])
-                    for b in range(B):
-                        back[b, : lengths[b]] = flat[offsets[b] : offsets[b + 1]]
+            dq, dk, dv = autograd(y, views, packed["g"].copy(), case.dtype, device)
+            for name, grad, x in (("dq", dq, "q"), ("dk", dk, "k"), ("dv", dv, "v")):
+                back = unpacked(to_numpy(name, grad, packed[x].shape), x, 0.0)
                 out[name] = back.transpose(0, 2, 1, 3).reshape(held[x].shape)
         return out
 
