@@ -466,33 +466,89 @@ class Sinks(Convention):
         as_tensor = {"mask": torch.from_numpy(allowed.copy()).to(device)}
         if bias4 is not None:
             as_tensor["bias"] = torch.from_numpy(bias4.copy()).to(getattr(torch, case.dtype))
-        y, lse = fn(
-            *views,
-            sinks=torch.from_numpy(sigma).to(getattr(torch, case.dtype)),
-            **{**keywords, **as_tensor},
-        )
+        sinks = sinks.to(device).requires_grad_(grads)
+        y, lse = fn(*views, sinks=sinks, **{**keywords, **as_tensor})
         y_np = to_numpy("y", y, (B, H, n["n_q"], n["v"]))
         lse_np = to_numpy("lse", lse, (B, H, n["n_q"]))
-        empty = np.isneginf(stats.lse)
+        lse64 = stats.lse.reshape(lse_np.shape)
+        empty = np.isneginf(lse64)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            # y: through the float64 lse (the target's, rounded, would move p_σ by u·|lse|)
-            rescale = 1 + np.exp(sigma[None, :, None] - stats.lse.reshape(lse_np.shape))
-            y_case = np.where(empty[..., None], 0.0, y_np * rescale[..., None])
+            # y: through the float64 lse (the target's, rounded, would move p_σ by u·|lse|);
+            # a row with no key is all sink: Y_σ = 0 is the case's Y = 0 itself
+            rescale = np.where(empty, 1.0, 1 + np.exp(sigma[None, :, None] - lse64))
+            y_case = y_np * rescale[..., None]
             p_sink = np.exp(sigma[None, :, None] - lse_np)  # the target's own lse, judged
-            lse_case = np.where(empty, -np.inf, lse_np + np.log1p(-p_sink))
+            # ... and its lse_σ = σ is the case's −∞ (anything else, NaN included: +∞, a fail)
+            lse_case = np.where(
+                empty,
+                np.where(lse_np == sigma[None, :, None], -np.inf, np.inf),
+                lse_np + np.log1p(-p_sink),
+            )
         radius = _sink_radius(target, case, held, y64, stats, sigma)
         out = {"y": (y_case.reshape(held["g"].shape), radius["y"].reshape(held["g"].shape))}
         out["_dtype"] = dtype_name(y)
         if target.caps.lse is True:
             lse_radius = radius["lse"].reshape(held["g"].shape[:-1])
             out["lse"] = (lse_case.reshape(held["g"].shape[:-1]), lse_radius)
+        if grads:
+            out["_derived"] = {"dsinks": _dsinks(y, sinks, case, held, y64, lse64, sigma, radius)}
         return out
+
+
+def _dsinks(y, sinks, case: Case, held, y64, lse64, sigma, radius) -> tuple[Any, Any, Any]:
+    """The target's ``dσ`` of ``L = Σ G∘Y_σ`` (``sinks`` passed with ``requires_grad``;
+    none: a constant sink, 0), its exact value and the error it is allowed.
+
+    With the sink, row ``i`` of head ``h`` gives the sink the weight ``p_σ = e^{σ_h−m}/(ℓ +
+    e^{σ_h−m}) = 1/(1 + e^{lse_i − σ_h})`` (``lse`` the sink-free one) and the keys ``1 −
+    p_σ``, so ``Y_σ = (1 − p_σ)·Y`` and ``∂Y_σ/∂σ_h = −p_σ·Y_σ``:
+    ``dσ_h = −Σ_{b,i} p_σ·δ_i`` with ``δ_i = G_i·Y_σ,i = (1 − p_σ)·G_i·Y_i``; a row with no
+    key (``lse = −∞``: ``p_σ = 1``, ``Y_σ = 0``) adds 0. The exact value is read from the
+    float64 sink-free pass (``Y``, ``lse``: its error is ~2^-50 of theirs, far below the
+    allowed one).
+
+    The allowed error, to first order, of a kernel holding ``Y_σ`` within ``E^y`` and
+    ``lse_σ`` within ``E^l`` (the sink run's bounds: the sink-free pass's and the sink's
+    own, :func:`_sink_radius`, damped by ``1 − p_σ``), forming ``δ``
+    and ``p_σ`` in unit roundoff ``u`` and summing ``N = B·n_q`` terms, its result rounded
+    to the sink's format (``u_o``): ``Σ_i p_σ,i·(Σ_c |G_ic|·E^y_ic + (e^{E^l_i} − 1 + (v +
+    N + 3)·u)·Σ_c |G_ic·Y_σ,ic|) + u_o·|dσ_h| + μ_o`` (``μ_o`` half the format's subnormal
+    spacing: a tiny ``dσ`` underflows), charged twice (the second-order terms)."""
+    import torch
+
+    from ..backends.formats import number_format
+
+    grad = None
+    upstream = torch.from_numpy(four_g(held, lse64.shape[0]).copy()).to(y.dtype)
+    if sinks.requires_grad and y.requires_grad:
+        (grad,) = torch.autograd.grad(y, [sinks], upstream.to(y.device), allow_unused=True)
+    got = np.zeros(sigma.shape) if grad is None else to_numpy("dsinks", grad, sigma.shape)
+    g = upstream.double().numpy()  # G as the target received it
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = np.where(np.isneginf(lse64), 1.0, 1 / (1 + np.exp(lse64 - sigma[None, :, None])))
+    y_sigma = (1 - p)[..., None] * y64.reshape(g.shape)
+    exact = -(p * np.sum(g * y_sigma, axis=-1)).sum(axis=(0, 2))
+    grow = np.where(np.isneginf(lse64), 1.0, 1 / (1 - p))  # the radii are on the case's scale
+    # the sink run's bounds: the sink-free ones damped by 1 − p_σ, plus the sink's own
+    e_y = (radius["free_y"].reshape(g.shape) + radius["y"].reshape(g.shape)) / grow[..., None]
+    e_l = (radius["free_lse"].reshape(lse64.shape) + radius["lse"].reshape(lse64.shape)) * (1 - p)
+    u = radius["u"]
+    terms = np.abs(g * y_sigma).sum(axis=-1)
+    N = lse64.shape[0] * lse64.shape[2]
+    allowed = (
+        p * (np.sum(np.abs(g) * e_y, axis=-1) + (np.expm1(e_l) + (g.shape[-1] + N + 3) * u) * terms)
+    ).sum(axis=(0, 2))
+    out_format = number_format(case.dtype)
+    allowed = 2 * (allowed + out_format.u * np.abs(exact) + out_format.mu)
+    return got, exact, allowed
 
 
 def _sink_radius(target: Any, case: Case, held, y64, stats, sigma) -> dict[str, np.ndarray]:
     """:func:`exactattn.error.bounds.sink_bounds` of the target's stated claim on the case (its
     compute format; ``steps``: the claimed key blocks + 1; the sink-free pass's lse bound,
-    :func:`exactattn.error.bounds.bounds` in the claimed arithmetic), on the case's scale."""
+    :func:`exactattn.error.bounds.bounds` in the claimed arithmetic), on the case's scale;
+    and for :func:`_dsinks` that pass's bounds ``free_y``, ``free_lse`` and the claim's
+    compute unit roundoff ``u``."""
     from ..error.bounds import bounds, sink_bounds
 
     claim, n_k = target.claim.resolve(case.dtype), case.sizes["n_k"]
@@ -504,11 +560,11 @@ def _sink_radius(target: Any, case: Case, held, y64, stats, sigma) -> dict[str, 
         arith, held["q"], held["k"], held["v"], None,
         scale=case.scale, allowed=case.allowed(), bias=held.get("bias"), softcap=case.softcap,
         enable_gqa=case.group > 1,
-    )["lse"]  # fmt: skip
+    )  # fmt: skip
     lse = np.asarray(stats.lse, dtype=np.float64)
     bound = sink_bounds(
         y64, lse, sigma, u, steps=max(1, blocks) + 1, m=stats.m,
-        lse_error=free.reshape(lse.shape),
+        lse_error=free["lse"].reshape(lse.shape),
     )  # fmt: skip
     empty = np.isneginf(lse)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -516,4 +572,8 @@ def _sink_radius(target: Any, case: Case, held, y64, stats, sigma) -> dict[str, 
     return {
         "y": np.where(empty[..., None], 0.0, bound["y"] * grow[..., None]),
         "lse": np.where(empty, 0.0, bound["lse"] * grow),
+        # for dsinks (_dsinks): the sink-free bounds and the claim's compute unit roundoff
+        "free_y": free["y"],
+        "free_lse": free["lse"],
+        "u": u,
     }

@@ -6,7 +6,9 @@ the exact value is (``lse`` is ``−∞`` exactly on rows with no allowed key), 
 arithmetic (:func:`exactattn.testing.tolerance.bounds`); float outputs are measured against
 the reference's double-double midpoint, finer-than-float64 ones in mpmath. Ball outputs
 (flint) pass when ``|mid − ref| ≤ rad + rad_ref``: the ball must enclose the exact value.
-A non-finite
+Outputs beyond the reference's (``_derived``: a sink's ``dσ``) come with the exact value
+and the allowed error their convention derives, and pass when ``|out − exact| ≤ allowed``
+(NaN fails). A non-finite
 output is *refused* (acceptable) only when the case's magnitudes reach the claimed
 formats' range.
 
@@ -163,7 +165,27 @@ def judge(
                 f"(got {float(got):.9g}, certified {float(near[at]):.9g} "
                 f"± {float(ref.rad[name][at]):.2g})",
             )
+    for name, (out, exact, limit) in outputs.get("_derived", {}).items():
+        failed = _judge_derived(name, np.asarray(out, dtype=np.float64), exact, limit)
+        if failed:
+            return _fail(finding, failed)
     return finding
+
+
+def _judge_derived(name: str, out: np.ndarray, exact: np.ndarray, limit: np.ndarray) -> str:
+    """Why an output a convention derives its exact value for (a sink's ``dσ``) fails
+    ``|out − exact| ≤ limit`` ("" when it passes; NaN fails)."""
+    if out.shape != exact.shape:
+        return f"{name} has shape {out.shape}; expected {exact.shape}"
+    diff = np.abs(out - exact)
+    bad = ~(diff <= limit * (1 + 2.0**-52))
+    if not bad.any():
+        return ""
+    at = tuple(int(i) for i in np.argwhere(bad)[0])
+    return (
+        f"{name}{list(at)}: |error| {diff[at]:.3e} > allowed {limit[at]:.3e} "
+        f"(got {out[at]:.9g}, exact {exact[at]:.9g})"
+    )
 
 
 def certain(near: np.ndarray, rad: np.ndarray) -> np.ndarray:

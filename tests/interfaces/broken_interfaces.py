@@ -112,3 +112,49 @@ def sink_in_numerator(q, k, v, *, sinks, **kw):
     y, lse = et.attention_with_lse(q, k, v, sinks=sinks, **kw)
     p_sink = torch.exp(sinks[None, :, None].to(lse.dtype) - lse)
     return y + p_sink[..., None].to(y.dtype), lse
+
+
+def sink_gradient_without_minus(q, k, v, *, sinks, **kw):
+    """Attention with sinks whose ``dσ`` is ``+Σ p_σ δ`` (the minus sign dropped)."""
+    return _with_sink_gradient(q, k, v, sinks, kw, lambda p_sink, lse: p_sink)
+
+
+def sink_gradient_without_sink_in_l(q, k, v, *, sinks, **kw):
+    """Attention with sinks whose ``dσ`` weighs each row by ``e^{σ−m}/ℓ``: the row's sum
+    without the sink's own term (the sink-free lse)."""
+
+    def weight(p_sink, lse):
+        return -p_sink / (1 - p_sink)
+
+    return _with_sink_gradient(q, k, v, sinks, kw, weight)
+
+
+def sink_nan_on_empty_rows(q, k, v, *, sinks, **kw):
+    """Attention with sinks whose rows with no allowed key are NaN (``0/0``: the sink left
+    out of the row's normaliser where no key is)."""
+    y, lse = et.attention_with_lse(q, k, v, sinks=sinks, **kw)
+    empty = ~kw["mask"].any(-1)
+    return y.masked_fill(empty[..., None], float("nan")), lse
+
+
+class _SinkGradient(torch.autograd.Function):
+    """``y`` unchanged forward; backward ``dσ_h = Σ_{b,i} w_i·δ_i`` with ``w`` the given
+    weights (the exact one: ``w = −p_σ``), ``δ_i = G_i·y_i``."""
+
+    @staticmethod
+    def forward(ctx, y, sinks, weight):
+        ctx.save_for_backward(y, weight)
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        y, weight = ctx.saved_tensors
+        delta = (grad_y.float() * y.float()).sum(-1)
+        return grad_y, (weight * delta).sum((0, 2)), None
+
+
+def _with_sink_gradient(q, k, v, sinks, kw, weight_of):
+    y, lse = et.attention_with_lse(q, k, v, sinks=sinks.detach(), **kw)
+    p_sink = torch.exp(sinks.detach()[None, :, None].float() - lse.float())
+    y = _SinkGradient.apply(y, sinks, weight_of(p_sink, lse).float())
+    return y, lse

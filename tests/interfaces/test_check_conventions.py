@@ -36,6 +36,9 @@ BROKEN = {  # name -> (convention, supports, what the counterexample names)
     "combine_without_max": ("fa4-combine", MERGE, ""),
     "flashinfer_natural_lse": ("flashinfer-merge", MERGE, ""),
     "sink_in_numerator": ("exactattn-sinks", MERGE, "y"),
+    "sink_gradient_without_minus": ("exactattn-sinks", MERGE, "dsinks"),
+    "sink_gradient_without_sink_in_l": ("exactattn-sinks", MERGE, "dsinks"),
+    "sink_nan_on_empty_rows": ("exactattn-sinks", MERGE, "y"),
 }
 
 
@@ -62,7 +65,13 @@ def test_exactattn_passes(convention):
 
 # planted bugs the draws missed before varlen batches had their own query lengths, causal /
 # window masks per sequence, and the sink convention judged dsinks and rows with no key
-DEFAULT_PROFILE = ("varlen_equal_q_lengths", "varlen_causal_top_left")
+DEFAULT_PROFILE = (
+    "varlen_equal_q_lengths",
+    "varlen_causal_top_left",
+    "sink_gradient_without_minus",
+    "sink_gradient_without_sink_in_l",
+    "sink_nan_on_empty_rows",
+)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
