@@ -57,8 +57,11 @@ class Draw:
 
     The interface fields (:mod:`exactattn.cases.interface_fields`; None: absent): ``seqlens`` the
     key length of each sequence, ``q_seqlens`` the query length of each (None: ``n_q``
-    each; the mask becomes the varlen batch's,
-    :func:`exactattn.cases.mask_kinds.per_sequence`), ``splits`` the split-KV
+    each); the mask becomes the varlen batch's,
+    :func:`exactattn.cases.mask_kinds.per_sequence`: key padding, the ``query_padding``
+    kind, causal / window per sequence. The case keeps no ``q_seqlens`` of its own: its
+    mask's ``query_padding`` is the one source (:attr:`Case.q_seqlens` reads it back).
+    ``splits`` the split-KV
     boundaries, ``pages`` the paged cache ``{"size", "pool", "table", "shared"}`` (drawn
     whole, the case's schema; shared pages make the sequences' first keys equal), ``sinks``
     each query head's sink offset.
@@ -144,7 +147,6 @@ class Case:
     score_mod: str | None = None  # a user's score_mod(score, b, h, q_idx, kv_idx)
     # the interface fields (exactattn.cases.interface_fields; None: absent)
     seqlens: list[int] | None = None  # key length per sequence (the mask is the varlen batch's)
-    q_seqlens: list[int] | None = None  # query length per sequence (None: n_q each)
     splits: list[int] | None = None  # split-KV key boundaries 0 = e_0 <= ... <= e_S = n_k
     pages: dict[str, Any] | None = None  # {"size", "pool", "table", "shared"}
     sinks: list[float] | None = None  # per query head: sigma_h - min_{b,i} lse_{b,h,i}
@@ -155,6 +157,13 @@ class Case:
     @property
     def batch(self) -> tuple[int, ...]:
         return tuple(self.q.shape[:-2])
+
+    @property
+    def q_seqlens(self) -> list[int] | None:
+        """The query length of each sequence: the mask's ``query_padding`` lengths (None: no
+        query padding, ``n_q`` each), the one place they are kept."""
+        lengths = mask_kinds.conjunct_query_lengths(self.mask)
+        return None if lengths is None else np.asarray(lengths).tolist()
 
     @property
     def group(self) -> int:
@@ -289,7 +298,6 @@ class Case:
             "empty rows -> 0" if self.empty_rows == "zero" else "",
             "n_q != n_k" if n["n_q"] != n["n_k"] else "",
             f"seqlens {self.seqlens}" if self.seqlens is not None else "",
-            f"q seqlens {self.q_seqlens}" if self.q_seqlens is not None else "",
             f"splits {self.splits}" if self.splits is not None else "",
             _describe_pages(self.pages),
             f"sink offsets {self.sinks}" if self.sinks is not None else "",
@@ -406,7 +414,6 @@ def build_case(draw: Draw) -> Case:
         score=score,
         score_mod=draw.score_mod,
         seqlens=None if draw.seqlens is None else list(draw.seqlens),
-        q_seqlens=None if draw.q_seqlens is None else list(draw.q_seqlens),
         splits=None if draw.splits is None else list(draw.splits),
         pages=draw.pages,
         sinks=None if draw.sinks is None else list(draw.sinks),

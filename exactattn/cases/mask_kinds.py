@@ -11,7 +11,9 @@ A mask spec (:mod:`.spec`) is ``{"kind": K, ...}``; its entry (a :class:`MaskKin
 * how the calling conventions lower it: every kind is a boolean mask (its allowed set);
   ``causal`` the alignment of a causal mask (SDPA's ``is_causal``, xformers' triangular
   masks), ``window`` flash-attn's ``window_size`` as ``(left, right, align)``, ``key_lengths``
-  the per-sequence key lengths of a varlen batch or a KV cache, ``program`` the user's
+  the per-sequence key lengths of a varlen batch or a KV cache, ``query_lengths`` the
+  per-sequence query lengths of a ragged batch of queries (JAX's ``query_seq_lengths``),
+  ``program`` the user's
   program a FlexAttention target runs as itself. None where the kind is not that: a
   convention that takes masks only in that form skips the case, saying why.
 
@@ -79,6 +81,7 @@ class MaskKind:
     causal: Callable[[Spec], str] | None = None
     window: Callable[[Spec], Window] | None = None
     key_lengths: Callable[[Spec], Any] | None = None
+    query_lengths: Callable[[Spec], Any] | None = None
     program: Callable[[Spec], str] | None = None
     every_pair: bool = False
     parts: bool = False
@@ -86,18 +89,15 @@ class MaskKind:
 
 
 def _align(spec: Spec) -> str:
-    if "sequences" in spec:
+    if "offsets" in spec:
         return "per sequence"
     return spec.get("align", "top-left")
 
 
-PER_SEQUENCE = ("sequences", "q_lengths")  # a varlen batch's per-sequence fields
-
-
 def _varlen(spec: Spec) -> bool:
     """Whether the spec is per sequence of a varlen batch (:mod:`.spec`: causal / window
-    aligned within each sequence, query padding)."""
-    return any(name in spec for name in PER_SEQUENCE)
+    aligned within each sequence by its ``offsets``)."""
+    return "offsets" in spec
 
 
 def _whole(lowering: Callable[[Spec], Any]) -> Callable[[Spec], Any]:
@@ -111,17 +111,22 @@ def _per_sequence(build: Callable[[Spec, Any], Any]) -> Callable[[Spec, Any], An
     return lambda spec, at: _dense_mask(spec, at) if _varlen(spec) else build(spec, at)
 
 
-def _describe_padding(spec: Spec) -> str:
-    queries = f", q_lengths={list(spec['q_lengths'])}" if "q_lengths" in spec else ""
-    return f"padding(lengths={np.asarray(spec['lengths']).tolist()}{queries})"
-
-
 # --- leaves ----------------------------------------------------------------------------------
 def _fill_padding(template: Spec, rng: np.random.Generator, batch, n_q: int, n_k: int) -> Spec:
     """One length in ``1..n_k`` per element of the first batch axis."""
     spec = dict(template)
     if "lengths" not in spec:
         spec["lengths"] = np.asarray(rng.integers(1, n_k + 1, size=batch[:1])).tolist()
+    return spec
+
+
+def _fill_query_padding(
+    template: Spec, rng: np.random.Generator, batch, n_q: int, n_k: int
+) -> Spec:
+    """One length in ``0..n_q`` per element of the first batch axis (0: every row padding)."""
+    spec = dict(template)
+    if "lengths" not in spec:
+        spec["lengths"] = np.asarray(rng.integers(0, n_q + 1, size=batch[:1])).tolist()
     return spec
 
 
@@ -243,10 +248,18 @@ MASK_KINDS: dict[str, MaskKind] = {
         MaskKind(
             "padding",
             maskspec.key_padding,
-            _per_sequence(lambda spec, at: masks.key_padding(at.array(spec["lengths"], "int64"))),
-            _describe_padding,
+            lambda spec, at: masks.key_padding(at.array(spec["lengths"], "int64")),
+            lambda spec: f"padding(lengths={np.asarray(spec['lengths']).tolist()})",
             fill=_fill_padding,
-            key_lengths=_whole(lambda spec: spec["lengths"]),
+            key_lengths=lambda spec: spec["lengths"],
+        ),
+        MaskKind(
+            "query_padding",
+            maskspec.query_padding,
+            _dense_mask,
+            lambda spec: f"query_padding(lengths={np.asarray(spec['lengths']).tolist()})",
+            fill=_fill_query_padding,
+            query_lengths=lambda spec: spec["lengths"],
         ),
         MaskKind(
             "dense",
@@ -411,6 +424,20 @@ def key_lengths(spec: Spec) -> Any:
     return None if kind.key_lengths is None else kind.key_lengths(spec)
 
 
+def query_lengths(spec: Spec) -> Any:
+    """The mask as one query length per sequence (None: it is no query padding)."""
+    kind = of(spec)
+    return None if kind.query_lengths is None else kind.query_lengths(spec)
+
+
+def conjunct_query_lengths(spec: Spec) -> Any:
+    """The query lengths of the mask's ``query_padding`` conjunct (None: it has none): a
+    varlen batch's (:func:`per_sequence`) or a ragged batch's query lengths, read from the
+    mask, which is where they live."""
+    found = [query_lengths(part) for part in conjuncts(spec) if query_lengths(part) is not None]
+    return found[0] if found else None
+
+
 VARLEN_KINDS = ("causal", "window")  # aligned within each sequence in a varlen batch
 
 
@@ -423,17 +450,20 @@ def varlen(template: Spec) -> bool:
 
 def per_sequence(template: Spec, q_lengths: list[int], k_lengths: list[int], n_q: int) -> Spec:
     """The mask of a varlen batch of sequences with ``q_lengths`` queries and ``k_lengths``
-    keys: key padding ``j < ℓ^k_b``, query padding ``i < ℓ^q_b`` (left out when every
-    sequence has ``n_q``) and the template's causal / window leaf aligned bottom-right
-    within each sequence (``o_b = ℓ^k_b − ℓ^q_b``, :mod:`.spec`)."""
-    padding: Spec = {"kind": "padding", "lengths": list(k_lengths)}
+    keys: key padding ``j < ℓ^k_b``, the ``query_padding`` kind ``i < ℓ^q_b`` (its rows have
+    no allowed key: ``Y = 0``, ``dQ = 0``; left out when every sequence has ``n_q``) and the
+    template's causal / window leaf aligned bottom-right within each sequence (``"offsets"``
+    ``o_b = ℓ^k_b − ℓ^q_b``, :mod:`.spec`). The lengths live in the two padding parts only
+    (:func:`conjunct_query_lengths` reads the query lengths back); the leaf holds the
+    offsets, which the lengths determine."""
+    parts: list[Spec] = [{"kind": "padding", "lengths": list(k_lengths)}]
     if any(length != n_q for length in q_lengths):
-        padding["q_lengths"] = list(q_lengths)
-    if template["kind"] not in VARLEN_KINDS:
-        return padding
-    leaf = {key: value for key, value in template.items() if key != "align"}
-    leaf["sequences"] = [[lq, lk] for lq, lk in zip(q_lengths, k_lengths, strict=True)]
-    return {"kind": "and", "parts": [padding, leaf]}
+        parts.append({"kind": "query_padding", "lengths": list(q_lengths)})
+    if template["kind"] in VARLEN_KINDS:
+        leaf = {key: value for key, value in template.items() if key != "align"}
+        leaf["offsets"] = [lk - lq for lq, lk in zip(q_lengths, k_lengths, strict=True)]
+        parts.append(leaf)
+    return parts[0] if len(parts) == 1 else {"kind": "and", "parts": parts}
 
 
 def program(spec: Spec) -> str | None:

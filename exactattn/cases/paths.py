@@ -20,7 +20,11 @@ path               share  the case
 
 and, across paths, grouped heads in a quarter of the cases with two or more heads (GQA; MQA
 when the group is every head), dropout in a tenth (when some target replays exactattn's
-keep-bits), an explicit scale in a seventh (negative ones included).
+keep-bits), an explicit scale in a seventh (negative ones included). Where some target takes ragged
+query batches (``ragged``: JAX's ``query_seq_lengths``), a third of the cases with a batch
+axis and no ``seqlens`` pad their queries too: the mask is ``and(mask, query_padding)``
+with one query length per sequence drawn as a key length is (:func:`_length`), drawn
+last, so that every other draw keeps its seed.
 
 **Sizes aimed at the key-block size** ``b`` a target claims (the ``blocks`` given; without a
 claim, :data:`COMMON_BLOCKS`): ``n_k`` is small (≤ 64) in 28% of cases, ``b − 1, b, b + 1``
@@ -86,6 +90,7 @@ LOGITS = (10.0, 20.0)
 INPUTS = {"normal": 63, "outliers": 7, "tiny": 10, "logits": 10, "uniform_int": 10}
 # float16's normal range ends at 6.1e-5: its tiny cases are ill-conditioned (labelled), rare
 INPUTS_FLOAT16 = INPUTS | {"normal": 71, "tiny": 2}
+RAGGED_SHARE = 33  # percent of cases (with a batch axis) that pad their queries, when asked
 UNDERFLOWS = ("float16", None)  # None: a case run in every dtype (float16 among them)
 FLOAT64_MAX_N = 192  # float64 targets need the arb reference: their cases stay this small
 LARGE_DIMS = 64
@@ -132,13 +137,16 @@ def check_draws(
     dropout: bool = False,
     modify: bool = False,
     interface: bool = False,
+    ragged: bool = False,
 ) -> Draw:
     """A check case (see the module docstring): ``blocks`` the key-block sizes the targets
     claim, ``max_n`` the size cap, ``budget`` the largest ``B·H·n_q·n_k``, ``max_d`` a cap
     on the head dims (None: the field's), ``dropout`` / ``modify`` whether some target
     replays exactattn's keep-bits / takes a bias or a soft-cap; ``interface``: some target
     is called through an interface convention, so the case also draws the interface fields
-    (:func:`interface_fields`, drawn last: the other draws keep their seeds)."""
+    (:func:`interface_fields`, drawn last: the other draws keep their seeds); ``ragged``:
+    some target takes per-sequence query lengths, so a share of cases pads its queries
+    (see the module docstring; drawn after everything else)."""
     dtype = draw(st.sampled_from(dtypes)) if dtypes else None
     cap = min(max_n, FLOAT64_MAX_N) if dtype == "float64" else max_n
     path = _weighted(draw, PATHS)
@@ -174,6 +182,9 @@ def check_draws(
     layout = draw(st.sampled_from(layouts))  # the draws above keep their order: seeds replay
     fields = draw(interface_fields(batch, n_q, n_k, b, mask, budget)) if interface else {}
     batch = fields.pop("batch", batch)  # a varlen batch draws its own number of sequences
+    if ragged and batch and "seqlens" not in fields and _percent(draw, RAGGED_SHARE):
+        lengths = [_length(draw, n_q, b) for _ in range(batch[0])]
+        mask = {"kind": "and", "parts": [mask, {"kind": "query_padding", "lengths": lengths}]}
     return Draw(
         batch=batch,
         n_q=n_q,
@@ -341,8 +352,9 @@ def interface_fields(
     :func:`.mask_kinds.varlen`): 1 to :data:`MAX_SEQUENCES` sequences (the batch's first
     dim redrawn while ``B·H·n_q·n_k`` stays within a quarter of the ``budget``), each with
     its own key length (``seqlens``) and, in :data:`Q_UNEVEN` percent of the batches, its own
-    query length (``q_seqlens``): zero-length sequences on either side and ``ℓ^q_b > ℓ^k_b``
-    included (:func:`_length`)."""
+    query length (``q_seqlens``, which the case turns into its mask's ``query_padding``,
+    :func:`.mask_kinds.per_sequence`): zero-length sequences on either side and
+    ``ℓ^q_b > ℓ^k_b`` included (:func:`_length`)."""
     heads = batch[-1] if len(batch) == 2 else 1
     B = batch[0] if batch else 1
     out: dict[str, Any] = {}
@@ -362,8 +374,9 @@ def interface_fields(
 
 
 def _length(draw: st.DrawFn, n: int, b: int) -> int:
-    """A sequence's length of at most ``n`` (keys or queries): 0 (a zero-length
-    sequence) in a fifth, ``n`` in a fifth, ``b − 1, b, b + 1`` in a fifth, else uniform."""
+    """A sequence's length of at most ``n`` (its keys out of ``n_k``, or its queries out of
+    ``n_q``): 0 (a zero-length sequence) in a fifth, ``n`` in a fifth, ``b − 1, b, b + 1`` in
+    a fifth, else uniform."""
     kind = _weighted(draw, {"zero": 20, "full": 20, "edge": 20, "any": 40})
     if kind == "zero":
         return 0

@@ -71,10 +71,12 @@ class Arith:
       (it bounds every ``b``); naive attention is any ``b ≥ n_k``;
     * ``funcs`` — exp, log and tanh err by at most ``funcs·u`` relative (4: NumPy's float32
       SIMD exp and log reach 3.6u and 4.0u; torch's 1.6u; correctly rounded is 1);
-    * ``quant_rel``, ``quant_abs`` — a quantisation of the inputs before they are held in
-      ``input`` (with ``input_rounding``): ``|x̂ − x| ≤ quant_rel·|x| + quant_abs`` per entry
-      (a block-scaled minifloat: its ``u`` and the largest block's ``s·μ``; an integer
-      format: ``s/2``; :mod:`exactattn.backends.quantize`);
+    * ``quant_rel``, ``quant_abs`` — a quantisation of the inputs, before they are held in
+      ``input`` (with ``input_rounding``) or by the implementation itself (a kernel that
+      quantises what it is given: :attr:`exactattn.targets.Options.quantisation`):
+      ``|x̂ − x| ≤ quant_rel·|x| + quant_abs`` per entry (a block-scaled minifloat: its ``u``
+      and the largest block's ``s·μ``; an integer format: ``s/2``;
+      :mod:`exactattn.backends.quantize`), charged whenever stated;
     * ``pv_acc``, ``pv_chunk`` — the accumulator of the ``p·V`` product when it is not
       ``acc`` (an FP8 MMA's FP22), and the terms it sums before each addition into an
       ``acc`` buffer (two-level accumulation; None: the whole block in ``pv_acc``);
@@ -344,7 +346,7 @@ class Units:
         ua = _lg(arith.acc.u)
         if arith.block is None:  # one key per block bounds every b only if ū_a ≤ ū_c
             ua = max(ua, _lg(c.u))
-        if input_rounding and (arith.quant_rel or arith.quant_abs):  # quantised, then held
+        if arith.quant_rel or arith.quant_abs:  # quantised (then held, or by the kernel)
             mx += arith.quant_abs * math.exp(ux + _lg(arith.quant_rel))
             ux += _lg(arith.quant_rel)
         pv = arith.pv_acc

@@ -152,9 +152,18 @@ def float_mask(case: Case, held: dict[str, np.ndarray], dtype: str, device: str,
 
 # --- conventions ---------------------------------------------------------------------------
 class Convention:
-    """Base: the case's layout in, ``{y, lse?, dq?, dk?, dv?}`` and their dtypes out."""
+    """Base: the case's layout in, ``{y, lse?, dq?, dk?, dv?}`` and their dtypes out.
+
+    ``ragged``: the convention passes per-sequence query lengths (the ``query_padding``
+    mask kind), so the check draws ragged query batches for it
+    (:func:`exactattn.cases.paths.check_draws`). ``expresses``: mask kinds the convention
+    passes through the interface itself (a varlen call's ``cu_seqlens_q`` is the
+    ``query_padding`` of a varlen batch), so the target's ``masks`` capability need not
+    name them; :meth:`unsupported` still says where the case is beyond the interface."""
 
     name = ""
+    ragged = False
+    expresses: tuple[str, ...] = ()
 
     def unsupported(self, target: Any, case: Case, device: str, grads: bool) -> str | None:
         """Why this convention cannot express the case (None: it can)."""
@@ -214,7 +223,7 @@ class Sdpa(Convention):
             out = {"y": to_numpy("y", y, (B, H, n["n_q"], n["v"])), "_dtype": dtype_name(y)}
             if grads:
                 dq, dk, dv = autograd(y, views, four_g(held, B), dtype, device)
-                _grads_out(out, (dq, dk, dv), four, given)
+                grads_out(out, (dq, dk, dv), four, given)
         for name in ("dk", "dv") if expand and grads else ():
             out[name] = group_sum(out[name], case.group)
         out["y"] = out["y"].reshape(held["g"].shape)
@@ -250,7 +259,7 @@ def four_g(held: dict[str, np.ndarray], B: int) -> np.ndarray:
     return held["g"].reshape((B, -1, *held["g"].shape[-2:]))
 
 
-def _grads_out(out: Outputs, grads: Any, four: dict[str, np.ndarray], held: dict) -> None:
+def grads_out(out: Outputs, grads: Any, four: dict[str, np.ndarray], held: dict) -> None:
     for name, grad, x in zip(("dq", "dk", "dv"), grads, "qkv"):
         out[name] = to_numpy(name, grad, four[x].shape).reshape(held[x].shape)
 
@@ -322,7 +331,7 @@ class Hf(Convention):
         if grads:
             g = four_g(held, B).transpose(0, 2, 1, 3).copy()
             grads_ = autograd(y, views, g, dtype, device)
-            _grads_out(out, grads_, four, held)
+            grads_out(out, grads_, four, held)
         return out
 
 
@@ -473,7 +482,7 @@ class Exactattn(Convention):
         out["y"] = out["y"].reshape(held["g"].shape)
         if grads:
             grads_ = autograd(y, views, four_g(held, B), dtype, device)
-            _grads_out(out, grads_, four, held)
+            grads_out(out, grads_, four, held)
             if "bias" in held:
                 dbias = to_numpy("dbias", grads_[3], tuple(views[3].shape))
                 out["dbias"] = dbias.reshape(held["bias"].shape)

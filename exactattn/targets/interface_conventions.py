@@ -136,8 +136,9 @@ class Sequences:
 
 
 def sequences(case: Case, B: int) -> Sequences | str:
-    """The case as a varlen call: its varlen batch (``seqlens``, ``q_seqlens``: the mask's
-    causal / window leaf aligned within each sequence, :func:`~exactattn.cases.mask_kinds.
+    """The case as a varlen call: its varlen batch (``seqlens``; the query lengths of its
+    mask's ``query_padding``, :attr:`~exactattn.cases.Case.q_seqlens`; its causal / window
+    leaf aligned bottom-right within each sequence, :func:`~exactattn.cases.mask_kinds.
     per_sequence`), or every sequence ``n_q`` queries, the key lengths and window of
     :func:`key_lengths` and :func:`window_of`; or the reason it is none."""
     n_q = case.sizes["n_q"]
@@ -148,18 +149,21 @@ def sequences(case: Case, B: int) -> Sequences | str:
             return reason or window  # type: ignore[return-value]
         return Sequences(np.full(B, n_q), lengths, window)
     q = np.asarray(case.q_seqlens or [n_q] * B, dtype=np.int64)
+    k = np.asarray(case.seqlens, dtype=np.int64)
     left, right = math.inf, math.inf
     for part in mask_kinds.conjuncts(case.mask):
-        if part["kind"] == "padding":  # the lengths themselves
+        if part["kind"] in ("padding", "query_padding"):  # the lengths themselves
             continue
-        whole = {key: value for key, value in part.items() if key != "sequences"}
+        if "offsets" in part and not np.array_equal(part["offsets"], k - q):
+            return "the mask's per-sequence offsets are not bottom-right, as a varlen call aligns"
+        whole = {key: value for key, value in part.items() if key != "offsets"}
         window = mask_kinds.window(whole)
         if window is None:
             return "the flash convention expresses causal / sliding-window masks only"
         left = min(left, math.inf if window[0] is None else window[0])
         right = min(right, math.inf if window[1] is None else window[1])
     as_int = lambda x: -1 if x == math.inf else int(x)  # noqa: E731
-    return Sequences(q, np.asarray(case.seqlens, dtype=np.int64), (as_int(left), as_int(right)))
+    return Sequences(q, k, (as_int(left), as_int(right)))
 
 
 def window_of(case: Case) -> tuple[int, int] | str:
@@ -216,6 +220,7 @@ class FlashVarlen(FlashBase):
     allowed key: ``Y = 0``, ``lse = −∞``, ``dQ = 0`` (the padded keys' ``dK = dV = 0``)."""
 
     name = "flash-varlen"
+    expresses = ("query_padding",)  # cu_seqlens_q: the real rows of each sequence
 
     def unsupported(self, target, case, device, grads):
         if case.seqlens is None:
@@ -279,6 +284,18 @@ class FlashVarlen(FlashBase):
         return out
 
 
+def paged(x: np.ndarray, pages: dict[str, Any]) -> np.ndarray:
+    """The keys (or values) ``x`` ``(B, n_k, ·)`` in the paged cache ``pages``
+    (:mod:`exactattn.cases.interface_fields`): ``(pool, size, ·)``, key ``t`` of sequence
+    ``b`` at row ``t mod P`` of page ``table[b][t // P]``; pages no sequence reads are 0."""
+    size, table = pages["size"], np.asarray(pages["table"])
+    cache = np.zeros((pages["pool"], size, *x.shape[2:]))
+    for b in range(x.shape[0]):  # a shared page is written by each sequence with the same keys
+        for t in range(x.shape[1]):
+            cache[table[b, t // size], t % size] = x[b, t]
+    return cache
+
+
 class FlashKvcache(FlashBase):
     name = "flash-kvcache"
 
@@ -314,17 +331,9 @@ class FlashKvcache(FlashBase):
 
 
 def paged_caches(case: Case, bnhd: dict[str, np.ndarray], pages: dict[str, Any], device: str):
-    """The keys and values in the case's paged cache ``(pool, P, H_kv, ·)`` (NHD): key ``t``
-    of sequence ``b`` at row ``t mod P`` of page ``table[b][t // P]``."""
-    size, table = pages["size"], np.asarray(pages["table"])
-    caches = {}
-    for x in "kv":
-        cache = np.zeros((pages["pool"], size, *bnhd[x].shape[2:]))
-        for b in range(table.shape[0]):  # a shared page is written by each sequence alike
-            for t in range(bnhd[x].shape[1]):
-                cache[table[b, t // size], t % size] = bnhd[x][b, t]
-        caches[x] = tensor(cache, case.dtype, device, "contiguous", False)
-    return caches
+    """The keys and values in the case's paged cache ``(pool, P, H_kv, ·)`` (NHD, :func:`paged`)
+    as tensors of the case's dtype on ``device``."""
+    return {x: tensor(paged(bnhd[x], pages), case.dtype, device, "contiguous", False) for x in "kv"}
 
 
 def partials(case: Case, held: dict[str, np.ndarray], edges: list[int]) -> list[tuple[Any, Any]]:

@@ -1,8 +1,9 @@
 """The interface conventions by name: every convention that calls a target through a
 production interface (varlen, KV caches, merges, sinks) rather than a dense call.
 
-:data:`CONVENTIONS` gathers them from their modules (:mod:`.interface_conventions`: flash-attn's,
-FA4's, xformers', the sinks'; :mod:`.flashinfer_conventions`; :mod:`.onnx_conventions`);
+:data:`CONVENTIONS` gathers them from their modules (:mod:`.interface_conventions`:
+flash-attn's, FA4's, xformers', the sinks'; :mod:`.flashinfer_conventions`;
+:mod:`.onnx_conventions`; OpenVINO's paged cache, :mod:`.openvino_paged`);
 ``exactattn check`` draws the case's interface fields for a target run through any of them.
 :data:`FORWARD_ONLY`: those whose outputs have no gradient judged (``q, k, v`` or a sink's).
 """
@@ -17,6 +18,7 @@ from .flashinfer_conventions import (
 )
 from .interface_conventions import Fa4Combine, FlashKvcache, FlashVarlen, Sinks, XformersMerge
 from .onnx_conventions import OnnxKvcache, OrtGqa
+from .openvino_paged import OpenvinoPaged
 
 CONVENTIONS = (
     FlashVarlen(),
@@ -30,6 +32,7 @@ CONVENTIONS = (
     FlashinferPaged(),
     OnnxKvcache(),
     OrtGqa(),
+    OpenvinoPaged(),
 )
 NAMES = tuple(c.name for c in CONVENTIONS)
 # flash_attn_varlen_func has a backward; a sink's dσ is judged (the case's dQ, dK, dV are

@@ -61,14 +61,19 @@ What the claim cannot say is a ``KNOWN-UPSTREAM`` finding (:mod:`exactattn.testi
 float16 under ``jax.jit`` raises on the CPU (``jax-cpu-fp16-jit``), and bfloat16 dots of
 degenerate shapes do not compile there (``jax-cpu-bf16-elemental-dot``).
 
-What the sdpa convention cannot express: JAX's own ``local_window_size``,
-``query_seq_lengths`` and ``key_value_seq_lengths``. The convention sends a sliding window
-or key lengths as a boolean ``attn_mask``, which the xla implementation ANDs exactly as it
-does its own (``_apply_masks``); the native arguments (which the cudnn implementation
-lowers differently, and ``query_seq_lengths`` zeroes padded rows) wait for a convention
-that carries them. A row with no allowed key averages every value (the fill is finite), and
-with a ``−∞`` bias it is NaN: not exactattn's empty-row semantics, so such cases are
-skipped.
+What the sdpa convention cannot express — JAX's own ``local_window_size``,
+``query_seq_lengths`` and ``key_value_seq_lengths`` — the ``jax`` convention
+(:mod:`.jax_convention`) carries: ``jax-xla-native`` and ``jax-cudnn-native`` are the same
+calls with the case's masks lowered to JAX's own arguments (a window as
+``local_window_size``, top-left aligned as JAX aligns it; key lengths; query lengths, whose
+padded rows JAX returns as exactly 0; the rest as ``mask``). The xla implementation ANDs
+them all into one mask (``_apply_masks``), so the arithmetic, and the claim, is
+``jax-xla``'s. The cudnn twin lowers them to cuDNN's mask types and sliding window (l.
+1210–1243: a window only with ``right = 0`` or plain causal, else a ValueError, a refusal);
+its alignment for ``n_q ≠ n_k`` is not checked here (no GPU).
+A row with no allowed key (other than a padded query row of the jax convention) averages
+every value (the fill is finite), and with a ``−∞`` bias it is NaN: not exactattn's
+empty-row semantics, so such cases are skipped.
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ CLAIM = Claim(
 )  # see the module docstring
 KNOWN = ("jax-cpu-fp16-jit", "jax-cpu-bf16-elemental-dot")  # exactattn.testing.known
 REFUSALS = (("ValueError", r"value shape should be"),)  # dot_product_attention, l. 1187
+# cuDNN takes a window only as a left size with right = 0 or plain causal (l. 1231-1237)
+CUDNN_REFUSALS = (("ValueError", r"cuDNN doesn't support right window"),)
 NO_DROPOUT = "jax.nn.dot_product_attention has no dropout"
 EMPTY_ROWS = (
     "a row with no allowed key averages every value (masked logits are -0.7·finfo.max, "
@@ -108,9 +115,23 @@ def cudnn_attention(
     )
 
 
+def xla_native(query, key, value, bias=None, mask=None, **arguments):
+    """``jax.nn.dot_product_attention(..., implementation="xla")`` with JAX's own mask
+    arguments (the ``jax`` convention, :mod:`.jax_convention`)."""
+    return _native("xla", query, key, value, bias, mask, **arguments)
+
+
+def cudnn_native(query, key, value, bias=None, mask=None, **arguments):
+    """``jax.nn.dot_product_attention(..., implementation="cudnn")`` with JAX's own mask
+    arguments (the ``jax`` convention, :mod:`.jax_convention`)."""
+    return _native("cudnn", query, key, value, bias, mask, **arguments)
+
+
 def _attention(
     implementation, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
 ):
+    import torch
+
     if dropout_p:
         raise NotImplementedError(NO_DROPOUT)
     if not enable_gqa and key.shape[-3] != query.shape[-3]:
@@ -118,29 +139,46 @@ def _attention(
             f"query has {query.shape[-3]} heads and key {key.shape[-3]}: "
             "pass enable_gqa=True for grouped-query attention"
         )
+    boolean = attn_mask is None or attn_mask.dtype == torch.bool  # SDPA's float mask: a bias
+    bias, mask = (None, attn_mask) if boolean else (attn_mask, None)
+    return _native(implementation, query, key, value, bias, mask, is_causal=is_causal, scale=scale)
+
+
+def _native(
+    implementation, query, key, value, bias, mask, *, scale=None, is_causal=False,
+    query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
+):  # fmt: skip
+    """JAX's call on torch tensors ``(B, H, n, ·)``: ``bias`` (float) and ``mask`` (boolean,
+    True = attend) ``(B, H, n_q, n_k)``, the lengths int32 ``(B,)``, the window ``(left,
+    right)`` as JAX takes them (JAX checks their shapes and dtypes, naming the argument)."""
+    if local_window_size is not None:
+        local_window_size = tuple(int(x) for x in local_window_size)
     settings = (implementation, bool(is_causal), None if scale is None else float(scale))
-    return _function().apply(query, key, value, attn_mask, settings)
+    extras = (bias, mask, query_seq_lengths, key_value_seq_lengths)
+    return _function().apply(query, key, value, extras, (*settings, local_window_size))
 
 
 @functools.cache
 def _function() -> Any:
     """The ``torch.autograd.Function`` around ``jax.vjp`` (made on first use: torch is
-    optional)."""
+    optional): ``(query, key, value, extras, settings)``, ``extras`` the tensors JAX takes
+    beside them (``bias, mask, query_seq_lengths, key_value_seq_lengths``; None: absent),
+    ``settings`` the static ``(implementation, is_causal, scale, local_window_size)``."""
     import torch
 
     class JaxAttention(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, query, key, value, attn_mask, settings):
+        def forward(ctx, query, key, value, extras, settings):
             jax = _jax()
             dtype = query.dtype
             with _x64(dtype):
                 q, k, v = (_to_jax(t, dtype) for t in (query, key, value))
-                bias, mask = _bias_and_mask(attn_mask, dtype)
+                arrays = _extras(extras, dtype)
                 attend = _jitted(*settings)
                 if any(ctx.needs_input_grad[:3]):
-                    y, ctx.vjp = jax.vjp(lambda q, k, v: attend(q, k, v, bias, mask), q, k, v)
+                    y, ctx.vjp = jax.vjp(lambda q, k, v: attend(q, k, v, *arrays), q, k, v)
                 else:
-                    y = attend(q, k, v, bias, mask)
+                    y = attend(q, k, v, *arrays)
             return _to_torch(y, dtype, query.device)
 
         @staticmethod
@@ -154,15 +192,20 @@ def _function() -> Any:
 
 
 @functools.cache
-def _jitted(implementation: str, is_causal: bool, scale: float | None) -> Any:
-    """The jitted ``(q, k, v, bias, mask) → y`` for these static settings (JAX compiles it
-    once per shape and dtype)."""
+def _jitted(
+    implementation: str, is_causal: bool, scale: float | None,
+    local_window_size: tuple[int, int] | None = None,
+) -> Any:  # fmt: skip
+    """The jitted ``(q, k, v, bias, mask, q_lengths, kv_lengths) → y`` for these static
+    settings (JAX compiles it once per shape and dtype)."""
     jax = _jax()
 
-    def attend(q, k, v, bias, mask):
+    def attend(q, k, v, bias, mask, q_lengths, kv_lengths):
         return jax.nn.dot_product_attention(
-            q, k, v, bias, mask, scale=scale, is_causal=is_causal, implementation=implementation
-        )
+            q, k, v, bias, mask, scale=scale, is_causal=is_causal,
+            query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
+            local_window_size=local_window_size, implementation=implementation,
+        )  # fmt: skip
 
     return jax.jit(attend)
 
@@ -201,19 +244,21 @@ def _to_torch(x: Any, dtype: Any, device: Any) -> Any:
     return torch.from_numpy(y).to(device=device, dtype=dtype)
 
 
-def _bias_and_mask(attn_mask: Any, dtype: Any) -> tuple[Any, Any]:
-    """SDPA's ``attn_mask`` as JAX's ``(bias, mask)``: a boolean one is the mask, a float one
-    the bias in the input dtype (both ``(B, H, n_q, n_k)``, JAX's ``BNTS``)."""
+def _extras(extras: tuple, dtype: Any) -> tuple:
+    """The tensors beside ``q, k, v`` as JAX arrays: the bias in its own float dtype (held
+    through float32, or float64 for float64 inputs), the boolean mask and the integer
+    lengths as they are (JAX's ``BNTS`` for the first two, ``(B,)`` for the lengths)."""
     import torch
 
-    if attn_mask is None:
-        return None, None
     jnp = _jax().numpy
-    if attn_mask.dtype == torch.bool:
-        return None, jnp.asarray(attn_mask.detach().cpu().numpy())
     wide = torch.float64 if dtype == torch.float64 else torch.float32
-    bias = attn_mask.detach().to("cpu", wide).numpy()
-    return jnp.asarray(bias, dtype=_jax_dtype(attn_mask.dtype)), None
+    out = []
+    for t in extras:
+        if t is None or not t.dtype.is_floating_point:
+            out.append(None if t is None else jnp.asarray(t.detach().cpu().numpy()))
+        else:
+            out.append(jnp.asarray(t.detach().to("cpu", wide).numpy(), dtype=_jax_dtype(t.dtype)))
+    return tuple(out)
 
 
 def _jax_dtype(dtype: Any) -> Any:
@@ -229,28 +274,35 @@ def _jax_gpu() -> str | None:
     return None
 
 
-def _target(name: str, implementation: str, description: str) -> Target:
+def _target(name: str, implementation: str, description: str, native: bool = False) -> Target:
+    """A JAX target: the sdpa convention's wrappers, or with ``native`` the ``jax``
+    convention's (JAX's own mask arguments; its rows with no allowed key are the padded
+    query rows, :mod:`.jax_convention`)."""
     cudnn = implementation == "cudnn"
     caps = Capabilities(
         dtypes=("float16", "bfloat16") if cudnn else FLOAT_DTYPES,
         devices=("cuda",) if cudnn else ("cpu", "cuda"),
         dropout=NO_DROPOUT,
-        empty_rows=EMPTY_ROWS,
+        empty_rows=True if native else EMPTY_ROWS,
         bias=True,
-        softcap="the sdpa convention has no soft-cap",
+        softcap=f"the {'jax' if native else 'sdpa'} convention has no soft-cap",
     )
     options = Options(
-        refusals=REFUSALS,
+        refusals=REFUSALS + CUDNN_REFUSALS if cudnn else REFUSALS,
         policy="fa2" if cudnn else None,  # cuDNN flash attention: its blocks are not stated
         reverses=REVERSES if cudnn else (("ml", "rowsum"),),  # xla: autodiff of naive
         check=_jax_gpu if cudnn else None,
         known=() if cudnn else KNOWN,
     )
-    loader = (lambda: cudnn_attention) if cudnn else (lambda: xla_attention)
+    wrappers = {
+        (False, False): xla_attention, (True, False): cudnn_attention,
+        (False, True): xla_native, (True, True): cudnn_native,
+    }  # fmt: skip
+    fn = wrappers[cudnn, native]
     return Target(
         name=name,
-        convention="sdpa",
-        loader=loader,
+        convention="jax" if native else "sdpa",
+        loader=lambda: fn,
         caps=caps,
         claim=Claim() if cudnn else CLAIM,
         description=description,
@@ -262,7 +314,16 @@ def _target(name: str, implementation: str, description: str) -> Target:
 
 def entries() -> list[Target]:
     """The JAX targets."""
+    own = "bias, mask, is_causal, local_window_size, query/key_value_seq_lengths"
     return [
         _target("jax-xla", "xla", 'jax.nn.dot_product_attention(implementation="xla")'),
         _target("jax-cudnn", "cudnn", 'jax.nn.dot_product_attention(implementation="cudnn")'),
-    ]
+        _target(
+            "jax-xla-native", "xla",
+            f'jax.nn.dot_product_attention(implementation="xla") with {own}', native=True,
+        ),
+        _target(
+            "jax-cudnn-native", "cudnn",
+            f'jax.nn.dot_product_attention(implementation="cudnn") with {own}', native=True,
+        ),
+    ]  # fmt: skip

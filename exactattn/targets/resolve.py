@@ -17,8 +17,10 @@ from . import (
     foreign,
     jax_attention,
     onnx_attention,
+    openvino_paged,
     openvino_sdpa,
     ort_kvcache,
+    sageattention_target,
 )
 from .conventions import USER_CONVENTIONS
 from .interface_table import FORWARD_ONLY
@@ -38,8 +40,10 @@ def registry() -> dict[str, Target]:
         *onnx_attention.entries(),
         *ort_kvcache.entries(),
         *openvino_sdpa.entries(),
+        *openvino_paged.entries(),
         *jax_attention.entries(),
         *flashinfer_targets.entries(),
+        *sageattention_target.entries(),
     ]
     return {t.name: t for t in [*builtin.entries(), *foreign.entries(), *zoo]}
 

@@ -24,7 +24,19 @@ from ..backends.formats import Format, canonical_name, format_names, number_form
 from ..error.bounds import Arith
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-CLAIM_FIELDS = ("input", "scores", "stats", "p", "acc", "block", "group", "qsplit", "ftz", "dp")
+CLAIM_FIELDS = (
+    "input",
+    "scores",
+    "stats",
+    "p",
+    "acc",
+    "block",
+    "group",
+    "qsplit",
+    "ftz",
+    "dp",
+    "pv_acc",
+)
 NAIVE_BLOCK = 0  # ``block=0``: one block spanning every key (naive attention)
 
 
@@ -52,6 +64,9 @@ class Claim:
     ``dp``: the format the reverse rounds ``dP = G·Vᵀ`` to before γ (``input``: the input's,
     as autodiff through a ``P·V`` product in the input dtype does — JAX's; None: the compute
     format, as FlashAttention-2's kernels keep it).
+    ``pv_acc``: the format each key block's ``P·V`` is accumulated in, then added to an
+    ``acc`` buffer, when it is not ``acc`` (SageAttention's float16 MMA beside float32 ``m, ℓ``;
+    None: ``acc``).
     ``block=None`` means "not stated": the bound then assumes the worst case,
     one key per block; ``block=0`` is one block over all keys (naive attention).
     """
@@ -66,6 +81,7 @@ class Claim:
     qsplit: int | None = None
     ftz: str | None = None
     dp: str | None = None
+    pv_acc: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Claim:
@@ -129,6 +145,7 @@ class Claim:
             block=block,
             p_normalized=self.block == NAIVE_BLOCK,  # naive attention: P = softmax(S), then P·V
             dp=None if self.dp is None else number_format(self.dp),
+            pv_acc=None if self.pv_acc is None else number_format(self.pv_acc),
         )
 
     def resolve(self, dtype: str) -> Claim:
@@ -256,6 +273,10 @@ class Options:
     there, or None: it depends on the machine), ``claim_probe`` measures the whole claim on
     the CPU (a library whose precision depends on the machine: the claim it returns
     replaces ``claim`` there, and says what it measured),
+    ``quantisation``: a kernel that quantises the inputs it is given (a low-bit kernel such
+    as SageAttention's): ``(inputs, dtype) ↦ (rel, abs)`` with ``|x̂ − x| ≤ rel·|x| + abs``
+    for every entry of the held ``q, k, v`` against what the kernel computes with (charged by
+    the bound as :attr:`exactattn.error.bounds.Arith.quant_rel` / ``quant_abs``),
     ``exact_block``: it runs the case's own block size (the bound uses it), ``reverses``: the
     (frozen statistics, δ) structures its reverse may use, ``enclosure``: its outputs are
     balls that must contain the exact value, ``difftest``: one of the
@@ -290,6 +311,7 @@ class Options:
     block_by_device: tuple[tuple[str, int | None], ...] = ()
     ftz_probe: Callable[[], str | None] | None = None
     claim_probe: Callable[[], Claim] | None = None
+    quantisation: Callable[[dict[str, Any], str], tuple[float, float]] | None = None
     exact_block: bool = False
     reverses: tuple[tuple[str, str], ...] = REVERSES
     enclosure: bool = False

@@ -21,6 +21,7 @@ from . import builtin, isolation
 from .conventions import Api, Convention, Exactattn, Flash, Hf, Sdpa, Xformers
 from .flex_convention import Flex
 from .interface_table import CONVENTIONS as INTERFACES
+from .jax_convention import Jax
 from .resolve import UnknownTarget, get, registry
 from .target import NAIVE_BLOCK, Claim, Target, size_of
 
@@ -30,7 +31,7 @@ OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated", "lowbit")  # contexts 
 @functools.cache
 def conventions() -> dict[str, Convention]:
     """Every calling convention by name."""
-    own = (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex())
+    own = (Api(), Sdpa(), Hf(), Flash(), Exactattn(), Xformers(), Flex(), Jax())
     return {c.name: c for c in (*own, *INTERFACES)}
 
 
@@ -138,7 +139,8 @@ class Variant:
         on top stays within ``ū``). Every other target: its claim (the coarser of the score
         and statistics formats computes, ``p`` — and in the reverse ``p`` and ``γ`` — is
         cast when it is coarser, as FlashAttention-2's kernels do; outputs are in the input
-        format).
+        format); a kernel that quantises its inputs itself (``options.quantisation``) adds
+        that quantisation's error model on ``inputs``.
         """
         options = self.target.options
         if options.backend == "lowbit" and inputs is not None:  # a low-bit scheme's own
@@ -157,7 +159,11 @@ class Variant:
             s = max(tensor_scale(inputs[x], options.quantize) for x in "qkv")
             e_min = base.e_min + math.ceil(math.log2(s)) + 1  # 2^(e_min − p) ≥ 2·s·μ_fp8
             return replace(arith, input=Format(f"{options.quantize}*s", base.p, e_min))
-        return self.claim.arith(block)
+        arith = self.claim.arith(block)
+        if options.quantisation is None or inputs is None:
+            return arith
+        rel, abs_ = options.quantisation(inputs, self.dtype)
+        return replace(arith, quant_rel=rel, quant_abs=abs_)
 
     def grads_unsupported(self) -> str | None:
         caps = self.target.caps
@@ -191,8 +197,9 @@ class Variant:
             return f"sizes above {caps.max_n} (slow number system)"
         if caps.masks is not None:
             kinds = mask_kinds.kinds_named(case.mask)
-            if not kinds <= set(caps.masks) | {"none"}:
-                return f"mask kinds {sorted(kinds - set(caps.masks))} not supported"
+            taken = set(caps.masks) | {"none"} | set(self.convention.expresses)
+            if not kinds <= taken:
+                return f"mask kinds {sorted(kinds - taken)} not supported"
         if self.target.options.triton:
             why = _triton_unsupported(case, self.device)
             if why:

@@ -186,11 +186,12 @@ def _strategy(variants: list[Variant], settings: Settings) -> Any:
     composition strategy, :func:`exactattn.cases.strategies.draws`); else the calling paths
     and sizes aimed at the claimed block sizes (:func:`exactattn.cases.paths.check_draws`);
     dropout when some variant replays our keep-bits, score modifications when some variant
-    takes them."""
+    takes them, ragged query batches when some variant's convention takes query lengths."""
     dtypes = tuple(sorted({v.dtype for v in variants}, key=_dtype_order))
     dropout = any(v.target.caps.dropout is True for v in variants)
     modify = any(True in (v.target.caps.bias, v.target.caps.softcap) for v in variants)
     interface = any(v.target.convention in INTERFACES for v in variants)
+    ragged = any(v.convention.ragged for v in variants)
     if settings.program is not None:
         return strategies.draws(
             max_n=settings.max_n,
@@ -213,6 +214,7 @@ def _strategy(variants: list[Variant], settings: Settings) -> Any:
         dropout=dropout,
         modify=modify,
         interface=interface,
+        ragged=ragged,
     )
 
 
