@@ -500,64 +500,103 @@ class Sinks(Convention):
             lse_radius = radius["lse"].reshape(held["g"].shape[:-1])
             out["lse"] = (lse_case.reshape(held["g"].shape[:-1]), lse_radius)
         if grads:
-            out["_derived"] = {"dsinks": _dsinks(y, sinks, case, held, y64, lse64, sigma, radius)}
+            out["_derived"] = {"dsinks": _dsinks(y, sinks, case, held, sigma, radius)}
         return out
 
 
-def _dsinks(y, sinks, case: Case, held, y64, lse64, sigma, radius) -> tuple[Any, Any, Any]:
+def _dsinks(y, sinks, case: Case, held, sigma, radius) -> tuple[np.ndarray, Any]:
     """The target's ``dσ`` of ``L = Σ G∘Y_σ`` (``sinks`` passed with ``requires_grad``;
-    none: a constant sink, 0), its exact value and the error it is allowed.
-
-    With the sink, row ``i`` of head ``h`` gives the sink the weight ``p_σ = e^{σ_h−m}/(ℓ +
-    e^{σ_h−m}) = 1/(1 + e^{lse_i − σ_h})`` (``lse`` the sink-free one) and the keys ``1 −
-    p_σ``, so ``Y_σ = (1 − p_σ)·Y`` and ``∂Y_σ/∂σ_h = −p_σ·Y_σ``:
-    ``dσ_h = −Σ_{b,i} p_σ·δ_i`` with ``δ_i = G_i·Y_σ,i = (1 − p_σ)·G_i·Y_i``; a row with no
-    key (``lse = −∞``: ``p_σ = 1``, ``Y_σ = 0``) adds 0. The exact value is read from the
-    float64 sink-free pass (``Y``, ``lse``: its error is ~2^-50 of theirs, far below the
-    allowed one).
-
-    The allowed error, to first order, of a kernel holding ``Y_σ`` within ``E^y`` and
-    ``lse_σ`` within ``E^l`` (the sink run's bounds: the sink-free pass's and the sink's
-    own, :func:`_sink_radius`, damped by ``1 − p_σ``), forming ``δ``
-    and ``p_σ`` in unit roundoff ``u`` and summing ``N = B·n_q`` terms, its result rounded
-    to the sink's format (``u_o``): ``Σ_i p_σ,i·(Σ_c |G_ic|·E^y_ic + (e^{E^l_i} − 1 + (v +
-    N + 3)·u)·Σ_c |G_ic·Y_σ,ic|) + u_o·|dσ_h| + μ_o`` (``μ_o`` half the format's subnormal
-    spacing: a tiny ``dσ`` underflows), charged twice (the second-order terms)."""
+    none: a constant sink, 0) and the function of the certified reference that gives its
+    exact value and allowed error (:func:`dsinks_reference`; the judge calls it with the
+    case's :class:`~exactattn.cases.exact.Reference`)."""
     import torch
 
     from ..backends.formats import number_format
 
     grad = None
-    upstream = torch.from_numpy(four_g(held, lse64.shape[0]).copy()).to(y.dtype)
+    B = lift(case.batch)[0]
+    upstream = torch.from_numpy(four_g(held, B).copy()).to(y.dtype)
     if sinks.requires_grad and y.requires_grad:
         (grad,) = torch.autograd.grad(y, [sinks], upstream.to(y.device), allow_unused=True)
     got = np.zeros(sigma.shape) if grad is None else to_numpy("dsinks", grad, sigma.shape)
-    g = upstream.double().numpy()  # G as the target received it
-    with np.errstate(over="ignore", invalid="ignore"):
-        p = np.where(np.isneginf(lse64), 1.0, 1 / (1 + np.exp(lse64 - sigma[None, :, None])))
-    y_sigma = (1 - p)[..., None] * y64.reshape(g.shape)
-    exact = -(p * np.sum(g * y_sigma, axis=-1)).sum(axis=(0, 2))
-    grow = np.where(np.isneginf(lse64), 1.0, 1 / (1 - p))  # the radii are on the case's scale
-    # the sink run's bounds: the sink-free ones damped by 1 − p_σ, plus the sink's own
-    e_y = (radius["free_y"].reshape(g.shape) + radius["y"].reshape(g.shape)) / grow[..., None]
-    e_l = (radius["free_lse"].reshape(lse64.shape) + radius["lse"].reshape(lse64.shape)) * (1 - p)
-    u = radius["u"]
-    terms = np.abs(g * y_sigma).sum(axis=-1)
-    N = lse64.shape[0] * lse64.shape[2]
-    allowed = (
-        p * (np.sum(np.abs(g) * e_y, axis=-1) + (np.expm1(e_l) + (g.shape[-1] + N + 3) * u) * terms)
-    ).sum(axis=(0, 2))
+    g = upstream.double().numpy()  # G as the target received it, (B, H, n_q, v)
+    shape = g.shape
+    kernel = {  # the sink run's claimed bounds, on the case's scale (:func:`_sink_radius`)
+        "y": radius["free_y"].reshape(shape) + radius["y"].reshape(shape),
+        "lse": radius["free_lse"].reshape(shape[:-1]) + radius["lse"].reshape(shape[:-1]),
+    }
     out_format = number_format(case.dtype)
-    allowed = 2 * (allowed + out_format.u * np.abs(exact) + out_format.mu)
-    return got, exact, allowed
+
+    def derive(ref: Any) -> tuple[np.ndarray, np.ndarray] | str:
+        return dsinks_reference(ref, g, sigma, kernel, radius["u"], out_format)
+
+    return got, derive
+
+
+def dsinks_reference(
+    ref: Any, g: np.ndarray, sigma: np.ndarray, kernel: dict[str, np.ndarray], u: float, out
+) -> tuple[np.ndarray, np.ndarray] | str:
+    """The exact ``dσ_h`` of a sink run from the case's certified (sink-free) reference, and
+    the error a kernel of the claimed arithmetic is allowed (or why none can be derived).
+
+    With the sink ``σ_h`` (as the target holds it) row ``i`` gives the sink the weight
+    ``p_i = 1/(1 + e^{lse_i − σ_h})`` and the keys ``q_i = 1 − p_i = 1/(1 + e^{σ_h − lse_i})``
+    (``lse`` the sink-free one), so ``Y_σ = q·Y``, ``∂q/∂σ = −p·q`` and
+    ``dσ_h = −Σ_{b,i} w_i·t_i`` with ``w = p·q`` and ``t_i = G_i·Y_i``; a row with no key
+    (``lse = −∞``: ``w = 0``) adds 0. ``Y``, ``lse`` are the reference's ``near`` values,
+    within its radii ``r_y``, ``r_l``; ``σ`` and ``G`` are exact (float64 copies of what the
+    target held). Nothing here calls exactattn's attention.
+
+    **Reference part (rigorous).** ``d ln w / d lse = p − q ∈ [−1, 1]``, so ``w`` at the
+    exact ``lse`` is within a factor ``e^{±r_l}`` of ``w`` at the midpoint, and ``t`` within
+    ``T_r = Σ_c |G_c|·r_y,c``: ``|w*t* − w·t| ≤ w·((e^{r_l} − 1)·|t| + e^{r_l}·T_r)``, summed
+    over the rows. The float64 evaluation of ``w`` and ``t`` and the sum is charged
+    ``(v + N + 16 + 2|σ − lse|)·2^-53·Σ w·Σ_c|G_c·Y_c|`` (``N = B·n_q`` terms; the argument
+    of each exp rounded, numpy's exp taken to be within 2 ulps: that is assumed, not
+    proved), and the bound's own float64 rounding by a factor ``1 + 2^-40``.
+
+    **Kernel part (first order, not rigorous).** A kernel holding ``Y_σ`` within
+    ``E^y_σ = q·E^y`` and ``lse_σ`` within ``E^l_σ = q·E^l`` (``E^y``, ``E^l``: the claimed
+    arithmetic's sink-free bounds plus the sink's own, on the case's scale; ``∂lse_σ/∂lse =
+    q``), forming ``p_σ = e^{σ − lse_σ} = p`` and ``δ_i = G_i·Y_σ,i`` in unit roundoff ``u``
+    and summing ``N`` terms, its result rounded to the sink's format (``u_o``, ``μ_o`` half
+    its subnormal spacing), is allowed ``Σ_i w_i·(Σ_c |G_ic|·E^y_ic + (e^{q_i·E^l_i} − 1 +
+    (v + N + 3)·u)·Σ_c |G_ic|·(|Y_ic| + r_y,ic)) + u_o·|dσ_h| + μ_o``, charged twice for the
+    second-order terms it leaves out."""
+    if "lse" not in ref.names or "y" not in ref.names:
+        return "dsinks: the certified reference holds no y and lse for this case"
+    shape = g.shape
+    y, r_y = ref.near["y"].reshape(shape), ref.rad["y"].reshape(shape)
+    lse, r_l = ref.near["lse"].reshape(shape[:-1]), ref.rad["lse"].reshape(shape[:-1])
+    s = sigma[None, :, None]
+    empty = np.isneginf(lse)  # exactly the rows with no allowed key (the reference says so)
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = 1 / (1 + np.exp(np.where(empty, -np.inf, lse - s)))
+        q = 1 / (1 + np.exp(np.where(empty, np.inf, s - lse)))
+        w = np.where(empty, 0.0, p * q)
+        x = np.where(empty, 0.0, np.abs(s - lse))
+    r_l = np.where(empty, 0.0, r_l)
+    t = np.sum(g * y, axis=-1)
+    exact = -(w * t).sum(axis=(0, 2))
+    n_terms = shape[0] * shape[2]
+    gy = np.sum(np.abs(g) * (np.abs(y) + r_y), axis=-1)
+    reference = w * (np.expm1(r_l) * np.abs(t) + np.exp(r_l) * np.sum(np.abs(g) * r_y, axis=-1))
+    reference = reference + (shape[-1] + n_terms + 16 + 2 * x) * 2.0**-53 * w * gy
+    e_y, e_l = kernel["y"], np.where(empty, 0.0, kernel["lse"])
+    per_row = (
+        np.sum(np.abs(g) * e_y, axis=-1) + (np.expm1(q * e_l) + (shape[-1] + n_terms + 3) * u) * gy
+    )
+    claimed = (w * per_row).sum(axis=(0, 2)) + out.u * np.abs(exact) + out.mu
+    limit = (reference.sum(axis=(0, 2)) + 2 * claimed) * (1 + 2.0**-40)
+    return exact, limit
 
 
 def _sink_radius(target: Any, case: Case, held, y64, stats, sigma) -> dict[str, np.ndarray]:
     """:func:`exactattn.error.bounds.sink_bounds` of the target's stated claim on the case (its
     compute format; ``steps``: the claimed key blocks + 1; the sink-free pass's lse bound,
     :func:`exactattn.error.bounds.bounds` in the claimed arithmetic), on the case's scale;
-    and for :func:`_dsinks` that pass's bounds ``free_y``, ``free_lse`` and the claim's
-    compute unit roundoff ``u``."""
+    and for :func:`dsinks_reference` the claim's sink-free bounds ``free_y``, ``free_lse``
+    and its compute unit roundoff ``u``."""
     from ..error.bounds import bounds, sink_bounds
 
     claim, n_k = target.claim.resolve(case.dtype), case.sizes["n_k"]
@@ -581,7 +620,7 @@ def _sink_radius(target: Any, case: Case, held, y64, stats, sigma) -> dict[str, 
     return {
         "y": np.where(empty[..., None], 0.0, bound["y"] * grow[..., None]),
         "lse": np.where(empty, 0.0, bound["lse"] * grow),
-        # for dsinks (_dsinks): the sink-free bounds and the claim's compute unit roundoff
+        # for dsinks (dsinks_reference): the claimed sink-free bounds, the compute unit roundoff
         "free_y": free["y"],
         "free_lse": free["lse"],
         "u": u,

@@ -6,9 +6,11 @@ the exact value is (``lse`` is ``−∞`` exactly on rows with no allowed key), 
 arithmetic (:func:`exactattn.testing.tolerance.bounds`); float outputs are measured against
 the reference's double-double midpoint, finer-than-float64 ones in mpmath. Ball outputs
 (flint) pass when ``|mid − ref| ≤ rad + rad_ref``: the ball must enclose the exact value.
-Outputs beyond the reference's (``_derived``: a sink's ``dσ``) come with the exact value
-and the allowed error their convention derives, and pass when ``|out − exact| ≤ allowed``
-(NaN fails). A non-finite
+Outputs beyond the reference's (``_derived``: a sink's ``dσ``) come with a function of the
+certified reference that gives their exact value and allowed error (their convention's
+derivation from the reference's values and radii, never from the code judged), and pass
+when ``|out − exact| ≤ allowed`` (NaN fails); where it says none can be derived, the
+output is left unjudged and the reason recorded as a gradient skip. A non-finite
 output is *refused* (acceptable) only when the case's magnitudes reach the claimed
 formats' range.
 
@@ -165,8 +167,12 @@ def judge(
                 f"(got {float(got):.9g}, certified {float(near[at]):.9g} "
                 f"± {float(ref.rad[name][at]):.2g})",
             )
-    for name, (out, exact, limit) in outputs.get("_derived", {}).items():
-        failed = _judge_derived(name, np.asarray(out, dtype=np.float64), exact, limit)
+    for name, (out, derive) in outputs.get("_derived", {}).items():
+        derived = derive(ref)
+        if isinstance(derived, str):
+            finding.grads_skipped = finding.grads_skipped or derived
+            continue
+        failed = _judge_derived(name, np.asarray(out, dtype=np.float64), *derived)
         if failed:
             return _fail(finding, failed)
     return finding
