@@ -441,11 +441,14 @@ def conjunct_query_lengths(spec: Spec) -> Any:
 VARLEN_KINDS = ("causal", "window")  # aligned within each sequence in a varlen batch
 
 
-def varlen(template: Spec) -> bool:
-    """Whether a varlen batch expresses the kind: every pair, key lengths, or a causal /
-    window mask (aligned bottom-right within each sequence, :func:`per_sequence`)."""
+def varlen(template: Spec, per_sequence: bool = False) -> bool:
+    """Whether a varlen batch expresses the kind: every pair, key lengths, or with
+    ``per_sequence`` (a convention that passes each sequence's query rows, ``cu_seqlens_q``)
+    a causal / window mask aligned bottom-right within each sequence
+    (:func:`per_sequence`)."""
     kind = of(template)
-    return kind.every_pair or kind.key_lengths is not None or kind.name in VARLEN_KINDS
+    aligned = per_sequence and kind.name in VARLEN_KINDS
+    return kind.every_pair or kind.key_lengths is not None or aligned
 
 
 def per_sequence(template: Spec, q_lengths: list[int], k_lengths: list[int], n_q: int) -> Spec:

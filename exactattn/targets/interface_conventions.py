@@ -142,6 +142,8 @@ def sequences(case: Case, B: int) -> Sequences | str:
     per_sequence`), or every sequence ``n_q`` queries, the key lengths and window of
     :func:`key_lengths` and :func:`window_of`; or the reason it is none."""
     n_q = case.sizes["n_q"]
+    if case.seqlens is None and case.q_seqlens is not None:
+        return _ragged(case, B)
     if case.seqlens is None:
         lengths, reason = key_lengths(case, B)
         window = window_of(case)
@@ -164,6 +166,26 @@ def sequences(case: Case, B: int) -> Sequences | str:
         right = min(right, math.inf if window[1] is None else window[1])
     as_int = lambda x: -1 if x == math.inf else int(x)  # noqa: E731
     return Sequences(q, k, (as_int(left), as_int(right)))
+
+
+def _ragged(case: Case, B: int) -> Sequences | str:
+    """A ragged batch of queries (the mask's ``query_padding``, no ``seqlens``) as a varlen
+    call: each sequence's query length, its key padding's length (or ``n_k``), no window."""
+    k = np.full(B, case.sizes["n_k"], dtype=np.int64)
+    for part in mask_kinds.conjuncts(case.mask):
+        lengths = mask_kinds.key_lengths(part)
+        if part["kind"] == "query_padding" or mask_kinds.of(part).every_pair:
+            continue
+        if lengths is None:
+            return (
+                "a varlen call aligns causal / window masks within each sequence; the ragged "
+                "batch's mask aligns them to n_q, n_k"
+            )
+        lengths = np.asarray(lengths).reshape(-1)
+        if lengths.shape[0] != B:
+            return "padding lengths per head are not sequence lengths"
+        k = np.minimum(k, lengths.astype(np.int64))
+    return Sequences(np.asarray(case.q_seqlens, dtype=np.int64), k, (-1, -1))
 
 
 def window_of(case: Case) -> tuple[int, int] | str:
@@ -220,10 +242,11 @@ class FlashVarlen(FlashBase):
     allowed key: ``Y = 0``, ``lse = −∞``, ``dQ = 0`` (the padded keys' ``dK = dV = 0``)."""
 
     name = "flash-varlen"
-    expresses = ("query_padding",)  # cu_seqlens_q: the real rows of each sequence
+    ragged = True  # cu_seqlens_q: each sequence's real query rows ...
+    expresses = ("query_padding",)  # ... are its query padding
 
     def unsupported(self, target, case, device, grads):
-        if case.seqlens is None:
+        if case.seqlens is None and case.q_seqlens is None:
             return super().unsupported(target, case, device, grads)
         layout = sequences(case, lift(case.batch)[0])
         if isinstance(layout, str):

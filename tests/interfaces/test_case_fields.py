@@ -161,7 +161,7 @@ def test_a_varlen_batchs_query_lengths_live_in_its_query_padding_alone():
     """The drawn ``q_seqlens`` become the mask's ``query_padding`` (the kind JAX's ragged
     batches use) and the causal / window leaf's offsets ``ℓ^k_b − ℓ^q_b``; the case keeps no
     second copy: :attr:`Case.q_seqlens` reads the mask, through a JSON round trip too."""
-    drawn = [d for d in _draws(200, interface=True) if d.q_seqlens is not None]
+    drawn = [d for d in _draws(200, interface=True, ragged=True) if d.q_seqlens is not None]
     assert drawn
     for d in drawn:
         case = build_case(d)
