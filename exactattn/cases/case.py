@@ -56,7 +56,12 @@ class Draw:
     --score-mod``).
 
     The interface fields (:mod:`exactattn.cases.interface_fields`; None: absent): ``seqlens`` the
-    key length of each sequence (the mask becomes that key padding), ``splits`` the split-KV
+    key length of each sequence, ``q_seqlens`` the query length of each (None: ``n_q``
+    each); the mask becomes the varlen batch's,
+    :func:`exactattn.cases.mask_kinds.per_sequence`: key padding, the ``query_padding``
+    kind, causal / window per sequence. The case keeps no ``q_seqlens`` of its own: its
+    mask's ``query_padding`` is the one source (:attr:`Case.q_seqlens` reads it back).
+    ``splits`` the split-KV
     boundaries, ``pages`` the paged cache ``{"size", "pool", "table", "shared"}`` (drawn
     whole, the case's schema; shared pages make the sequences' first keys equal), ``sinks``
     each query head's sink offset.
@@ -83,6 +88,7 @@ class Draw:
     score_mod: str | None = None
     note: str = ""  # what the case is drawn as (a path, "ill-conditioned: ..."): Case.note
     seqlens: tuple[int, ...] | None = None
+    q_seqlens: tuple[int, ...] | None = None
     splits: tuple[int, ...] | None = None
     pages: dict[str, Any] | None = None
     sinks: tuple[float, ...] | None = None
@@ -140,7 +146,7 @@ class Case:
     score: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})  # bias's spec
     score_mod: str | None = None  # a user's score_mod(score, b, h, q_idx, kv_idx)
     # the interface fields (exactattn.cases.interface_fields; None: absent)
-    seqlens: list[int] | None = None  # key length per sequence (the mask is that padding)
+    seqlens: list[int] | None = None  # key length per sequence (the mask is the varlen batch's)
     splits: list[int] | None = None  # split-KV key boundaries 0 = e_0 <= ... <= e_S = n_k
     pages: dict[str, Any] | None = None  # {"size", "pool", "table", "shared"}
     sinks: list[float] | None = None  # per query head: sigma_h - min_{b,i} lse_{b,h,i}
@@ -151,6 +157,13 @@ class Case:
     @property
     def batch(self) -> tuple[int, ...]:
         return tuple(self.q.shape[:-2])
+
+    @property
+    def q_seqlens(self) -> list[int] | None:
+        """The query length of each sequence: the mask's ``query_padding`` lengths (None: no
+        query padding, ``n_q`` each), the one place they are kept."""
+        lengths = mask_kinds.conjunct_query_lengths(self.mask)
+        return None if lengths is None else np.asarray(lengths).tolist()
 
     @property
     def group(self) -> int:
@@ -367,8 +380,10 @@ def build_case(draw: Draw) -> Case:
     scale = _scale(draw, rng, q, k)
     drawn = mask_kinds.filled(draw.mask, rng, b, n_q, n_k)  # drawn whatever seqlens say: the
     score, bias = _fill_score(draw.score, rng, b, n_q, n_k)  # score's draws come after it
-    # a varlen batch: the key padding of its lengths
-    mask = drawn if draw.seqlens is None else {"kind": "padding", "lengths": list(draw.seqlens)}
+    mask = drawn
+    if draw.seqlens is not None:  # a varlen batch: padding, causal / window per sequence
+        q_lengths = list(draw.q_seqlens or (n_q,) * len(draw.seqlens))
+        mask = mask_kinds.per_sequence(drawn, q_lengths, list(draw.seqlens), n_q)
     if draw.pages is not None:
         k, v = (interface_fields.shared_prefix(x, draw.pages) for x in (k, v))
     programs = Programs()  # the case's: a user's mask_mod tabulated here is not tabulated again

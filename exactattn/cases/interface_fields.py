@@ -32,9 +32,12 @@ case covered.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
+
+from . import mask_kinds
 
 # the page sizes P, by weight: 1 and non-powers of two, where kernels break; "b" the claimed
 # key-block size, "n_k" one page a sequence
@@ -88,17 +91,39 @@ def shared_prefix(x: np.ndarray, pages: dict[str, Any]) -> np.ndarray:
 
 
 def coverage(case: Any) -> list[str]:
-    """What a case covered of the interfaces, as counter keys (the check's coverage table)."""
+    """What a case (or its :class:`~exactattn.cases.Draw`) covered of the interfaces, as
+    counter keys (the check's coverage table): sequences per batch, uneven query lengths,
+    a sequence with more queries than keys, zero-length sequences (keys, queries), a varlen
+    causal / window mask; the number of split-KV parts, empty ones, ones of a single key,
+    rows a varlen batch leaves without keys (so empty in every part), splits on a block
+    edge; page sizes, shared pages, sinks above the lse."""
     out = []
+    empty_rows = False  # rows no sequence gives a key: every split-KV part of theirs is empty
     if case.seqlens is not None:
+        n_q = case.n_q if hasattr(case, "n_q") else case.sizes["n_q"]  # a Draw or a Case
+        q_lengths = case.q_seqlens or [n_q] * len(case.seqlens)
         out.append(f"seqs/batch {len(case.seqlens)}")
+        if len(set(q_lengths)) > 1:
+            out.append("q lens uneven")
+        if any(lq > lk for lq, lk in zip(q_lengths, case.seqlens, strict=True)):
+            out.append("seqlen_q > seqlen_k")
         if 0 in case.seqlens:
             out.append("zero-length seq")
+        if 0 in q_lengths:
+            out.append("zero-length q seq")
+        for kind in sorted({leaf["kind"] for leaf in mask_kinds.leaves(case.mask)}):
+            if kind in mask_kinds.VARLEN_KINDS:
+                out.append(f"varlen {kind}")
+        empty_rows = 0 in case.seqlens or min(q_lengths) < n_q
     if case.splits is not None:
         edges = case.splits
         out.append(f"splits {len(edges) - 1}")
         if len(set(edges)) < len(edges):
             out.append("empty split")
+        if any(stop - start == 1 for start, stop in itertools.pairwise(edges)):
+            out.append("single-key split")
+        if empty_rows:
+            out.append("row empty in every split")
         n_k = edges[-1]
         if any(0 < e < n_k and e % case.block_size == 0 for e in edges):
             out.append("split at block edge")

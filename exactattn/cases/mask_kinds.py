@@ -89,7 +89,26 @@ class MaskKind:
 
 
 def _align(spec: Spec) -> str:
+    if "offsets" in spec:
+        return "per sequence"
     return spec.get("align", "top-left")
+
+
+def _varlen(spec: Spec) -> bool:
+    """Whether the spec is per sequence of a varlen batch (:mod:`.spec`: causal / window
+    aligned within each sequence by its ``offsets``)."""
+    return "offsets" in spec
+
+
+def _whole(lowering: Callable[[Spec], Any]) -> Callable[[Spec], Any]:
+    """A lowering that only a mask over the whole ``n_q × n_k`` grid has (None per sequence:
+    only a varlen call expresses that, from the case's lengths)."""
+    return lambda spec: None if _varlen(spec) else lowering(spec)
+
+
+def _per_sequence(build: Callable[[Spec, Any], Any]) -> Callable[[Spec, Any], Any]:
+    """The library mask, or per sequence the dense table of its definition."""
+    return lambda spec, at: _dense_mask(spec, at) if _varlen(spec) else build(spec, at)
 
 
 # --- leaves ----------------------------------------------------------------------------------
@@ -214,17 +233,17 @@ MASK_KINDS: dict[str, MaskKind] = {
         MaskKind(
             "causal",
             maskspec.causal,
-            lambda spec, at: masks.causal(_align(spec)),
+            _per_sequence(lambda spec, at: masks.causal(_align(spec))),
             lambda spec: f"causal[{_align(spec)}]",
-            causal=_align,
-            window=lambda spec: (None, 0, _align(spec)),
+            causal=_whole(_align),
+            window=_whole(lambda spec: (None, 0, _align(spec))),
         ),
         MaskKind(
             "window",
             maskspec.window,
-            lambda spec, at: masks.sliding_window(*window(spec)),
+            _per_sequence(lambda spec, at: masks.sliding_window(*window(spec))),
             lambda spec: f"window({spec.get('left')}, {spec.get('right')})[{_align(spec)}]",
-            window=lambda spec: (spec.get("left"), spec.get("right"), _align(spec)),
+            window=_whole(lambda spec: (spec.get("left"), spec.get("right"), _align(spec))),
         ),
         MaskKind(
             "padding",
@@ -411,10 +430,43 @@ def query_lengths(spec: Spec) -> Any:
     return None if kind.query_lengths is None else kind.query_lengths(spec)
 
 
-def varlen(template: Spec) -> bool:
-    """Whether a varlen batch expresses the kind: every pair, or key lengths."""
+def conjunct_query_lengths(spec: Spec) -> Any:
+    """The query lengths of the mask's ``query_padding`` conjunct (None: it has none): a
+    varlen batch's (:func:`per_sequence`) or a ragged batch's query lengths, read from the
+    mask, which is where they live."""
+    found = [query_lengths(part) for part in conjuncts(spec) if query_lengths(part) is not None]
+    return found[0] if found else None
+
+
+VARLEN_KINDS = ("causal", "window")  # aligned within each sequence in a varlen batch
+
+
+def varlen(template: Spec, per_sequence: bool = False) -> bool:
+    """Whether a varlen batch expresses the kind: every pair, key lengths, or with
+    ``per_sequence`` (a convention that passes each sequence's query rows, ``cu_seqlens_q``)
+    a causal / window mask aligned bottom-right within each sequence
+    (:func:`per_sequence`)."""
     kind = of(template)
-    return kind.every_pair or kind.key_lengths is not None
+    aligned = per_sequence and kind.name in VARLEN_KINDS
+    return kind.every_pair or kind.key_lengths is not None or aligned
+
+
+def per_sequence(template: Spec, q_lengths: list[int], k_lengths: list[int], n_q: int) -> Spec:
+    """The mask of a varlen batch of sequences with ``q_lengths`` queries and ``k_lengths``
+    keys: key padding ``j < ℓ^k_b``, the ``query_padding`` kind ``i < ℓ^q_b`` (its rows have
+    no allowed key: ``Y = 0``, ``dQ = 0``; left out when every sequence has ``n_q``) and the
+    template's causal / window leaf aligned bottom-right within each sequence (``"offsets"``
+    ``o_b = ℓ^k_b − ℓ^q_b``, :mod:`.spec`). The lengths live in the two padding parts only
+    (:func:`conjunct_query_lengths` reads the query lengths back); the leaf holds the
+    offsets, which the lengths determine."""
+    parts: list[Spec] = [{"kind": "padding", "lengths": list(k_lengths)}]
+    if any(length != n_q for length in q_lengths):
+        parts.append({"kind": "query_padding", "lengths": list(q_lengths)})
+    if template["kind"] in VARLEN_KINDS:
+        leaf = {key: value for key, value in template.items() if key != "align"}
+        leaf["offsets"] = [lk - lq for lq, lk in zip(q_lengths, k_lengths, strict=True)]
+        parts.append(leaf)
+    return parts[0] if len(parts) == 1 else {"kind": "and", "parts": parts}
 
 
 def program(spec: Spec) -> str | None:

@@ -180,7 +180,8 @@ def check_draws(
     seed = draw(st.integers(0, 2**64 - 1)) if dropout_p else 0
     data_seed = draw(st.integers(0, 2**32 - 1))
     layout = draw(st.sampled_from(layouts))  # the draws above keep their order: seeds replay
-    fields = draw(interface_fields(batch, n_k, b, mask)) if interface else {}
+    fields = draw(interface_fields(batch, n_q, n_k, b, mask, budget, ragged)) if interface else {}
+    batch = fields.pop("batch", batch)  # a varlen batch draws its own number of sequences
     if ragged and batch and "seqlens" not in fields and _percent(draw, RAGGED_SHARE):
         lengths = [_length(draw, n_q, b) for _ in range(batch[0])]
         mask = {"kind": "and", "parts": [mask, {"kind": "query_padding", "lengths": lengths}]}
@@ -328,36 +329,71 @@ def _mask_and_score(draw: st.DrawFn, path: str, modify: bool):
 SPLIT_KINDS = {"block-edges": 30, "empty-part": 20, "single-keys": 15, "random": 35}
 SINK_OFFSETS = {-20.0: 10, -2.0: 30, -0.5: 15, 0.0: 15, 1.0: 15, 2.0: 15}
 MAX_SPLITS = 8
+VARLEN_SHARE = 60  # percent of the cases a varlen call expresses drawn as a varlen batch
+MAX_SEQUENCES = 16  # sequences per varlen batch (within the budget)
+Q_UNEVEN = 75  # percent of varlen batches with a query length drawn per sequence
 
 
 @st.composite
 def interface_fields(
-    draw: st.DrawFn, batch: tuple[int, ...], n_k: int, b: int, mask: dict[str, Any]
+    draw: st.DrawFn,
+    batch: tuple[int, ...],
+    n_q: int,
+    n_k: int,
+    b: int,
+    mask: dict[str, Any],
+    budget: int = 1 << 17,
+    ragged: bool = False,
 ) -> dict[str, Any]:
     """The interface fields of a :class:`~exactattn.cases.Draw`
-    (:mod:`exactattn.cases.interface_fields`); ``seqlens`` only where a varlen call expresses
-    the ``mask`` template (every pair or key padding, :func:`.mask_kinds.varlen`)."""
-    B = batch[0] if batch else 1
+    (:mod:`exactattn.cases.interface_fields`), and for a varlen batch its ``batch``.
+
+    A varlen batch is drawn in :data:`VARLEN_SHARE` percent of the cases whose ``mask``
+    template a varlen call expresses (every pair, key padding; with ``ragged`` causal and a
+    window too, aligned within each sequence: :func:`.mask_kinds.varlen`): 1 to
+    :data:`MAX_SEQUENCES` sequences (the batch's first dim redrawn while ``B·H·n_q·n_k``
+    stays within a quarter of the ``budget``), each with its own key length (``seqlens``)
+    and, where some convention takes query lengths (``ragged``: a varlen call's
+    ``cu_seqlens_q``; the others would only skip the padded rows), in :data:`Q_UNEVEN`
+    percent of the batches its own query length (``q_seqlens``, which the case turns into
+    its mask's ``query_padding``, :func:`.mask_kinds.per_sequence`): zero-length sequences
+    on either side and ``ℓ^q_b > ℓ^k_b`` included (:func:`_length`). Without ``ragged`` the
+    batch is the case's and the draws come in main's order (splits, pages, then the varlen
+    batch's key lengths), so those runs replay the draws they had before per-sequence query
+    lengths."""
     heads = batch[-1] if len(batch) == 2 else 1
-    out: dict[str, Any] = {"splits": _splits(draw, n_k, b), "pages": _pages(draw, B, n_k, b)}
-    if batch and mask_kinds.varlen(mask) and _percent(draw, 60):
+    B = batch[0] if batch else 1
+    out: dict[str, Any] = {}
+    expressed = bool(batch) and mask_kinds.varlen(mask, ragged)
+    varlen = ragged and expressed and _percent(draw, VARLEN_SHARE)  # first: B decides the pages
+    if varlen:
+        most = min(MAX_SEQUENCES, max(B, budget // (4 * heads * n_q * n_k)))
+        B = _between(draw, 1, most)
+        out["batch"] = (B, *batch[1:])
+    out["splits"] = _splits(draw, n_k, b)
+    out["pages"] = _pages(draw, B, n_k, b)
+    if not ragged:  # main's order
+        varlen = expressed and _percent(draw, VARLEN_SHARE)
+    if varlen:
         out["seqlens"] = tuple(_length(draw, n_k, b) for _ in range(B))
+        if ragged and _percent(draw, Q_UNEVEN):
+            out["q_seqlens"] = tuple(_length(draw, n_q, b) for _ in range(B))
     out["sinks"] = tuple(_weighted(draw, SINK_OFFSETS) for _ in range(heads))
     return out
 
 
-def _length(draw: st.DrawFn, n_k: int, b: int) -> int:
-    """A sequence's length out of ``n_k`` (its keys; or its queries, out of ``n_q``): 0 (a
-    zero-length sequence) in a fifth, ``n_k`` in a fifth, ``b − 1, b, b + 1`` in a fifth,
-    else uniform."""
+def _length(draw: st.DrawFn, n: int, b: int) -> int:
+    """A sequence's length of at most ``n`` (its keys out of ``n_k``, or its queries out of
+    ``n_q``): 0 (a zero-length sequence) in a fifth, ``n`` in a fifth, ``b − 1, b, b + 1`` in
+    a fifth, else uniform."""
     kind = _weighted(draw, {"zero": 20, "full": 20, "edge": 20, "any": 40})
     if kind == "zero":
         return 0
     if kind == "full":
-        return n_k
+        return n
     if kind == "edge":
-        return min(n_k, max(0, b + draw(st.sampled_from((-1, 0, 1)))))
-    return draw(st.integers(0, n_k))
+        return min(n, max(0, b + draw(st.sampled_from((-1, 0, 1)))))
+    return draw(st.integers(0, n))
 
 
 def _splits(draw: st.DrawFn, n_k: int, b: int) -> tuple[int, ...]:

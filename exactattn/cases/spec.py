@@ -13,7 +13,8 @@ from these functions cannot inherit a bug of the code it judges (issue 11 §2).
   batch axis (a scalar for no batch axis);
 * ``{"kind": "query_padding", "lengths": ℓ}``: ``i < ℓ[b]``, every key, one length per
   element of the first batch axis: the query rows ``i ≥ ℓ[b]`` are padding, rows with no
-  allowed key (a ragged batch of queries: JAX's ``query_seq_lengths``);
+  allowed key, ``Y = 0``, ``dQ = 0`` (a ragged batch of queries: JAX's
+  ``query_seq_lengths``; a varlen batch's query lengths);
 * ``{"kind": "dense", "allowed": M}``: the boolean table ``M`` broadcast to
   ``(*batch, n_q, n_k)``;
 * ``{"kind": "document", "q_doc": D_q, "k_doc": D_k}``: ``D_q[b, i] = D_k[b, j]`` (document
@@ -33,7 +34,11 @@ everything else a kind means (its library mask, how each calling convention lowe
 
 The alignment offset ``o`` is ``0`` for ``"top-left"`` (torch SDPA's ``is_causal``) and
 ``n_k − n_q`` for ``"bottom-right"`` (flash-attn's), so that there the last query sees the
-last key.
+last key. A causal or window spec with ``"offsets": [o_b, …]`` (one per element of the
+first batch axis: a varlen batch) has its own offset per sequence; a varlen batch of
+``ℓ^q_b`` queries and ``ℓ^k_b`` keys aligns bottom-right within each sequence,
+``o_b = ℓ^k_b − ℓ^q_b``, as flash-attn's varlen functions do: query ``i`` of sequence ``b``
+sees keys ``j ≤ i + ℓ^k_b − ℓ^q_b`` under causal.
 
 **Score modification specs.** An additive bias ``B`` (float64, broadcastable to
 ``(*batch, n_q, n_k)``; ``−∞`` excludes a pair) is data too, ``{"kind": K, ...}``:
@@ -71,8 +76,11 @@ ALIGNMENTS = ("top-left", "bottom-right")
 
 
 # --- masks: each kind's allowed set (the table of kinds: exactattn.cases.mask_kinds) --------
-def offset(spec: dict[str, Any], n_q: int, n_k: int) -> int:
-    """The alignment offset ``o`` of a causal or window spec."""
+def offset(spec: dict[str, Any], n_q: int, n_k: int, batch: tuple[int, ...] = ()) -> Any:
+    """The alignment offset ``o`` of a causal or window spec: an integer, or with
+    ``offsets`` the per-sequence ``o_b`` shaped to broadcast over ``(*batch, rows, n_k)``."""
+    if "offsets" in spec:
+        return _per_sequence(np.asarray(spec["offsets"], dtype=np.int64), batch)
     align = spec.get("align", "top-left")
     if align not in ALIGNMENTS:
         raise ValueError(f"align must be one of {ALIGNMENTS}; got {align!r}")
@@ -122,12 +130,12 @@ def every_pair(spec: dict[str, Any], at: Strip) -> np.ndarray:
 
 def causal(spec: dict[str, Any], at: Strip) -> np.ndarray:
     """``causal``: ``j ≤ i + o``."""
-    return at.j <= at.i + offset(spec, at.n_q, at.n_k)
+    return at.j <= at.i + offset(spec, at.n_q, at.n_k, at.batch)
 
 
 def window(spec: dict[str, Any], at: Strip) -> np.ndarray:
     """``window``: ``i + o − L ≤ j ≤ i + o + R`` (``None``: that side unbounded)."""
-    o = offset(spec, at.n_q, at.n_k)
+    o = offset(spec, at.n_q, at.n_k, at.batch)
     left, right = spec.get("left"), spec.get("right")
     lower = every_pair(spec, at) if left is None else at.j >= at.i + o - left
     return lower if right is None else lower & (at.j <= at.i + o + right)
@@ -135,16 +143,20 @@ def window(spec: dict[str, Any], at: Strip) -> np.ndarray:
 
 def key_padding(spec: dict[str, Any], at: Strip) -> np.ndarray:
     """``padding``: ``j < ℓ[b]``, one length per element of the first batch axis."""
-    lengths = np.asarray(spec["lengths"], dtype=np.int64)
-    trailing = (1,) * (len(at.batch) - lengths.ndim)
-    return at.j < lengths.reshape((*lengths.shape, *trailing, 1, 1))
+    return at.j < _per_sequence(np.asarray(spec["lengths"], dtype=np.int64), at.batch)
 
 
 def query_padding(spec: dict[str, Any], at: Strip) -> np.ndarray:
     """``query_padding``: ``i < ℓ[b]``, one length per element of the first batch axis."""
-    lengths = np.asarray(spec["lengths"], dtype=np.int64)
-    trailing = (1,) * (len(at.batch) - lengths.ndim)
-    return (at.i < lengths.reshape((*lengths.shape, *trailing, 1, 1))) & every_pair(spec, at)
+    lengths = _per_sequence(np.asarray(spec["lengths"], dtype=np.int64), at.batch)
+    return (at.i < lengths) & every_pair(spec, at)
+
+
+def _per_sequence(values: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
+    """Values per element of the first batch axis (or per leading axes, a scalar for none)
+    shaped to broadcast over ``(*batch, rows, n_k)``."""
+    trailing = (1,) * (len(batch) - values.ndim)
+    return values.reshape((*values.shape, *trailing, 1, 1))
 
 
 def dense(spec: dict[str, Any], at: Strip) -> np.ndarray:

@@ -156,10 +156,14 @@ class Convention:
 
     ``ragged``: the convention passes per-sequence query lengths (the ``query_padding``
     mask kind), so the check draws ragged query batches for it
-    (:func:`exactattn.cases.paths.check_draws`)."""
+    (:func:`exactattn.cases.paths.check_draws`). ``expresses``: mask kinds the convention
+    passes through the interface itself (a varlen call's ``cu_seqlens_q`` is the
+    ``query_padding`` of a varlen batch), so the target's ``masks`` capability need not
+    name them; :meth:`unsupported` still says where the case is beyond the interface."""
 
     name = ""
     ragged = False
+    expresses: tuple[str, ...] = ()
 
     def unsupported(self, target: Any, case: Case, device: str, grads: bool) -> str | None:
         """Why this convention cannot express the case (None: it can)."""

@@ -5,7 +5,7 @@ production interface (varlen, KV caches, merges, sinks) rather than a dense call
 flash-attn's, FA4's, xformers', the sinks'; :mod:`.flashinfer_conventions`;
 :mod:`.onnx_conventions`; OpenVINO's paged cache, :mod:`.openvino_paged`);
 ``exactattn check`` draws the case's interface fields for a target run through any of them.
-:data:`FORWARD_ONLY`: those whose outputs have no gradient with respect to ``q, k, v``.
+:data:`FORWARD_ONLY`: those whose outputs have no gradient judged (``q, k, v`` or a sink's).
 """
 
 from __future__ import annotations
@@ -35,5 +35,7 @@ CONVENTIONS = (
     OpenvinoPaged(),
 )
 NAMES = tuple(c.name for c in CONVENTIONS)
-WITH_GRADIENTS = ("flash-varlen",)  # flash_attn_varlen_func has a backward
+# flash_attn_varlen_func has a backward; a sink's dσ is judged (the case's dQ, dK, dV are
+# sink-free: the sink convention judges no other gradient)
+WITH_GRADIENTS = ("flash-varlen", "exactattn-sinks")
 FORWARD_ONLY = tuple(name for name in NAMES if name not in WITH_GRADIENTS)

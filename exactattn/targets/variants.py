@@ -197,8 +197,9 @@ class Variant:
             return f"sizes above {caps.max_n} (slow number system)"
         if caps.masks is not None:
             kinds = mask_kinds.kinds_named(case.mask)
-            if not kinds <= set(caps.masks) | {"none"}:
-                return f"mask kinds {sorted(kinds - set(caps.masks))} not supported"
+            taken = set(caps.masks) | {"none"} | set(self.convention.expresses)
+            if not kinds <= taken:
+                return f"mask kinds {sorted(kinds - taken)} not supported"
         if self.target.options.triton:
             why = _triton_unsupported(case, self.device)
             if why:

@@ -92,7 +92,7 @@ def check_case(case: Case, variants: list[Variant], options: Options = Options()
             continue
         finding, outputs = run_and_judge(variant, case, held, ref, grads, allowed)
         finding.reference = ref.served
-        finding.grads_skipped = grads_skipped or ""
+        finding.grads_skipped = grads_skipped or finding.grads_skipped  # or a derived output's
         if finding.status == "ok" and options.determinism:
             finding.deterministic = _deterministic(variant, case, held, grads, outputs)
         if finding.status == "ok" and options.baselines:

@@ -6,7 +6,11 @@ the exact value is (``lse`` is ``−∞`` exactly on rows with no allowed key), 
 arithmetic (:func:`exactattn.testing.tolerance.bounds`); float outputs are measured against
 the reference's double-double midpoint, finer-than-float64 ones in mpmath. Ball outputs
 (flint) pass when ``|mid − ref| ≤ rad + rad_ref``: the ball must enclose the exact value.
-A non-finite
+Outputs beyond the reference's (``_derived``: a sink's ``dσ``) come with a function of the
+certified reference that gives their exact value and allowed error (their convention's
+derivation from the reference's values and radii, never from the code judged), and pass
+when ``|out − exact| ≤ allowed`` (NaN fails); where it says none can be derived, the
+output is left unjudged and the reason recorded as a gradient skip. A non-finite
 output is *refused* (acceptable) only when the case's magnitudes reach the claimed
 formats' range.
 
@@ -163,7 +167,31 @@ def judge(
                 f"(got {float(got):.9g}, certified {float(near[at]):.9g} "
                 f"± {float(ref.rad[name][at]):.2g})",
             )
+    for name, (out, derive) in outputs.get("_derived", {}).items():
+        derived = derive(ref)
+        if isinstance(derived, str):
+            finding.grads_skipped = finding.grads_skipped or derived
+            continue
+        failed = _judge_derived(name, np.asarray(out, dtype=np.float64), *derived)
+        if failed:
+            return _fail(finding, failed)
     return finding
+
+
+def _judge_derived(name: str, out: np.ndarray, exact: np.ndarray, limit: np.ndarray) -> str:
+    """Why an output a convention derives its exact value for (a sink's ``dσ``) fails
+    ``|out − exact| ≤ limit`` ("" when it passes; NaN fails)."""
+    if out.shape != exact.shape:
+        return f"{name} has shape {out.shape}; expected {exact.shape}"
+    diff = np.abs(out - exact)
+    bad = ~(diff <= limit * (1 + 2.0**-52))
+    if not bad.any():
+        return ""
+    at = tuple(int(i) for i in np.argwhere(bad)[0])
+    return (
+        f"{name}{list(at)}: |error| {diff[at]:.3e} > allowed {limit[at]:.3e} "
+        f"(got {out[at]:.9g}, exact {exact[at]:.9g})"
+    )
 
 
 def certain(near: np.ndarray, rad: np.ndarray) -> np.ndarray:

@@ -52,7 +52,7 @@ def test_the_cross_check_fails_when_the_definition_is_wrong(monkeypatch):
     case = build_case(Draw((2,), 3, 5, 2, 2, 2, mask={"kind": "causal", "align": "bottom-right"}))
     good = mask_kinds.allowed(case.mask, case.batch, 3, 5)
     assert np.array_equal(good, _library_allowed(case))
-    monkeypatch.setattr(spec, "offset", lambda s, n_q, n_k: n_q - n_k)
+    monkeypatch.setattr(spec, "offset", lambda s, n_q, n_k, batch=(): n_q - n_k)
     wrong = mask_kinds.allowed(case.mask, case.batch, 3, 5)
     assert not np.array_equal(wrong, _library_allowed(case))
 
@@ -136,3 +136,39 @@ def test_keep_rate_and_factors():
         assert set(np.unique(rho)) <= {0.0, 1 / (1 - p)}
         assert np.array_equal(rho != 0, bits)
     assert np.array_equal(spec.rho(0.0, None, (2,), 3, 4), np.ones((2, 3, 4)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=5),
+    template=st.sampled_from(
+        [
+            {"kind": "none"},
+            {"kind": "causal", "align": "top-left"},
+            {"kind": "window", "left": 1, "right": 0},
+            {"kind": "window", "left": None, "right": 2},
+            {"kind": "window", "left": 0, "right": None},
+        ]
+    ),
+)
+def test_a_varlen_batch_is_each_sequence_aligned_bottom_right(lengths, template):
+    """The varlen batch's mask (:func:`mask_kinds.per_sequence`) on the padded ``(B, n_q,
+    n_k)`` grid is, per sequence, the library's packed mask
+    (:class:`~exactattn.core.masks.PackedSequences`, flash-attn's alignment ``o_b = ℓ^k_b −
+    ℓ^q_b``) in its top-left ``ℓ^q_b × ℓ^k_b`` corner and empty elsewhere, whatever the
+    template's alignment."""
+    q_lengths, k_lengths = (list(x) for x in zip(*lengths, strict=True))
+    n_q, n_k = max(q_lengths) + 1, max(k_lengths) + 1  # padding on both sides
+    mask = mask_kinds.per_sequence(template, q_lengths, k_lengths, n_q)
+    table = mask_kinds.allowed(mask, (len(lengths),), n_q, n_k)
+    window = mask_kinds.window(template)
+    left, right = (None, None) if window is None else window[:2]
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]) for x in (q_lengths, k_lengths))
+    packed = masks.PackedSequences(cu_q, cu_k, left, right)
+    geometry = masks.Geometry(int(cu_q[-1]), int(cu_k[-1]))
+    i, j = np.arange(cu_q[-1])[:, None], np.arange(cu_k[-1])[None, :]
+    library = np.broadcast_to(packed.tile(i, j, geometry), (len(i), j.shape[1]))
+    for b, (lq, lk) in enumerate(lengths):
+        corner = library[cu_q[b] : cu_q[b + 1], cu_k[b] : cu_k[b + 1]]
+        assert np.array_equal(table[b, :lq, :lk], corner), (b, lq, lk)
+        assert table[b].sum() == corner.sum()  # nothing outside the corner

@@ -41,6 +41,49 @@ def varlen_wrong_offset(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     )
 
 
+def varlen_equal_q_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kw):
+    """Takes every sequence to have ``cu_seqlens_q[1]`` queries (a batch of equal lengths'
+    stride), the last one the rest."""
+    total = q.shape[0]
+    cu = (torch.arange(len(cu_seqlens_q)) * int(cu_seqlens_q[1])).clamp(max=total)
+    cu[-1] = total
+    longest = int(cu.diff().max())
+    return fa.flash_attn_varlen_func(
+        q, k, v, cu.to(cu_seqlens_q), cu_seqlens_k, longest, max_seqlen_k, **kw
+    )
+
+
+def varlen_causal_top_left(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+    softmax_scale=None, softcap=0.0, return_attn_probs=False, **kw,
+):  # fmt: skip
+    """Aligns a causal mask top-left within each sequence (query ``i'`` sees keys ``j' ≤
+    i'``), not bottom-right (``j' ≤ i' + ℓ^k − ℓ^q``)."""
+    if not causal:
+        return fa.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            softmax_scale=softmax_scale, softcap=softcap,
+            return_attn_probs=return_attn_probs, **kw,
+        )  # fmt: skip
+    seq_q, pos_q = _positions(cu_seqlens_q)
+    seq_k, pos_k = _positions(cu_seqlens_k)
+    mask = (seq_q[:, None] == seq_k[None, :]) & (pos_k[None, :] <= pos_q[:, None])
+    y, lse = et.attention_with_lse(
+        *(x.transpose(0, 1)[None] for x in (q, k, v)),
+        scale=softmax_scale, mask=mask, softcap=softcap or None,
+        enable_gqa=q.shape[1] != k.shape[1], empty_rows="zero",
+    )  # fmt: skip
+    out = y[0].transpose(0, 1)
+    return (out, lse[0], None) if return_attn_probs else out
+
+
+def _positions(cu):
+    """Each packed position's sequence and its position within it."""
+    lengths = cu.diff().long()
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    return seq, torch.arange(int(cu[-1])) - cu.long()[seq]
+
+
 def kvcache_wrong_page(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **kw):
     """Reads sequence 0's first page from a block no sequence owns."""
     table = block_table.clone()
@@ -69,3 +112,49 @@ def sink_in_numerator(q, k, v, *, sinks, **kw):
     y, lse = et.attention_with_lse(q, k, v, sinks=sinks, **kw)
     p_sink = torch.exp(sinks[None, :, None].to(lse.dtype) - lse)
     return y + p_sink[..., None].to(y.dtype), lse
+
+
+def sink_gradient_without_minus(q, k, v, *, sinks, **kw):
+    """Attention with sinks whose ``dσ`` is ``+Σ p_σ δ`` (the minus sign dropped)."""
+    return _with_sink_gradient(q, k, v, sinks, kw, lambda p_sink, lse: p_sink)
+
+
+def sink_gradient_without_sink_in_l(q, k, v, *, sinks, **kw):
+    """Attention with sinks whose ``dσ`` weighs each row by ``e^{σ−m}/ℓ``: the row's sum
+    without the sink's own term (the sink-free lse)."""
+
+    def weight(p_sink, lse):
+        return -p_sink / (1 - p_sink)
+
+    return _with_sink_gradient(q, k, v, sinks, kw, weight)
+
+
+def sink_nan_on_empty_rows(q, k, v, *, sinks, **kw):
+    """Attention with sinks whose rows with no allowed key are NaN (``0/0``: the sink left
+    out of the row's normaliser where no key is)."""
+    y, lse = et.attention_with_lse(q, k, v, sinks=sinks, **kw)
+    empty = ~kw["mask"].any(-1)
+    return y.masked_fill(empty[..., None], float("nan")), lse
+
+
+class _SinkGradient(torch.autograd.Function):
+    """``y`` unchanged forward; backward ``dσ_h = Σ_{b,i} w_i·δ_i`` with ``w`` the given
+    weights (the exact one: ``w = −p_σ``), ``δ_i = G_i·y_i``."""
+
+    @staticmethod
+    def forward(ctx, y, sinks, weight):
+        ctx.save_for_backward(y, weight)
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        y, weight = ctx.saved_tensors
+        delta = (grad_y.float() * y.float()).sum(-1)
+        return grad_y, (weight * delta).sum((0, 2)), None
+
+
+def _with_sink_gradient(q, k, v, sinks, kw, weight_of):
+    y, lse = et.attention_with_lse(q, k, v, sinks=sinks.detach(), **kw)
+    p_sink = torch.exp(sinks.detach()[None, :, None].float() - lse.float())
+    y = _SinkGradient.apply(y, sinks, weight_of(p_sink, lse).float())
+    return y, lse

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from exactattn.cases import Case, Draw, build_case, interface_fields, paths
+from exactattn.cases import Case, Draw, build_case, interface_fields, mask_kinds, paths
 from exactattn.testing.search import seed_only
 from tests.optional import requires
 
@@ -155,3 +155,21 @@ def test_the_sink_convention_judges_large_scores():
     case.q *= 30 / np.abs(case.q).max()
     assert _judged(et.attention_with_lse, "exactattn-sinks", case, MERGE).status == "ok"
     assert _judged(broken.sink_in_numerator, "exactattn-sinks", case, MERGE).status == "fail"
+
+
+def test_a_varlen_batchs_query_lengths_live_in_its_query_padding_alone():
+    """The drawn ``q_seqlens`` become the mask's ``query_padding`` (the kind JAX's ragged
+    batches use) and the causal / window leaf's offsets ``ℓ^k_b − ℓ^q_b``; the case keeps no
+    second copy: :attr:`Case.q_seqlens` reads the mask, through a JSON round trip too."""
+    drawn = [d for d in _draws(200, interface=True, ragged=True) if d.q_seqlens is not None]
+    assert drawn
+    for d in drawn:
+        case = build_case(d)
+        assert "q_seqlens" not in {f.name for f in dataclasses.fields(Case)}
+        parts = mask_kinds.conjuncts(case.mask)
+        padded = [p["lengths"] for p in parts if p["kind"] == "query_padding"]
+        assert padded in ([list(d.q_seqlens)], []), case.mask
+        assert case.q_seqlens == (list(d.q_seqlens) if padded else None)
+        for leaf in (p for p in parts if "offsets" in p):
+            assert leaf["offsets"] == [k - q for q, k in zip(d.q_seqlens, d.seqlens, strict=True)]
+        assert Case.from_json(case.to_json()).q_seqlens == case.q_seqlens

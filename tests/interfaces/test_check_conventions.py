@@ -30,10 +30,15 @@ CORRECT = {
 }
 BROKEN = {  # name -> (convention, supports, what the counterexample names)
     "varlen_wrong_offset": ("flash-varlen", FLASH, "y"),
+    "varlen_equal_q_lengths": ("flash-varlen", FLASH, ""),
+    "varlen_causal_top_left": ("flash-varlen", FLASH, ""),
     "kvcache_wrong_page": ("flash-kvcache", FLASH, "y"),
     "combine_without_max": ("fa4-combine", MERGE, ""),
     "flashinfer_natural_lse": ("flashinfer-merge", MERGE, ""),
     "sink_in_numerator": ("exactattn-sinks", MERGE, "y"),
+    "sink_gradient_without_minus": ("exactattn-sinks", MERGE, "dsinks"),
+    "sink_gradient_without_sink_in_l": ("exactattn-sinks", MERGE, "dsinks"),
+    "sink_nan_on_empty_rows": ("exactattn-sinks", MERGE, "y"),
 }
 
 
@@ -56,6 +61,25 @@ def test_exactattn_passes(convention):
     fn, supports = CORRECT[convention]
     result = _check(fn, convention, supports)
     assert sum(c["ok"] for c in result.report.counts.values()) >= 10
+
+
+# planted bugs the draws missed before varlen batches had their own query lengths, causal /
+# window masks per sequence, and the sink convention judged dsinks and rows with no key
+DEFAULT_PROFILE = (
+    "varlen_equal_q_lengths",
+    "varlen_causal_top_left",
+    "sink_gradient_without_minus",
+    "sink_gradient_without_sink_in_l",
+    "sink_nan_on_empty_rows",
+)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", DEFAULT_PROFILE)
+def test_planted_bug_is_caught_at_the_default_profile(name):
+    convention, supports, output = BROKEN[name]
+    with pytest.raises(AssertionError, match=rf"FAIL .*{output}"):
+        _check(getattr(broken, name), convention, supports)
 
 
 @pytest.mark.slow  # 200 drawn cases and the shrinking of the counterexample: ~10-60 s each
