@@ -1,8 +1,9 @@
 """``exactattn check TARGET --discover``: what a function takes, found by calling it.
 
 Each probe is one tiny case that exercises one feature — a dtype, ``v ≠ d``, GQA,
-``n_q ≠ n_k``, each mask kind, an additive bias, a row with no allowed key (NaN there is
-"not supported": the function leaves such rows undefined), a negative scale, dropout,
+``n_q ≠ n_k``, each mask kind, an additive bias, a row with no allowed key (any answer but
+SDPA's 0 there, where the other rows are right, is "not supported": the function defines such
+rows otherwise, NaN or JAX's mean of V), a negative scale, dropout,
 gradients — run
 and judged as check runs it (:func:`.case_check.check_case`). A probe the function answers
 correctly is *supported*; one it refuses (``NotImplementedError``, or any exception it
@@ -169,11 +170,20 @@ def _outcome(variant: Variant, probe: Probe) -> Outcome:
         return Outcome(probe, "supported")
     if found.status == "skip" or found.detail.startswith(REFUSED):
         return Outcome(probe, "not supported", found.detail)
-    if probe.key == "empty_rows" and " is nan " in found.detail:
-        # a plain softmax's 0/0: the function leaves such rows undefined (NaN), as ONNX's
-        # and OpenVINO's specifications do, rather than answering them wrongly
-        return Outcome(probe, "not supported", f"NaN there: {found.detail}")
+    if probe.key == "empty_rows" and _others_pass(variant, case):
+        # the rows with keys are right, so the function defines a row with none otherwise
+        # than SDPA's 0: a plain softmax's NaN (ONNX's, OpenVINO's), JAX's mean of V
+        return Outcome(probe, "not supported", f"not 0 there: {found.detail}")
     return Outcome(probe, "fails", found.detail)
+
+
+def _others_pass(variant: Variant, case: Case) -> bool:
+    """Whether ``case`` with every row given its keys back passes: then only the rows with
+    no allowed key failed."""
+    full = {"kind": "dense", "allowed": np.ones((N, N), dtype=bool).tolist()}
+    control = dataclasses.replace(case, mask=full, empty_rows="error")
+    (found,) = check_case(control, [variant], Options(grads=False, fast_reference=True))
+    return found.status in ("ok", "known-upstream")
 
 
 def _dropout(variant: Variant) -> Outcome:

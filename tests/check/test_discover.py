@@ -71,3 +71,19 @@ def test_an_sdpa_kernel_is_judged_on_rows_with_no_allowed_key_by_default():
         "empty_rows=no", user_capabilities("sdpa")
     ))  # fmt: skip
     assert targets.Variant(told, "float64").unsupported(case).startswith("rows with no allowed")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_empty_row_probe_never_excuses_wrong_rows_with_keys():
+    """NaN on the empty row is "not supported" only where every row with keys is right: the
+    same NaN with the other rows 1% off is a failure."""
+    from tests.check import refusing_kernels
+
+    def off(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        return 1.01 * refusing_kernels.nan_on_empty_rows(q, k, v, attn_mask, is_causal, scale)
+
+    outcomes = {o.probe.feature: o for o in discover(targets.from_callable(off), ("float64",))}
+    assert outcomes["a row with no allowed key"].status == "fails"
+    told = discover(targets.get(f"{KERNELS}:nan_on_empty_rows"), ("float64",))
+    (empty,) = [o for o in told if o.probe.key == "empty_rows"]
+    assert empty.status == "not supported" and "not 0 there" in empty.detail
