@@ -22,11 +22,12 @@ gradients reach the cache and the new keys), ``deterministic`` and ``num_splits`
 without effect (the result does not depend on the schedule), rotary dimensions of any even
 size (flash-attn wants multiples of 16) and ``cache_leftpad`` with a paged cache too.
 
-Dropout draws its seed from torch's default generator (so ``torch.manual_seed`` makes a run
-repeatable); its keep-bits ``r_ij`` are exactattn's (:mod:`exactattn.core.dropout`), not
-flash-attn's. ``return_attn_probs=True`` with dropout returns flash-attn's debugging matrix
-``S_dmask`` (:func:`attn_probs`) in flash-attn's encoding, built only then (it is
-``(batch, nheads, n_q, n_k)``); without dropout the third item is ``None``, as flash-attn's.
+Dropout draws its seed ``torch.randint(0, 2**62, (1,))`` from torch's default generator (so
+``torch.manual_seed`` makes a run repeatable); its keep-bits ``r_ij`` are exactattn's
+(:mod:`exactattn.core.dropout`), not flash-attn's. ``return_attn_probs=True`` with dropout
+returns flash-attn's debugging matrix ``S_dmask`` (:func:`attn_probs`) in flash-attn's
+encoding, built only then (it is ``(batch, nheads, n_q, n_k)``); without dropout the third
+item is ``None``, as flash-attn's.
 
 ``flash_attn_with_kvcache`` applies rotary embeddings (:func:`apply_rotary`) to the new keys
 at their positions ``cache_seqlens[b] + r`` and to the queries, and reads each sequence's
