@@ -355,7 +355,7 @@ def _rotary_positions(
     keys = base + torch.arange(k.shape[1], device=rotary_cos.device)
     queries = base + (torch.arange(q.shape[1], device=rotary_cos.device) if per_row else 0)
     queries = queries.expand(q.shape[0], q.shape[1])
-    needed = int(max(keys.max(), queries.max())) + 1
+    needed = int(lengths.max(initial=0)) + max(k.shape[1], q.shape[1] if per_row else 1)
     if shape[0] < needed:
         raise ValueError(
             f"rotary_cos has {shape[0]} positions but the new keys and queries reach position "
