@@ -282,6 +282,22 @@ def attention(q: Any, k: Any, v: Any, *, return_stats: bool = False, keywords: K
 
 
 @_shares_keywords
+def prepare_call(q: Any, k: Any, v: Any, *, keywords: Keywords) -> Call:
+    """:func:`attention`'s arguments checked and resolved but not run: the
+    :class:`~exactattn.core.calls.Call` (context, sizes, ``c``, the mask ``A_i``, the score
+    modifications ``mod``, dropout ``r_ij``), for a caller that reads the scores
+    ``s_ij = mod(c·q_i·k_j)`` of a few tiles itself (the flash-attn drop-in's ``S_dmask``).
+    For contexts without a precision scope (IEEE floats): the call is used after it closes.
+    """
+    ctx = resolve_backend(keywords.backend, ("q", q), ("k", k), ("v", v))
+    sink, keywords = _interfaces(keywords)
+    if sink is not None:
+        raise TypeError("prepare_call takes no sinks: they enter no score s_ij")
+    with ctx.scope():
+        return _prepare(ctx, {"q": q, "k": k, "v": v}, keywords)
+
+
+@_shares_keywords
 def attention_backward(
     q: Any,
     k: Any,

@@ -4,15 +4,17 @@ flash-attn's ``flash_attn_with_kvcache`` (and FlashInfer, Flex's ``PagedAttentio
 the keys of sequence ``b`` in pages of ``P`` positions: key ``t`` of ``b`` lives at row
 ``t mod P`` of page ``block_table[b, ⌊t/P⌋]``, for ``t < cache_seqlens[b]``. New keys
 ``k_new (B, n_new, H_kv, d)`` are appended after them (positions ``cache_seqlens[b] + r``).
-A contiguous cache ``(B_cache, n_cache, H_kv, d)`` is the special case of one page of size
-``n_cache`` per sequence, page ``cache_batch_idx[b]`` (default ``b``).
+With a left padding ``λ_b = cache_leftpad[b]`` (flash-attn's) the sequence's keys start at
+position ``λ_b``. A contiguous cache ``(B_cache, n_cache, H_kv, d)`` is the special case of
+one page of size ``n_cache`` per sequence, page ``cache_batch_idx[b]`` (default ``b``).
 
 So the keys of sequence ``b`` are one gather, ``K_b = source[index_b]`` with ``source`` the
 cache's rows followed by the new keys, and the queries ``(B, n_q, H, d)`` attend to them
-as a packed batch (:func:`exactattn.layouts.varlen.varlen_attention`), causal and windows aligned
-bottom-right to the sequence's length ``L_b = cache_seqlens[b] + n_new`` as flash-attn
-aligns them. The gather is written once for every number system; on torch it is
-differentiable, so gradients reach the cache and the new keys.
+as a packed batch (:func:`exactattn.layouts.varlen.varlen_attention`), causal and windows
+aligned bottom-right to the sequence's length ``L_b = cache_seqlens[b] + n_new − λ_b`` as
+flash-attn aligns them (the key at position ``λ_b + j'`` is local key ``j'``). The gather is
+written once for every number system; on torch it is differentiable, so gradients reach the
+cache and the new keys.
 """
 
 from __future__ import annotations
@@ -53,6 +55,33 @@ def _lengths(cache_seqlens: Any, batch: int) -> np.ndarray:
     return lengths
 
 
+def cache_lengths(k_cache: Any, block_table: Any, cache_seqlens: Any, batch: int) -> np.ndarray:
+    """``cache_seqlens`` as ``(B,)`` int64, checked: the keys each sequence holds (positions
+    ``0 ≤ t < cache_seqlens[b]``); default, a contiguous cache's whole length."""
+    if cache_seqlens is None and block_table is not None:
+        raise ValueError("a paged cache needs cache_seqlens: how many keys each sequence holds")
+    return _lengths(k_cache.shape[1] if cache_seqlens is None else cache_seqlens, batch)
+
+
+def _starts(cache_leftpad: Any, lengths: np.ndarray) -> np.ndarray:
+    """``λ_b``, checked: ``0 ≤ cache_leftpad[b] ≤ cache_seqlens[b]`` (default 0)."""
+    if cache_leftpad is None:
+        return np.zeros_like(lengths)
+    starts = varlen.host_integers("cache_leftpad", cache_leftpad)
+    if starts.shape != lengths.shape:
+        raise ValueError(
+            f"cache_leftpad has shape {starts.shape}; give one start per sequence, {lengths.shape}"
+        )
+    bad = (starts < 0) | (starts > lengths)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise ValueError(
+            f"cache_leftpad[{b}] = {int(starts[b])} is outside 0..cache_seqlens[{b}] = "
+            f"{int(lengths[b])}: a sequence's cache runs from cache_leftpad to cache_seqlens"
+        )
+    return starts
+
+
 def cache_row(page: Any, t: Any, page_size: Any) -> Any:
     """The row of the flattened cache ``(N·P, …)`` holding key ``t`` on ``page``:
     ``page·P + t mod P``."""
@@ -66,9 +95,12 @@ def new_row(num_pages: Any, page_size: Any, b: Any, n_new: Any, t: Any, length: 
 
 
 def paged_layout(
-    block_table: np.ndarray, num_pages: int, page_size: int, lengths: np.ndarray, n_new: int
-) -> PagedLayout:
-    """The gather of a paged cache, with the checks that make it well defined."""
+    block_table: np.ndarray, num_pages: int, page_size: int, lengths: np.ndarray, n_new: int,
+    starts: np.ndarray | None = None,
+) -> PagedLayout:  # fmt: skip
+    """The gather of a paged cache, with the checks that make it well defined: sequence ``b``
+    reads positions ``starts[b] ≤ t < lengths[b] + n_new`` (``starts`` default 0)."""
+    starts = np.zeros_like(lengths) if starts is None else starts
     batch, width = block_table.shape
     totals = lengths + n_new
     capacity = width * page_size
@@ -81,7 +113,7 @@ def paged_layout(
         )
     index, written, readers = [], [], {}
     for b in range(batch):
-        t = np.arange(int(totals[b]))
+        t = np.arange(int(starts[b]), int(totals[b]))
         pages = block_table[b, t // page_size]
         bad = (pages < 0) | (pages >= num_pages)
         if bad.any():
@@ -91,7 +123,7 @@ def paged_layout(
                 f"cache (it has {num_pages} pages: 0..{num_pages - 1})"
             )
         rows = cache_row(pages, t, page_size)
-        for position, row in enumerate(rows.tolist()):
+        for position, row in zip(t.tolist(), rows.tolist()):
             readers.setdefault(row, []).append((b, position))
         new = t >= lengths[b]
         written.append(rows[new])
@@ -105,7 +137,7 @@ def paged_layout(
                 "sequences (or listed twice) cannot be appended to: give each sequence its own "
                 "last page"
             )
-    cu_k = np.concatenate([[0], np.cumsum(totals)]).astype(np.int64)
+    cu_k = np.concatenate([[0], np.cumsum(totals - starts)]).astype(np.int64)
     return PagedLayout(np.concatenate(index).astype(np.int64), cu_k, written.astype(np.int64))
 
 
@@ -172,23 +204,23 @@ def cache_table(
 
 def paged_keys(
     k_cache: Any, v_cache: Any, block_table: Any, cache_seqlens: Any, k: Any, v: Any,
-    batch: int, cache_batch_idx: Any = None,
+    batch: int, cache_batch_idx: Any = None, cache_leftpad: Any = None,
 ) -> tuple[Any, Any, PagedLayout]:  # fmt: skip
-    """The packed keys and values ``(Σ_b L_b, H_kv, ·)`` of every sequence, and the layout."""
+    """The packed keys and values ``(Σ_b L_b, H_kv, ·)`` of every sequence, and the layout
+    (``cache_leftpad``: each sequence's first position ``λ_b``, default 0)."""
     _check_cache("k_cache", k_cache)
     _check_cache("v_cache", v_cache)
     if (k is None) != (v is None):
         raise ValueError("give both k and v (the new keys and their values), or neither")
     table, page_size = cache_table(k_cache, batch, block_table, cache_batch_idx)
-    if cache_seqlens is None and block_table is not None:
-        raise ValueError("a paged cache needs cache_seqlens: how many keys each sequence holds")
-    lengths = _lengths(k_cache.shape[1] if cache_seqlens is None else cache_seqlens, batch)
+    lengths = cache_lengths(k_cache, block_table, cache_seqlens, batch)
+    starts = _starts(cache_leftpad, lengths)
     n_new = 0 if k is None else int(k.shape[1])
     if k is not None and (k.ndim != 4 or k.shape[0] != batch):
         raise ValueError(
             f"k must be (batch, n_new, heads_kv, dim) with batch {batch}; got {tuple(k.shape)}"
         )
-    layout = paged_layout(table, int(k_cache.shape[0]), page_size, lengths, n_new)
+    layout = paged_layout(table, int(k_cache.shape[0]), page_size, lengths, n_new, starts)
     packed = []
     for cache, new in ((k_cache, k), (v_cache, v)):
         flat = cache.reshape((-1, *cache.shape[2:]))

@@ -78,14 +78,22 @@ def _sink_rows(out) -> bool:
 
 
 def _flash_attn(**kw):
+    """flash_attn_with_kvcache on a contiguous cache of 4 positions (numpy arguments as
+    tensors; cache_seqlens=3 unless given)."""
     import torch
 
     from exactattn.layouts import flash_attn
 
     q = torch.zeros(1, 1, 1, 4)
+    kw = {"cache_seqlens": 3, **kw}
+    kw = {key: torch.as_tensor(x) if isinstance(x, np.ndarray) else x for key, x in kw.items()}
     return flash_attn.flash_attn_with_kvcache(
         q, torch.zeros(1, 4, 1, 4), torch.zeros(1, 4, 1, 4), **kw
     )
+
+
+_NEW = np.zeros((1, 1, 1, 4), dtype=np.float32)
+_NEW_KV = dict(k=_NEW, v=_NEW)  # one new key and value for _flash_attn's batch of one
 
 
 ROWS = [
@@ -326,18 +334,55 @@ ROWS = [
         r"key_range must be a \(start, stop\) pair",
     ),
     Row(
-        "flash_attn.rotary",
-        "rotary embeddings in flash_attn_with_kvcache",
-        lambda: _flash_attn(rotary_cos=np.zeros((4, 2))),
-        NotImplementedError,
-        "rotary_cos is not supported",
+        "flash_attn.rotary-dim",
+        "a rotary dimension above the head dimension",
+        lambda: _flash_attn(rotary_cos=np.zeros((4, 3)), rotary_sin=np.zeros((4, 3)), **_NEW_KV),
+        RuntimeError,
+        r"rotary_cos \(4, 3\) and rotary_sin \(4, 3\) must both be",
     ),
     Row(
-        "flash_attn.leftpad",
-        "cache_leftpad in flash_attn_with_kvcache",
-        lambda: _flash_attn(cache_leftpad=np.zeros(1)),
-        NotImplementedError,
-        "cache_leftpad is not supported",
+        "flash_attn.rotary-half",
+        "rotary_cos without rotary_sin",
+        lambda: _flash_attn(rotary_cos=np.zeros((4, 2)), **_NEW_KV),
+        RuntimeError,
+        "give both rotary_cos and rotary_sin",
+    ),
+    Row(
+        "flash_attn.rotary-no-new",
+        "a rotary embedding without new keys to rotate",
+        lambda: _flash_attn(rotary_cos=np.zeros((4, 2)), rotary_sin=np.zeros((4, 2))),
+        RuntimeError,
+        "rotary_cos/rotary_sin rotate the new keys",
+    ),
+    Row(
+        "flash_attn.rotary-short",
+        "rotary_cos with fewer positions than the new keys reach",
+        lambda: _flash_attn(
+            rotary_cos=np.zeros((2, 2)), rotary_sin=np.zeros((2, 2)), cache_seqlens=2, **_NEW_KV
+        ),
+        RuntimeError,
+        "rotary_cos has 2 positions but the new keys and queries reach position 2",
+    ),
+    Row(
+        "flash_attn.leftpad-range",
+        "cache_leftpad beyond cache_seqlens",
+        lambda: _flash_attn(cache_seqlens=2, cache_leftpad=np.array([3])),
+        ValueError,
+        r"cache_leftpad\[0\] = 3 is outside 0..cache_seqlens\[0\] = 2",
+    ),
+    Row(
+        "flash_attn.leftpad-shape",
+        "cache_leftpad not one start per sequence",
+        lambda: _flash_attn(cache_leftpad=np.zeros(2, dtype=np.int64)),
+        ValueError,
+        r"cache_leftpad has shape \(2,\)",
+    ),
+    Row(
+        "flash_attn.append-runtime",
+        "an append past the cache, caught as flash-attn's RuntimeError",
+        lambda: _flash_attn(cache_seqlens=4, **_NEW_KV),
+        RuntimeError,
+        "sequence 0 needs 5 positions",
     ),
     Row(
         "flash_attn.window",
