@@ -64,7 +64,9 @@ class Draw:
     ``splits`` the split-KV
     boundaries, ``pages`` the paged cache ``{"size", "pool", "table", "shared"}`` (drawn
     whole, the case's schema; shared pages make the sequences' first keys equal), ``sinks``
-    each query head's sink offset.
+    each query head's sink offset, ``kvcache`` how a KV-cache decode call holds the keys
+    (drawn as intents, resolved against the key lengths by :func:`build_case`:
+    :func:`exactattn.cases.interface_fields.resolve_kvcache`).
     """
 
     batch: tuple[int, ...]
@@ -92,6 +94,7 @@ class Draw:
     splits: tuple[int, ...] | None = None
     pages: dict[str, Any] | None = None
     sinks: tuple[float, ...] | None = None
+    kvcache: dict[str, Any] | None = None  # drawn: resolved by build_case
 
 
 class Programs:
@@ -150,6 +153,7 @@ class Case:
     splits: list[int] | None = None  # split-KV key boundaries 0 = e_0 <= ... <= e_S = n_k
     pages: dict[str, Any] | None = None  # {"size", "pool", "table", "shared"}
     sinks: list[float] | None = None  # per query head: sigma_h - min_{b,i} lse_{b,h,i}
+    kvcache: dict[str, Any] | None = None  # {"append", "paged", "rotary", "num_splits", ...}
     # not part of the problem: never compared, printed or written (see Programs)
     programs: Programs = field(default_factory=Programs, compare=False, repr=False)
 
@@ -301,6 +305,7 @@ class Case:
             f"splits {self.splits}" if self.splits is not None else "",
             _describe_pages(self.pages),
             f"sink offsets {self.sinks}" if self.sinks is not None else "",
+            _describe_kvcache(self.kvcache),
         ]
         return "; ".join(p for p in parts if p)
 
@@ -325,6 +330,24 @@ class Case:
         for extra in ("expect", "finding"):
             data.pop(extra, None)
         return cls(**data)
+
+
+def _describe_kvcache(kvcache: dict[str, Any] | None) -> str:
+    if kvcache is None:
+        return ""
+    parts = [f"kvcache: append {kvcache['append']}", "paged" if kvcache["paged"] else ""]
+    for key in ("leftpad", "batch_idx"):
+        if kvcache.get(key) is not None:
+            parts.append(f"{key} {kvcache[key]}")
+    if not kvcache["paged"]:
+        parts.append(f"contiguous {kvcache['rows']}×{kvcache['length']}")
+    if kvcache["rotary"] is not None:
+        rotary = kvcache["rotary"]
+        form = "interleaved" if rotary["interleaved"] else "halves"
+        parts.append(f"rotary dim {rotary['dim']} {form}")
+    if kvcache["num_splits"]:
+        parts.append(f"num_splits {kvcache['num_splits']}")
+    return " ".join(p for p in parts if p)
 
 
 def _describe_pages(pages: dict[str, Any] | None) -> str:
@@ -395,6 +418,10 @@ def build_case(draw: Draw) -> Case:
     # composition, a document without keys, a bias row of −∞): the opt-in convention is tested
     allowed = mask_kinds.allowed(mask, b, n_q, n_k, mask_mod_table=mask_mod_table)
     attended = _attended(allowed, bias)
+    kvcache = None
+    if draw.kvcache is not None:
+        lengths = interface_fields.sequence_lengths(mask, draw.seqlens, (b or (1,))[0], n_k)
+        kvcache = interface_fields.resolve_kvcache(draw.kvcache, lengths, draw.pages, draw.d)
     return Case(
         q,
         k,
@@ -417,6 +444,7 @@ def build_case(draw: Draw) -> Case:
         splits=None if draw.splits is None else list(draw.splits),
         pages=draw.pages,
         sinks=None if draw.sinks is None else list(draw.sinks),
+        kvcache=kvcache,
         programs=programs,
     )
 

@@ -64,7 +64,7 @@ from hypothesis import strategies as st
 
 from . import mask_kinds
 from .case import Draw
-from .interface_fields import fill_pages, page_size, weighted
+from .interface_fields import APPENDS, ROTARY_FRACTIONS, fill_pages, page_size, weighted
 from .strategies import masks as compositions
 from .strategies import scores
 
@@ -138,6 +138,7 @@ def check_draws(
     modify: bool = False,
     interface: bool = False,
     ragged: bool = False,
+    kvcache: bool = False,
 ) -> Draw:
     """A check case (see the module docstring): ``blocks`` the key-block sizes the targets
     claim, ``max_n`` the size cap, ``budget`` the largest ``B·H·n_q·n_k``, ``max_d`` a cap
@@ -146,7 +147,9 @@ def check_draws(
     is called through an interface convention, so the case also draws the interface fields
     (:func:`interface_fields`, drawn last: the other draws keep their seeds); ``ragged``:
     some target takes per-sequence query lengths, so a share of cases pads its queries
-    (see the module docstring; drawn after everything else)."""
+    (see the module docstring; drawn after everything else); ``kvcache``: some target is
+    called through a KV-cache decode convention, so the interface fields include how the
+    cache holds the keys (:func:`_kvcache`)."""
     dtype = draw(st.sampled_from(dtypes)) if dtypes else None
     cap = min(max_n, FLOAT64_MAX_N) if dtype == "float64" else max_n
     path = _weighted(draw, PATHS)
@@ -180,7 +183,11 @@ def check_draws(
     seed = draw(st.integers(0, 2**64 - 1)) if dropout_p else 0
     data_seed = draw(st.integers(0, 2**32 - 1))
     layout = draw(st.sampled_from(layouts))  # the draws above keep their order: seeds replay
-    fields = draw(interface_fields(batch, n_q, n_k, b, mask, budget, ragged)) if interface else {}
+    fields = (
+        draw(interface_fields(batch, n_q, n_k, b, mask, budget, ragged, kvcache))
+        if interface
+        else {}
+    )
     batch = fields.pop("batch", batch)  # a varlen batch draws its own number of sequences
     if ragged and batch and "seqlens" not in fields and _percent(draw, RAGGED_SHARE):
         lengths = [_length(draw, n_q, b) for _ in range(batch[0])]
@@ -344,6 +351,7 @@ def interface_fields(
     mask: dict[str, Any],
     budget: int = 1 << 17,
     ragged: bool = False,
+    kvcache: bool = False,
 ) -> dict[str, Any]:
     """The interface fields of a :class:`~exactattn.cases.Draw`
     (:mod:`exactattn.cases.interface_fields`), and for a varlen batch its ``batch``.
@@ -360,26 +368,55 @@ def interface_fields(
     on either side and ``ℓ^q_b > ℓ^k_b`` included (:func:`_length`). Without ``ragged`` the
     batch is the case's and the draws come in main's order (splits, pages, then the varlen
     batch's key lengths), so those runs replay the draws they had before per-sequence query
-    lengths."""
+    lengths. With ``kvcache`` a varlen batch's causal / window masks are aligned within each
+    sequence too (a decode call aligns them to each cache's length), and the cache's layout
+    is drawn last (:func:`_kvcache`)."""
     heads = batch[-1] if len(batch) == 2 else 1
     B = batch[0] if batch else 1
     out: dict[str, Any] = {}
-    expressed = bool(batch) and mask_kinds.varlen(mask, ragged)
-    varlen = ragged and expressed and _percent(draw, VARLEN_SHARE)  # first: B decides the pages
+    expressed = bool(batch) and mask_kinds.varlen(mask, ragged or kvcache)
+    own_order = ragged or kvcache  # a varlen batch drawn first: its B decides the pages
+    varlen = own_order and expressed and _percent(draw, VARLEN_SHARE)
     if varlen:
         most = min(MAX_SEQUENCES, max(B, budget // (4 * heads * n_q * n_k)))
         B = _between(draw, 1, most)
         out["batch"] = (B, *batch[1:])
     out["splits"] = _splits(draw, n_k, b)
     out["pages"] = _pages(draw, B, n_k, b)
-    if not ragged:  # main's order
+    if not own_order:  # main's order
         varlen = expressed and _percent(draw, VARLEN_SHARE)
     if varlen:
         out["seqlens"] = tuple(_length(draw, n_k, b) for _ in range(B))
         if ragged and _percent(draw, Q_UNEVEN):
             out["q_seqlens"] = tuple(_length(draw, n_q, b) for _ in range(B))
     out["sinks"] = tuple(_weighted(draw, SINK_OFFSETS) for _ in range(heads))
+    if kvcache:
+        out["kvcache"] = _kvcache(draw)
     return out
+
+
+def _kvcache(draw: st.DrawFn) -> dict[str, Any]:
+    """How a KV-cache decode call holds the keys, to be resolved against the case's key
+    lengths (:func:`~exactattn.cases.interface_fields.resolve_kvcache`): an append of
+    :data:`~exactattn.cases.interface_fields.APPENDS`, a paged cache in half the cases, else
+    a contiguous one with left padding and a permuted batch each in half, slack positions
+    after the longest sequence, rotary in 60% (interleaved or not, a fraction of the head),
+    ``num_splits`` 0 (the heuristic) in half, else 1 to 4."""
+    rotary = None
+    if _percent(draw, 60):
+        fraction = draw(st.sampled_from(ROTARY_FRACTIONS))
+        rotary = {"fraction": fraction, "interleaved": draw(st.booleans())}
+    return {
+        "append": _weighted(draw, APPENDS),
+        "few": draw(st.integers(2, 5)),
+        "paged": draw(st.booleans()),
+        "leftpad": draw(st.booleans()),
+        "batch_idx": draw(st.booleans()),
+        "slack": draw(st.sampled_from((0, 1, 3))),
+        "rotary": rotary,
+        "num_splits": 0 if _percent(draw, 50) else draw(st.integers(1, 4)),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+    }
 
 
 def _length(draw: st.DrawFn, n: int, b: int) -> int:

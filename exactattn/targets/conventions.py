@@ -156,13 +156,19 @@ class Convention:
 
     ``ragged``: the convention passes per-sequence query lengths (the ``query_padding``
     mask kind), so the check draws ragged query batches for it
-    (:func:`exactattn.cases.paths.check_draws`). ``expresses``: mask kinds the convention
+    (:func:`exactattn.cases.paths.check_draws`). ``kvcache``: a KV-cache decode call, so
+    the check draws how the cache holds the keys (the ``kvcache`` interface field).
+    ``reads``: the interface fields the convention lays the case out by
+    (:data:`exactattn.cases.interface_fields.FIELDS`): the coverage table counts those.
+    ``expresses``: mask kinds the convention
     passes through the interface itself (a varlen call's ``cu_seqlens_q`` is the
     ``query_padding`` of a varlen batch), so the target's ``masks`` capability need not
     name them; :meth:`unsupported` still says where the case is beyond the interface."""
 
     name = ""
     ragged = False
+    kvcache = False
+    reads: tuple[str, ...] = ()
     expresses: tuple[str, ...] = ()
 
     def unsupported(self, target: Any, case: Case, device: str, grads: bool) -> str | None:

@@ -77,6 +77,7 @@ class FlashinferPrefill(_Flashinfer):
     ``(n_q, n_k)`` (True = attend)."""
 
     name = "flashinfer-prefill"
+    reads = ("seqlens",)
 
     def unsupported(self, target, case, device, grads):
         reason = super().unsupported(target, case, device, grads)
@@ -128,6 +129,7 @@ class FlashinferDecode(_Flashinfer):
     every row reads all ``ℓ_b`` real keys. A window without causal is no decode step."""
 
     name = "flashinfer-decode"
+    reads = ("seqlens",)
 
     def unsupported(self, target, case, device, grads):
         reason = super().unsupported(target, case, device, grads)
@@ -172,6 +174,7 @@ class FlashinferPaged(_Flashinfer):
     keys; the queries packed ``(B·n_q, H, d)``."""
 
     name = "flashinfer-paged"
+    reads = ("seqlens", "pages")
 
     def run(self, target, case, held, device, grads):
         import torch

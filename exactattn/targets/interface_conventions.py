@@ -8,10 +8,9 @@ the interface, so the case's certified reference judges the result unchanged:
   key-padding mask becomes unequal key lengths (only the real keys are packed: their
   ``dK``, ``dV`` come back in place, the padded keys' are 0); causal and windows aligned
   bottom-right as ``flash``.
-* ``flash-kvcache``: ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=,
-  block_table=, ...)``: the keys placed in the case's paged cache (its ``pages``: the
-  block table of shuffled pages) (key padding: ``cache_seqlens``); forward only
-  (flash-attn's function has no backward).
+* ``flash-kvcache``: ``flash_attn_with_kvcache`` with appends, paged and contiguous
+  caches, ``cache_batch_idx``, ``cache_leftpad``, rotary and ``num_splits``
+  (:mod:`.flash_kvcache`); forward only (flash-attn's function has no backward).
 * ``fa4-combine``, ``xformers-merge``, ``flashinfer-merge``: the target is a *merge*: the
   keys are split into the case's number of parts, each part's partial ``(y_t, lse_t)`` is
   computed in float64 by :func:`exactattn.attention` (``key_range``) and rounded to the case
@@ -195,7 +194,7 @@ def window_of(case: Case) -> tuple[int, int] | str:
     return flash_window(case)
 
 
-def _flash_kwargs(case: Case, device: str, window: tuple[int, int] | None = None):
+def flash_kwargs(case: Case, device: str, window: tuple[int, int] | None = None):
     left, right = window or window_of(case)  # type: ignore[misc]
     kwargs: dict[str, Any] = {
         "softmax_scale": case.c(),
@@ -242,6 +241,7 @@ class FlashVarlen(FlashBase):
     allowed key: ``Y = 0``, ``lse = −∞``, ``dQ = 0`` (the padded keys' ``dK = dV = 0``)."""
 
     name = "flash-varlen"
+    reads = ("seqlens",)
     ragged = True  # cu_seqlens_q: each sequence's real query rows ...
     expresses = ("query_padding",)  # ... are its query padding
 
@@ -280,7 +280,7 @@ class FlashVarlen(FlashBase):
             int(layout.q.max(initial=0)),
             int(layout.k.max(initial=0)),
             return_attn_probs=want_lse,
-            **_flash_kwargs(case, device, layout.window),
+            **flash_kwargs(case, device, layout.window),
         )
         y = result[0] if isinstance(result, (tuple, list)) else result
 
@@ -319,40 +319,6 @@ def paged(x: np.ndarray, pages: dict[str, Any]) -> np.ndarray:
     return cache
 
 
-class FlashKvcache(FlashBase):
-    name = "flash-kvcache"
-
-    def run(self, target, case, held, device, grads):
-        import torch
-
-        fn = target.load()
-        B, H = lift(case.batch)
-        n = case.sizes
-        bnhd = to_bnhd(held, B)
-        lengths, _ = key_lengths(case, B)
-        pages = InterfaceDraw.pages(case, B)
-        table = np.asarray(pages["table"])
-        caches = paged_caches(case, bnhd, pages, device)
-        q = tensor(bnhd["q"], case.dtype, device, case.layout, False)
-        want_lse = target.caps.lse is True
-        result = fn(
-            q,
-            caches["k"],
-            caches["v"],
-            cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=device),
-            block_table=torch.tensor(table, dtype=torch.int32, device=device),
-            return_softmax_lse=want_lse,
-            **_flash_kwargs(case, device),
-        )
-        y = result[0] if isinstance(result, (tuple, list)) else result
-        dense_y = to_numpy("y", y, (B, n["n_q"], H, n["v"])).transpose(0, 2, 1, 3)
-        out = {"y": dense_y.reshape(held["g"].shape), "_dtype": dtype_name(y)}
-        if want_lse:
-            lse = to_numpy("lse", result[1], (B, H, n["n_q"]))
-            out["lse"] = lse.reshape(held["g"].shape[:-1])
-        return out
-
-
 def paged_caches(case: Case, bnhd: dict[str, np.ndarray], pages: dict[str, Any], device: str):
     """The keys and values in the case's paged cache ``(pool, P, H_kv, ·)`` (NHD, :func:`paged`)
     as tensors of the case's dtype on ``device``."""
@@ -386,6 +352,8 @@ def partials(case: Case, held: dict[str, np.ndarray], edges: list[int]) -> list[
 
 class MergeBase(Convention):
     """A merge of split-KV partials; subclasses lay them out and call the target."""
+
+    reads = ("seqlens", "splits")
 
     def unsupported(self, target, case, device, grads):
         if case.dropout_p:
@@ -461,6 +429,7 @@ class Sinks(Convention):
     """
 
     name = "exactattn-sinks"
+    reads = ("sinks",)
 
     def unsupported(self, target, case, device, grads):
         if case.dropout_p or case.score_mod is not None:

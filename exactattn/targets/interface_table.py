@@ -2,7 +2,8 @@
 production interface (varlen, KV caches, merges, sinks) rather than a dense call.
 
 :data:`CONVENTIONS` gathers them from their modules (:mod:`.interface_conventions`:
-flash-attn's, FA4's, xformers', the sinks'; :mod:`.flashinfer_conventions`;
+flash-attn's varlen, FA4's, xformers', the sinks'; :mod:`.flash_kvcache`;
+:mod:`.flashinfer_conventions`;
 :mod:`.onnx_conventions`; OpenVINO's paged cache, :mod:`.openvino_paged`);
 ``exactattn check`` draws the case's interface fields for a target run through any of them.
 :data:`FORWARD_ONLY`: those whose outputs have no gradient judged (``q, k, v`` or a sink's).
@@ -10,13 +11,14 @@ flash-attn's, FA4's, xformers', the sinks'; :mod:`.flashinfer_conventions`;
 
 from __future__ import annotations
 
+from .flash_kvcache import FlashKvcache
 from .flashinfer_conventions import (
     FlashinferDecode,
     FlashinferMerge,
     FlashinferPaged,
     FlashinferPrefill,
 )
-from .interface_conventions import Fa4Combine, FlashKvcache, FlashVarlen, Sinks, XformersMerge
+from .interface_conventions import Fa4Combine, FlashVarlen, Sinks, XformersMerge
 from .onnx_conventions import OnnxKvcache, OrtGqa
 from .openvino_paged import OpenvinoPaged
 

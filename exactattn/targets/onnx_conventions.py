@@ -80,6 +80,7 @@ class OnnxKvcache(Convention):
     """
 
     name = "onnx-kvcache"
+    reads = ("splits",)  # the past length: the last split
 
     def unsupported(self, target, case, device, grads):
         n = case.sizes
@@ -172,6 +173,7 @@ class OrtGqa(Convention):
     """
 
     name = "ort-gqa"
+    reads = ("seqlens",)
 
     def unsupported(self, target, case, device, grads):
         if case.dtype not in ("float64", "float32", "float16"):

@@ -116,6 +116,7 @@ class OpenvinoPaged(Convention):
     """A case through the op's inputs (see the module docstring)."""
 
     name = "openvino-paged"
+    reads = ("seqlens", "pages")
 
     def unsupported(self, target, case, device, grads):
         if case.dropout_p or case.modified:

@@ -8,7 +8,9 @@ size ``b`` (the bound's; the case's own block size when the claim states none), 
 tail block (``n_k mod b ≠ 0``), the largest ``n``, the vacuous bounds and which reference
 served, and for cases with interface fields what they covered (sequences per batch,
 zero-length sequences, number of splits, empty splits and splits on a block edge, page
-sizes, shared pages, sinks above the lse: :func:`exactattn.cases.interface_fields.coverage`);
+sizes, shared pages, sinks above the lse, a KV cache's appends, page crossings and rotary:
+:func:`exactattn.cases.interface_fields.coverage` of the built case, its findings'
+``covered``);
 :func:`table` prints it beside the verdicts (and ``report.md``).
 """
 
@@ -17,8 +19,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from typing import Any
-
-from ..cases import interface_fields
 
 COLUMNS = (
     ("judged", "judged"),
@@ -82,7 +82,7 @@ def tally(counts: dict[str, Counter], finding: Any, draw: Any) -> None:
     c["largest"] = max(c["largest"], draw.n_q, draw.n_k)
     c["vacuous"] += bool(finding.vacuous)
     c["float64"] += finding.reference == "float64"
-    for key in interface_fields.coverage(draw):
+    for key in finding.covered:  # read off the built case (a KV cache's resolved layout)
         c[f"iface {key}"] += 1
 
 

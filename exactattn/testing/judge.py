@@ -65,6 +65,7 @@ class Finding:
     reference: str = ""  # which certified reference served: "arb" or "float64"
     expected: float = math.nan  # Y's largest |error| / expected error (.suspicion)
     suspicious: str = ""  # why an ok finding is SUSPICIOUS (never a failure)
+    covered: tuple[str, ...] = ()  # what the case covered of the interfaces (.coverage)
 
 
 def _mpf(e: Any) -> mpmath.mpf:

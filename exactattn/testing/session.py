@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import targets as registry
-from ..cases import LAYOUTS, Case, paths, strategies
+from ..cases import LAYOUTS, Case, interface_fields, paths, strategies
 from ..infra.executors import make_executor
 from ..infra.journal import Journal
 from ..targets import Target, Variant
@@ -112,7 +112,8 @@ class Variants:
         s = self.settings
         options = Options(s.grads, s.determinism, s.baselines, s.sampled, s.fast_reference)
         by_name = {u.name: u for u in units}
-        return [reclassify(by_name[f.target], case, f) for f in check_case(case, units, options)]
+        found = [reclassify(by_name[f.target], case, f) for f in check_case(case, units, options)]
+        return [dataclasses.replace(f, covered=_covered(case, by_name[f.target])) for f in found]
 
     def counters(self) -> dict[str, float]:
         return dataclasses.asdict(STATS)
@@ -124,6 +125,12 @@ class Variants:
                 "names or module:function) to run on worker processes or a cluster"
             )
         return self.__dict__
+
+
+def _covered(case: Case, unit: Variant) -> tuple[str, ...]:
+    """What ``case`` covered of the interface fields ``unit``'s convention reads."""
+    reads = unit.convention.reads
+    return tuple(interface_fields.coverage(case, reads)) if reads else ()
 
 
 def run(
@@ -192,6 +199,7 @@ def _strategy(variants: list[Variant], settings: Settings) -> Any:
     modify = any(True in (v.target.caps.bias, v.target.caps.softcap) for v in variants)
     interface = any(v.target.convention in INTERFACES for v in variants)
     ragged = any(v.convention.ragged for v in variants)
+    kvcache = any(v.convention.kvcache for v in variants)
     if settings.program is not None:
         return strategies.draws(
             max_n=settings.max_n,
@@ -215,6 +223,7 @@ def _strategy(variants: list[Variant], settings: Settings) -> Any:
         modify=modify,
         interface=interface,
         ragged=ragged,
+        kvcache=kvcache,
     )
 
 

@@ -85,14 +85,85 @@ def _positions(cu):
 
 
 def kvcache_wrong_page(q, k_cache, v_cache, cache_seqlens=None, block_table=None, **kw):
-    """Reads sequence 0's first page from a block no sequence owns."""
-    table = block_table.clone()
-    unused = sorted(set(range(k_cache.shape[0])) - set(table.flatten().tolist()))
+    """Reads sequence 0's first page from a block no sequence owns (a paged cache)."""
+    table = None if block_table is None else block_table.clone()
+    unused = (
+        []
+        if table is None
+        else sorted(set(range(k_cache.shape[0])) - set(table.flatten().tolist()))
+    )
     if unused:
         table[0, 0] = unused[0]
     return fa.flash_attn_with_kvcache(
         q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=table, **kw
     )
+
+
+def kvcache_append_not_written(q, k_cache, v_cache, k=None, v=None, **kw):
+    """Attends to the new keys but never stores them in the caches."""
+    return fa.flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, **kw)
+
+
+def kvcache_append_in_first_page(
+    q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, **kw
+):
+    """Writes every appended key into the page its first one falls in (an append that
+    crosses a page boundary overwrites that page), then attends to the cache."""
+    if k is None or block_table is None or kw.get("rotary_cos") is not None:
+        return fa.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, block_table=block_table, **kw
+        )
+    size = k_cache.shape[1]
+    with torch.no_grad():
+        for b, start in enumerate(cache_seqlens.tolist()):
+            page = int(block_table[b, start // size])
+            for r in range(k.shape[1]):
+                k_cache[page, (start + r) % size] = k[b, r]
+                v_cache[page, (start + r) % size] = v[b, r]
+    return fa.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens + k.shape[1], block_table=block_table,
+        **kw,
+    )  # fmt: skip
+
+
+def kvcache_leftpad_ignored(q, k_cache, v_cache, k=None, v=None, cache_leftpad=None, **kw):
+    """Reads every cache row from position 0 (``cache_leftpad`` dropped)."""
+    return fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
+
+
+def kvcache_batch_idx_ignored(q, k_cache, v_cache, k=None, v=None, cache_batch_idx=None, **kw):
+    """Reads sequence ``b`` from cache row ``b`` (``cache_batch_idx`` dropped)."""
+    return fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
+
+
+def kvcache_rotary_halves_only(q, k_cache, v_cache, k=None, v=None, rotary_interleaved=True, **kw):
+    """Rotates the pairs ``(u, u + R/2)`` whatever ``rotary_interleaved`` says."""
+    return fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_interleaved=False, **kw)
+
+
+def kvcache_rotary_whole_head(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                              rotary_sin=None, **kw):  # fmt: skip
+    """Rotates every dim of the head: a ``rotary_dim < headdim`` table repeated to cover it."""
+    if rotary_cos is not None and 2 * rotary_cos.shape[1] < q.shape[-1]:
+        half, reps = q.shape[-1] // 2, -(-q.shape[-1] // (2 * rotary_cos.shape[1]))
+        rotary_cos, rotary_sin = (x.repeat(1, reps)[:, :half] for x in (rotary_cos, rotary_sin))
+    return fa.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos=rotary_cos, rotary_sin=rotary_sin, **kw
+    )
+
+
+def kvcache_queries_at_one_position(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                                    rotary_sin=None, cache_seqlens=None, **kw):  # fmt: skip
+    """Rotates every query at ``cache_seqlens`` (the non-causal rule), causal or not."""
+    if rotary_cos is None:
+        return fa.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, **kw
+        )
+    interleaved = kw.pop("rotary_interleaved", True)
+    at = cache_seqlens.long()[:, None]
+    k = fa.apply_rotary(k, rotary_cos, rotary_sin, at + torch.arange(k.shape[1]), interleaved)
+    q = fa.apply_rotary(q, rotary_cos, rotary_sin, at.expand(-1, q.shape[1]), interleaved)
+    return fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, **kw)
 
 
 def combine_without_max(out_partial, lse_partial, **kw):

@@ -173,3 +173,71 @@ def test_a_varlen_batchs_query_lengths_live_in_its_query_padding_alone():
         for leaf in (p for p in parts if "offsets" in p):
             assert leaf["offsets"] == [k - q for q, k in zip(d.q_seqlens, d.seqlens, strict=True)]
         assert Case.from_json(case.to_json()).q_seqlens == case.q_seqlens
+
+
+# --- the kvcache field ---------------------------------------------------------------------
+def _spec(**changes):
+    spec = dict(append="one", few=3, paged=False, leftpad=False, batch_idx=False, slack=0,
+                rotary=None, num_splits=0, seed=5)  # fmt: skip
+    return spec | changes
+
+
+def test_a_kvcache_append_fits_every_sequence_and_aims_at_page_boundaries():
+    pages = interface_fields.fill_pages(4, 0, 1, 2, 11)
+    at = lambda kind: interface_fields.resolve_kvcache(  # noqa: E731
+        _spec(append=kind, paged=True), [10, 7], pages, 8
+    )["append"]
+    assert at("all") == 7 and at("one") == 1  # the shortest sequence bounds every append
+    assert (10 - at("page-edge")) % 4 == 0  # sequence 0's appends start a page
+    start = 10 - at("cross-page")
+    assert start // 4 != 9 // 4  # ... or one key before it: they cross a boundary
+    shared = interface_fields.fill_pages(4, 1, 1, 2, 11)
+    field = interface_fields.resolve_kvcache(_spec(append="all", paged=True), [10, 7], shared, 8)
+    assert field["append"] == 7 - 4  # nothing is appended into the shared prefix page
+
+
+def test_a_contiguous_kvcache_draws_its_rows_and_left_padding():
+    field = interface_fields.resolve_kvcache(
+        _spec(leftpad=True, batch_idx=True, slack=3), [5, 2, 6], None, 8
+    )
+    rows, idx, pad = field["rows"], field["batch_idx"], field["leftpad"]
+    assert rows > 3 and len(set(idx)) == 3 and all(0 <= r < rows for r in idx)
+    assert field["length"] == max(p + n for p, n in zip(pad, [5, 2, 6])) + 3
+
+
+def test_rotary_dims_follow_flash_attn_and_need_an_append():
+    rotary = {"fraction": 0.5, "interleaved": True}
+    resolve = interface_fields.resolve_kvcache
+    assert resolve(_spec(rotary=rotary), [4], None, 64)["rotary"]["dim"] == 32
+    assert resolve(_spec(rotary=rotary | {"fraction": 0.25}), [4], None, 80)["rotary"]["dim"] == 16
+    assert resolve(_spec(rotary=rotary), [4], None, 6)["rotary"]["dim"] == 2  # small heads
+    assert resolve(_spec(rotary=rotary, append="none"), [4], None, 64)["rotary"] is None
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_quarter_turns_rotate_exactly_and_invert(interleaved):
+    cos, sin = interface_fields.quarter_turns(3, 9, 3)
+    assert set(np.unique(cos)) | set(np.unique(sin)) <= {-1.0, 0.0, 1.0}
+    assert np.array_equal(cos**2 + sin**2, np.ones_like(cos))
+    x = np.random.default_rng(0).normal(size=(2, 4, 1, 8)).astype(np.float16).astype(float)
+    at = np.arange(8).reshape(2, 4)
+    turned = interface_fields.rotated(x, cos, sin, at, interleaved, 1)
+    assert np.array_equal(interface_fields.rotated(turned, cos, sin, at, interleaved, -1), x)
+    assert np.array_equal(turned[..., 6:], x[..., 6:])  # rotary_dim 6 of 8: the rest untouched
+    pairs = (
+        [(2 * u, 2 * u + 1) for u in range(3)] if interleaved else [(u, u + 3) for u in range(3)]
+    )
+    for u, (a, b) in enumerate(pairs):  # the definition, entry by entry
+        c, s = cos[at][..., u][..., None], sin[at][..., u][..., None]
+        assert np.array_equal(turned[..., a], x[..., a] * c - x[..., b] * s)
+        assert np.array_equal(turned[..., b], x[..., b] * c + x[..., a] * s)
+
+
+def test_kvcache_coverage_names_page_crossings_and_rotary():
+    field = {"append": 3, "paged": True, "rotary": {"dim": 4, "interleaved": False, "seed": 1},
+             "num_splits": 2}  # fmt: skip
+    keys = interface_fields.kvcache_coverage(field, [9, 6], page=4, d=8)
+    assert {"append 3", "paged cache", "append crosses page", "rotary halves", "rotary partial",
+            "num_splits 2"} <= set(keys)  # fmt: skip
+    assert "append at page edge" not in keys  # starts 6 and 3: neither on a page's first row
+    assert "append at page edge" in interface_fields.kvcache_coverage(field, [7], page=4, d=8)

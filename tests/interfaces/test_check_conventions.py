@@ -82,6 +82,49 @@ def test_planted_bug_is_caught_at_the_default_profile(name):
         _check(getattr(broken, name), convention, supports)
 
 
+# flash_attn_with_kvcache as production calls it: appends across pages, cache_batch_idx,
+# cache_leftpad, rotary (interleaved or not, partial) and num_splits, at real head dims
+KVCACHE_BROKEN = {  # name -> what the counterexample names
+    "kvcache_wrong_page": "",
+    "kvcache_append_not_written": "k_cache after the call",
+    "kvcache_append_in_first_page": "k_cache after the call",
+    "kvcache_leftpad_ignored": "y",
+    "kvcache_batch_idx_ignored": "",
+    "kvcache_rotary_halves_only": "",
+    "kvcache_rotary_whole_head": "",
+    "kvcache_queries_at_one_position": "y",
+}
+
+
+def _check_kvcache(fn, examples):
+    return assert_attention_close(
+        fn, convention="flash-kvcache", claim=CLAIM, supports=FLASH, examples=examples,
+        dtypes=("float32", "float16"), max_n=48, max_d=None, dropout_probe=False,
+    )  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_exactattn_kvcache_passes_with_appends_rotary_and_cache_layouts():
+    result = _check_kvcache(fa.flash_attn_with_kvcache, 60)
+    covered = set().union(*(c.keys() for c in result.report.coverage.values()))
+    for key in ("append 1", "paged cache", "contiguous", "cache_leftpad", "rotary partial"):
+        assert f"iface {key}" in covered, key
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_kvcache_append_that_is_never_written_is_caught():
+    with pytest.raises(AssertionError, match=r"FAIL .*k_cache after the call"):
+        _check_kvcache(broken.kvcache_append_not_written, 60)
+
+
+@pytest.mark.slow  # 200 drawn cases at real head dims, shrinking included: ~10-30 s each
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", sorted(KVCACHE_BROKEN))
+def test_broken_kvcache_is_caught(name):
+    with pytest.raises(AssertionError, match=rf"FAIL .*{KVCACHE_BROKEN[name]}"):
+        _check_kvcache(getattr(broken, name), 200)
+
+
 @pytest.mark.slow  # 200 drawn cases and the shrinking of the counterexample: ~10-60 s each
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name", sorted(BROKEN))
