@@ -10,13 +10,21 @@ strip, the mask read a strip of rows at a time) and the bound
 (:func:`exactattn.error.bounds.bounds_max` of the strip's rows: the forward's bound of a row
 reads that row only) cost ``O(STRIP·n·d)`` each, a small fraction of the target's run.
 
-Skipped, each with its reason printed once: a float64 target (only arb could certify it,
-and arb at this length takes days), the gradients (dK, dV sum over all ``n`` rows: their
-bound is a full ``n²`` pass), the same-dtype naive baseline and a dense bias table (both
-need ``n²``-sized memory), the determinism run. A case whose estimated memory (the inputs
-as held, a table the path needs, the strips' tiles) exceeds what the machine has available
-is skipped with a message saying how much it needed. Before each case an ETA is printed,
-the target's time at :data:`PROBE_N` scaled by ``(n/PROBE_N)²``.
+At :data:`GRADIENT_N` = 16384 the target also runs its backward and ``Y, dQ, dK, dV`` are
+judged on every row: dK and dV sum over all ``n`` query rows, so the float64 reference
+(:func:`exactattn.cases.exact.fast`) and the bound (:func:`exactattn.testing.tolerance.
+bounds`) each make one full ``O(n²·d)`` pass, a strip of rows at a time (their chunks:
+memory ``O(n·d)`` plus one strip's tiles), several minutes a case; a reference whose
+radius is not below 2^-20 of the allowed error skips the gradients, saying so. The larger
+lengths judge the forward only (a gradient pass there takes hours).
+
+Skipped, each with its reason printed once: a float64 target (only arb could certify it, and
+arb at this length takes days), the gradients beyond :data:`GRADIENT_N`, the same-dtype
+naive baseline and a dense bias table (both need ``n²``-sized memory), the determinism run.
+A case whose estimated memory (the inputs as held, a table the path needs, the strips'
+tiles) exceeds what the machine has available is skipped with a message saying how much it
+needed. Before each case an ETA is printed, the target's time at :data:`PROBE_N` scaled by
+``(n/PROBE_N)²``.
 """
 
 from __future__ import annotations
@@ -30,14 +38,15 @@ from typing import Any
 import numpy as np
 
 from ..cases import Case
-from ..cases.exact import Reference
+from ..cases.exact import Reference, fast, serves
 from ..cases.inputs import make_inputs
 from ..error import bounds as error_bounds
 from ..targets import Variant
 from .judge import Finding, judge
-from .tolerance import Allowed, overflow_risk
+from .tolerance import Allowed, bounds, overflow_risk
 
 SIZES = (16384, 65536, 131072)
+GRADIENT_N = 16384  # the one length whose gradients are judged (a full n² pass each)
 STRIP = 512  # query rows per judged strip
 PROBE_N = 2048  # the ETA's calibration size
 HEAD_DIM = 64
@@ -47,8 +56,9 @@ SKIPPED = {
     "float64": "float64 targets are not judged at long n: only the arb reference could "
     "certify them (the float64 reference's radius is not below 2^-20 of their tolerance), "
     "and arb at this length takes days",
-    "gradients": "gradients are not judged at long n: dK, dV sum over all n query rows, "
-    "whose bound is a full n² pass (the forward is judged on strips of rows)",
+    "gradients": f"gradients are judged at n = {GRADIENT_N} only: dK, dV sum over all n "
+    "query rows, whose reference and bound are a full n² pass (hours at 65536 and beyond; "
+    "the forward is judged on strips of rows there)",
     "baselines": "the same-dtype naive baseline and a dense bias table need n²-sized memory "
     "(the naive baseline's scores alone: 64 GiB at n = 131072 in float32): not run",
     "determinism": "no second run at long n (the determinism check is the default profile's)",
@@ -224,10 +234,11 @@ def _minutes(seconds: float) -> str:
 
 def _one(variant: Variant, case: Case, n: int, path: str, say, head: str) -> LongCase:
     held = variant.held(case)
+    grads = n == GRADIENT_N and not variant.grads_unsupported()
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     try:
-        out = variant.run(case, held, False)
+        out = variant.run(case, held, grads)
     except Exception as error:  # a target's failure is a finding, never a crash
         text = (str(error).strip().splitlines() or [""])[0][:300]
         finding = Finding(variant.name, "fail", f"raised {type(error).__name__}: {text}")
@@ -245,10 +256,38 @@ def _one(variant: Variant, case: Case, n: int, path: str, say, head: str) -> Lon
             finding = part
             break
     seconds["judge"] = time.perf_counter() - start
+    judged = f"query rows judged {rows} of {n}"
+    if grads and finding.status == "ok":
+        start = time.perf_counter()
+        finding = _judge_gradients(variant, case, held, out, finding)
+        seconds["gradients"] = time.perf_counter() - start
+        judged += ", " + (finding.grads_skipped or "dQ, dK, dV on every row")
     verdict = "ok" if finding.status == "ok" else f"{finding.status.upper()} {finding.detail}"
-    say(
-        f"{head}: {verdict} (query rows judged {rows} of {n}; worst {finding.worst:.3g} of "
-        f"allowed; target {seconds['target']:.1f} s, reference and bound "
-        f"{seconds['judge']:.1f} s)"
-    )
+    timing = f"target {seconds['target']:.1f} s, reference and bound {seconds['judge']:.1f} s"
+    if "gradients" in seconds:
+        timing += f", gradients' reference and bound {seconds['gradients']:.1f} s"
+    say(f"{head}: {verdict} ({judged}; worst {finding.worst:.3g} of allowed; {timing})")
     return LongCase(n, path, variant.name, finding, rows, seconds)
+
+
+def _judge_gradients(
+    variant: Variant, case: Case, held: dict[str, np.ndarray], out: dict[str, Any], forward
+) -> Finding:
+    """``Y, dQ, dK, dV`` of the whole case against the float64 reference, within the claim's
+    bound (both one pass over the rows, a strip at a time); ``forward``: the strips'
+    finding, returned with the reason where the reference cannot serve."""
+    ref = fast(case, held)
+    if ref is None:
+        forward.grads_skipped = "gradients not judged: the float64 reference cannot serve"
+        return forward
+    allowed = bounds(variant, ref)
+    if not serves(ref, allowed.bound):
+        forward.grads_skipped = (
+            "gradients not judged: the float64 reference's radius is not below 2^-20 of the "
+            "allowed error (only arb could certify them, and arb at this length takes days)"
+        )
+        return forward
+    finding = judge(variant, case, out, ref, allowed)
+    finding.reference = ref.served
+    finding.worst = max(finding.worst, forward.worst)
+    return finding

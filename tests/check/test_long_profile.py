@@ -78,3 +78,21 @@ def test_a_case_beyond_the_memory_is_skipped_saying_how_much(monkeypatch):
 def test_the_strips_cover_first_middle_last_and_merge():
     assert long.strips(10_000)[0] == (0, long.STRIP) and long.strips(10_000)[-1][1] == 10_000
     assert long.strips(long.STRIP) == [(0, long.STRIP)]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_gradients_are_judged_at_the_gradient_length_only(monkeypatch):
+    from tests.check import kernels
+
+    _small(monkeypatch)
+    monkeypatch.setattr(long, "GRADIENT_N", 96)
+    claim = targets.Claim.parse(kernels.CLAIM)
+    for bug, statuses in ((None, ["ok"] * 4), ("dq-scale-in-backward", ["fail"] * 2 + ["ok"] * 2)):
+        target = targets.from_callable(kernels.sdpa(bug), convention="sdpa", claim=claim)
+        results, said = _lines([targets.Variant(target, "float32")], sizes=(96, 160))
+        assert [r.finding.status for r in results] == statuses, said
+        at_96 = [line for line in said if "n=96" in line and "ETA" not in line]
+        if bug is None:
+            assert all("dQ, dK, dV on every row" in line for line in at_96), at_96
+        else:
+            assert all("dq" in r.finding.detail for r in results[:2]), said
