@@ -89,8 +89,9 @@ def _parser(prog: str = "exactattn check") -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile", default="default", choices=tuple(PROFILES),
         help="cases, sizes and budget: smoke (CI, <= 20 s), default (200 cases, n <= 2048, "
-        "<= 2 min), deep (n <= 4096, <= 20 min), long (n = 16384, 65536, 131072: the "
-        "forward on strips of rows, <= 1 h a case, with an ETA; --max-n caps the lengths)",
+        "<= 2 min), deep (n_q = n_k <= 4096 with gradients, <= 20 min), long (n = 16384 "
+        "with gradients, 65536, 131072 the forward on strips of rows, <= 1 h a case, with "
+        "an ETA; --max-n caps the lengths)",
     )  # fmt: skip
     parser.add_argument("--examples", type=int, default=None, help="cases (default: profile's)")
     parser.add_argument(
