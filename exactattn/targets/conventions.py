@@ -175,6 +175,21 @@ class Convention:
         """Why this convention cannot express the case (None: it can)."""
         return None
 
+    def passes_empty_rows(self, case: Case) -> bool:
+        """Whether the call hands the target a row with no allowed key (the case's
+        ``empty_rows``): a convention that passes only each sequence's real queries (it
+        ``expresses`` ``query_padding``) hands it only the real rows without a key, and
+        fills the padded ones itself."""
+        if case.empty_rows != "zero":
+            return False
+        if "query_padding" not in self.expresses or case.q_seqlens is None:
+            return True
+        n = case.sizes
+        B, H = lift(case.batch)
+        keyless = ~case.attended().reshape(B, H, n["n_q"], n["n_k"]).any(axis=-1)
+        real = np.arange(n["n_q"]) < np.asarray(case.q_seqlens)[:, None, None]
+        return bool((keyless & real).any())
+
     def run(self, target: Any, case: Case, held: dict[str, np.ndarray], device: str, grads: bool):
         raise NotImplementedError
 

@@ -29,6 +29,7 @@ from .interface_conventions import (
     MergeBase,
     key_lengths,
     paged_caches,
+    sequences,
     to_bnhd,
     window_of,
 )
@@ -54,8 +55,8 @@ class _Flashinfer(FlashBase):
         return reason
 
     @staticmethod
-    def keywords(case: Case) -> dict[str, Any]:
-        left, right = window_of(case)  # type: ignore[misc]
+    def keywords(case: Case, window: tuple[int, int] | None = None) -> dict[str, Any]:
+        left, right = window or window_of(case)  # type: ignore[misc]
         kwargs: dict[str, Any] = {"causal": right == 0, "window_left": left, "sm_scale": case.c()}
         if case.softcap is not None:
             kwargs["logits_soft_cap"] = case.softcap
@@ -72,14 +73,28 @@ class _Flashinfer(FlashBase):
 
 class FlashinferPrefill(_Flashinfer):
     """``single_prefill_with_kv_cache(q, k, v, causal=, window_left=, sm_scale=,
-    logits_soft_cap=, return_lse=)`` once per batch element, on its real keys only (key
-    padding: ``k[:ℓ_b]``); any other mask the same for every head as its ``custom_mask``
-    ``(n_q, n_k)`` (True = attend)."""
+    logits_soft_cap=, return_lse=)`` once per batch element (request), on its real queries
+    and keys only (:func:`~.interface_conventions.sequences`: a varlen batch's or a ragged
+    batch's own query and key lengths, causal and windows aligned bottom-right within each
+    request, as FlashInfer aligns them; a request's padded rows come back as rows with no
+    key, ``Y = 0``, ``lse = −∞``); any other mask the same for every head as its
+    ``custom_mask`` ``(n_q, n_k)`` (True = attend)."""
 
     name = "flashinfer-prefill"
     reads = ("seqlens",)
+    ragged = True  # each request's own query length ...
+    expresses = ("query_padding",)  # ... is its query padding
 
     def unsupported(self, target, case, device, grads):
+        if case.seqlens is not None or case.q_seqlens is not None:
+            if case.bias is not None:
+                return "FlashInfer takes no bias (its ALiBi is pos_encoding_mode's own slopes)"
+            layout = sequences(case, lift(case.batch)[0])
+            if isinstance(layout, str):
+                return layout
+            if layout.window[1] > 0:
+                return "FlashInfer bounds a window on the left only (window_left; right: causal)"
+            return None
         reason = super().unsupported(target, case, device, grads)
         if reason is None or case.bias is not None or not self._custom(case):
             return reason
@@ -90,7 +105,9 @@ class FlashinferPrefill(_Flashinfer):
 
     @staticmethod
     def _custom(case: Case) -> bool:
-        """Whether the mask goes as ``custom_mask`` (not causal / window / key lengths)."""
+        """Whether the mask goes as ``custom_mask`` (not causal / window / lengths)."""
+        if case.seqlens is not None or case.q_seqlens is not None:
+            return False
         window = window_of(case)
         return isinstance(window, str) or window[1] > 0
 
@@ -99,26 +116,35 @@ class FlashinferPrefill(_Flashinfer):
         B, H = lift(case.batch)
         n = case.sizes
         bnhd = to_bnhd(held, B)
-        lengths, _ = key_lengths(case, B)
         want_lse = target.caps.lse is True
         if self._custom(case):
             import torch
 
+            q_lengths, k_lengths = [n["n_q"]] * B, key_lengths(case, B)[0]
             allowed = torch.from_numpy(lifted_allowed(case)[:, 0].copy()).to(device)
             keywords = {"sm_scale": case.c(), "logits_soft_cap": case.softcap}
             masks = [{"custom_mask": allowed[b], **keywords} for b in range(B)]
         else:
-            masks = [self.keywords(case)] * B
-        ys, lses = [], []
+            layout = sequences(case, B)
+            assert not isinstance(layout, str)  # unsupported() said so
+            q_lengths, k_lengths = layout.q, layout.k
+            masks = [self.keywords(case, layout.window)] * B
+        y = np.zeros((B, n["n_q"], H, n["v"]))
+        lse = np.full((B, n["n_q"], H), -np.inf)
+        dtype = case.dtype
         for b in range(B):
-            q, k, v = (bnhd["q"][b], bnhd["k"][b, : lengths[b]], bnhd["v"][b, : lengths[b]])
-            views = [tensor(x, case.dtype, device, case.layout, False) for x in (q, k, v)]
+            lq, lk = int(q_lengths[b]), int(k_lengths[b])
+            if lq == 0:  # a request without queries: nothing to call
+                continue
+            parts = (bnhd["q"][b, :lq], bnhd["k"][b, :lk], bnhd["v"][b, :lk])
+            views = [tensor(x, case.dtype, device, case.layout, False) for x in parts]
             result = fn(*views, return_lse=want_lse, **masks[b])
-            y = result[0] if want_lse else result
-            ys.append(to_numpy("y", y, (n["n_q"], H, n["v"])))
+            out = result[0] if want_lse else result
+            y[b, :lq] = to_numpy("y", out, (lq, H, n["v"]))
+            dtype = dtype_name(out)
             if want_lse:
-                lses.append(to_numpy("lse", result[1], (n["n_q"], H)))
-        return self.outputs(held, np.stack(ys), np.stack(lses) if want_lse else None, dtype_name(y))
+                lse[b, :lq] = to_numpy("lse", result[1], (lq, H))
+        return self.outputs(held, y, lse if want_lse else None, dtype)
 
 
 class FlashinferDecode(_Flashinfer):

@@ -182,6 +182,8 @@ class Variant:
             return f"{len(case.batch)} leading dims (takes {caps.batch_dims})"
         for field, what, applies in FEATURES:
             capability = getattr(caps, field)
+            if field == "empty_rows":  # what reaches the target: its convention's rows
+                applies = self.convention.passes_empty_rows
             if capability is not True and applies(case):
                 if capability == "own":
                     return f"{what}: draws its own keep-bits (see the dropout probe)"

@@ -94,3 +94,14 @@ def test_the_correct_stand_in_passes(name, monkeypatch):
 def test_each_broken_stand_in_fails(name, flaw, monkeypatch):
     settings = dataclasses.replace(SHORT, examples=40)
     assert _failures(name, flaw, monkeypatch, settings), f"{flaw}: {fake_flashinfer.FLAWS[flaw]}"
+
+
+def test_prefill_is_called_per_request_with_its_own_query_length(monkeypatch):
+    """A ragged batch reaches FlashInfer's prefill as each request's real rows (its padded
+    rows are no call's, so they need no stated empty-row result), and is judged."""
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer.make(None))
+    settings = dataclasses.replace(SHORT, examples=60)
+    result = session.run([_on_cpu("flashinfer-prefill")], settings)
+    covered = set().union(*(c.keys() for c in result.report.coverage.values()))
+    assert {"iface zero-length q seq", "iface varlen causal"} <= covered, covered
+    assert not result.report.failures
