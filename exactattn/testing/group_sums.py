@@ -26,6 +26,7 @@ claimed size ``b`` at a time, rounds each block's part to ``o`` and sums the par
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -37,33 +38,49 @@ from ..cases.exact import Reference
 MARGIN = 1 + 2.0**-30
 
 
+STRIP_ELEMENTS = 1 << 22  # score entries per strip of query rows (32 MB in float64)
+
+
 def head_magnitudes(case: Case, ref: Reference) -> dict[str, np.ndarray]:
-    """Upper bounds on ``|dK_h|`` and ``|dV_h|`` per expanded head, ``(*batch, n_k, ·)``."""
+    """Upper bounds on ``|dQ|``, ``|dK_h|`` and ``|dV_h|`` per expanded head, ``(*batch, n, ·)``:
+    ``|c|·Σ_j γ⁺_ij |k_j|``, ``|c|·Σ_i γ⁺_ij |q_i|`` and ``Σ_i p_ij |G_i|`` with ``p`` from the
+    reference's lse and ``γ⁺ = p(|G·V| + |G·Y|)``, a strip of :data:`STRIP_ELEMENTS` score
+    entries at a time (memory linear in ``n``: the allowed set read per strip)."""
     held, g = ref.held, case.group
     q, k, v, up = (held[x] for x in "qkvg")
     if g > 1:
         k, v = (np.repeat(x, g, axis=-3) for x in (k, v))
     c = case.c()
-    with np.errstate(over="ignore", invalid="ignore"):
-        s = c * (q @ np.swapaxes(k, -1, -2))
-        if case.softcap is not None:
-            s = case.softcap * np.tanh(s / case.softcap)
-        if "bias" in held:
-            s = s + held["bias"]
-        if ref.program_bias is not None:
-            s = s + ref.program_bias
-        s = np.where(case.allowed(), s, -np.inf)
-        lse = ref.near["lse"][..., None]
-        p = np.where(np.isfinite(lse), np.exp(np.minimum(s - lse, 0.0)), 0.0)
-    p = p * (case.rho() if case.dropout_p else 1.0)
-    dp = np.abs(up @ np.swapaxes(v, -1, -2))
-    delta = np.abs((up * ref.near["y"]).sum(axis=-1))[..., None]
-    gamma = p * (dp + delta)
-    return {
-        "dq": abs(c) * (gamma @ np.abs(k)) * MARGIN,
-        "dk": abs(c) * (np.swapaxes(gamma, -1, -2) @ np.abs(q)) * MARGIN,
-        "dv": (np.swapaxes(p, -1, -2) @ np.abs(up)) * MARGIN,
-    }
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    rows = max(1, STRIP_ELEMENTS // max(1, n_k * math.prod(batch)))
+    rho = case.rho() if case.dropout_p else None
+    k_t, v_t, ak = np.swapaxes(k, -1, -2), np.swapaxes(v, -1, -2), np.abs(k)
+    dq = np.zeros((*batch, n_q, k.shape[-1]))
+    dk = np.zeros((*batch, n_k, q.shape[-1]))
+    dv = np.zeros((*batch, n_k, up.shape[-1]))
+    for r0 in range(0, n_q, rows):
+        r1 = min(r0 + rows, n_q)
+        strip = (..., slice(r0, r1), slice(None))
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = c * (q[strip] @ k_t)
+            if case.softcap is not None:
+                s = case.softcap * np.tanh(s / case.softcap)
+            for extra in (held.get("bias"), ref.program_bias):
+                if extra is not None:
+                    s = s + (extra if extra.shape[-2] == 1 else extra[strip])
+            s = np.where(case.allowed_rows(r0, r1), s, -np.inf)
+            lse = ref.near["lse"][..., r0:r1, None]
+            p = np.where(np.isfinite(lse), np.exp(np.minimum(s - lse, 0.0)), 0.0)
+        if rho is not None:
+            p = p * rho[strip]
+        dp = np.abs(up[strip] @ v_t)
+        delta = np.abs((up[strip] * ref.near["y"][strip]).sum(axis=-1))[..., None]
+        gamma = p * (dp + delta)
+        dq[strip] = abs(c) * (gamma @ ak)
+        dk += abs(c) * (np.swapaxes(gamma, -1, -2) @ np.abs(q[strip]))
+        dv += np.swapaxes(p, -1, -2) @ np.abs(up[strip])
+    return {"dq": dq * MARGIN, "dk": dk * MARGIN, "dv": dv * MARGIN}
 
 
 def gamma(n: int, u: float) -> float:
