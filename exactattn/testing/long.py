@@ -213,7 +213,8 @@ def run_long(
         if key not in rates:
             rates[key] = _probe_seconds(variant, path) / PROBE_N**2
         eta = _minutes(rates[key] * n * n)
-        say(f"{head}: ETA ~{eta} (the run at n={PROBE_N} × (n/{PROBE_N})²)")
+        later = " then the gradients' reference and bound" if n == GRADIENT_N else ""
+        say(f"{head}: ETA ~{eta} (the run at n={PROBE_N} × (n/{PROBE_N})²){later}")
         results.append(_one(variant, case, n, path, say, head))
     return results
 
