@@ -56,9 +56,13 @@ SHARED_SCALE_ROUNDINGS = 4  # ĉ = 1/sqrt(d) (two), log₂e and ĉ·log₂e (ker
 
 
 def directed(arith: Arith) -> bool:
-    """Whether ``arith`` claims a rounding other than to nearest (errors of one sign)."""
-    formats = (arith.input, arith.compute, arith.acc, arith.output, arith.p)
-    return any(f is not None and "toward_zero" in f.name for f in formats)
+    """Whether ``arith`` claims a rounding other than to nearest (errors of one sign): a
+    truncating format anywhere, the ``p·V`` accumulator too (``fp22-rz``, SageAttention 2's
+    FP22 as :mod:`exactattn.error.lowbit` reads it)."""
+    formats = (arith.input, arith.compute, arith.acc, arith.output, arith.p, arith.pv_acc)
+    return any(
+        f is not None and ("toward_zero" in f.name or f.name.endswith("-rz")) for f in formats
+    )
 
 
 def expected_bounds(

@@ -523,6 +523,8 @@ class Api(Convention):
         options = target.options
         ctx = options.ctx()
         shapes = {x: held[x].shape for x in "qkvg"}
+        if options.holds is not None:  # a kernel that quantises what it is given
+            held = {**held, **options.holds({x: held[x] for x in "qkv"})}
 
         def convert(x: np.ndarray) -> Any:
             return ctx.asarray(ctx.exact_floats(x))
@@ -551,6 +553,8 @@ class Api(Convention):
         mask = case.mask_object(like=q if hasattr(q, "detach") else None)  # torch: on q's device
         y, stats = forward(q, k, v, mask=mask, backend=ctx, return_stats=True, **keywords)
         out: Outputs = {"y": y, "lse": stats.lse}
+        if options.holds is not None and target.caps.lse is not True:
+            del out["lse"]  # the lse of transformed inputs (K smoothing shifts the scores)
         if grads:
             bias_grad = {"bias_grad": True} if "bias" in held else {}
             found = backward(q, k, v, y, stats, g, mask=mask, backend=ctx, **keywords, **bias_grad)
