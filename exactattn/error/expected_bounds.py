@@ -109,6 +109,7 @@ def expected_bounds(
         return {"y": rigorous.bounds(arith, q, k, v, **keywords)["y"]}
     un = rigorous.Units.of(arith, input_rounding)
     prob = rigorous.problem_of(q, k, v, None, scale, allowed, rho, bias, softcap, enable_gqa, un)
+    prob = rigorous.entry_errors(prob, arith, un)
     batch, n_q, n_k = prob.batch, prob.q.shape[-2], prob.k.shape[-2]
     out = np.zeros((*batch, n_q, prob.v.shape[-1]))
     step = max(1, rigorous.CHUNK // max(1, math.prod(batch) * n_k))
@@ -136,8 +137,14 @@ def _variance(prob: Any, un: Any, arith: Arith, rows: slice, naive: bool) -> np.
     # the score's variance (absolute): the dot product in acc, its rounding to compute and
     # the product by ĉ, the inputs' rounding (q and k: twice u_s² per product)
     var_s = un.ua**2 * _random_order(d, squares, raw)
-    var_s = var_s + (un.res**2 + un.uc**2) * raw**2 + 2 * un.ux**2 * squares
-    if un.mx:
+    var_s = var_s + (un.res**2 + un.uc**2) * raw**2
+    entry = prob.entry
+    if entry is not None:  # each entry's own error bound Δ (Entrywise), as a variance Δ²/3
+        dq, dk = entry["q"][..., rows, :], entry["k"]
+        var_s = var_s + c * c * ((dq * dq) @ (kt * kt) + (q * q) @ np.swapaxes(dk * dk, -1, -2))
+    else:
+        var_s = var_s + 2 * un.ux**2 * squares
+    if un.mx and entry is None:
         norms = (q * q).sum(-1)[..., None] + (k * k).sum(-1)[..., None, :]
         var_s = var_s + c * c * un.mx**2 * norms
     s = raw
@@ -181,14 +188,17 @@ def _variance(prob: Any, un: Any, arith: Arith, rows: slice, naive: bool) -> np.
     shared = (ws * rho) @ v - y * ws.sum(-1)[..., None]
     var = var + SHARED_SCALE_ROUNDINGS * un.uc**2 * shared**2
     # per pair, numerator only: v's rounding, the cast of p (and ρ's product), underflow of p
-    u_num = un.ux**2 + un.up**2 + (un.uc**2 if prob.dropout else 0.0)
+    u_num = (un.ux**2 if entry is None else 0.0) + un.up**2 + (un.uc**2 if prob.dropout else 0.0)
     tiny_p = 0.0 if arith.p is None or arith.p.e_min is None else 2.0**arith.p.e_min
     if naive:  # naive attention casts the normalised P: μ_p in units of w
         under = np.where(ok & (w < tiny_p), un.mp**2, 0.0)
     else:  # the tiled forward casts e^{s − m} ≤ 1: μ_p in units of e
         under = np.where(ok & (e < tiny_p), un.mp**2, 0.0) / ell[..., None] ** 2
     var = var + (wr * wr * u_num + under * rho * rho) @ (v * v)
-    if un.mx:
+    if entry is not None:
+        dv = np.abs(v) * math.expm1(entry["v_rel"]) + entry["v_abs"]
+        var = var + (wr * wr) @ (dv * dv)
+    elif un.mx:
         var = var + un.mx**2 * (wr * wr).sum(-1)[..., None]
     var = var + _chains(w, wr, v, y, ok, un, arith.block)
     var = var + (un.uc**2 + un.uo**2) * y * y + un.mo**2 + un.mc**2

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..backends import quantize as qz
 from ..backends.formats import Format, get_format
-from .bounds import Arith
+from .bounds import Arith, Entrywise
 
 FLOAT64_U = 2.0**-53
 FP16 = ("float16", 2.0**-11, 2.0**-25)  # name, u, μ
@@ -57,13 +57,14 @@ class Operand:
     block: int | None = None
     scale: str = "fp32"
 
-    def hold(self, x: np.ndarray, name: str = "x") -> tuple[np.ndarray, float, float]:
-        """``(x̂, rel, abs)`` with ``|x̂ − x| ≤ rel·|x| + abs``; a group that does not divide
-        the last axis is a ValueError naming ``name``."""
+    def hold(self, x: np.ndarray, name: str = "x") -> tuple[np.ndarray, float, np.ndarray]:
+        """``(x̂, rel, abs)`` with ``|x̂ − x| ≤ rel·|x| + abs`` entrywise (``abs`` shaped like
+        ``x``: each entry its own group's); a group that does not divide the last axis is a
+        ValueError naming ``name``."""
         if self.number is None:
-            return x, 0.0, 0.0
+            return x, 0.0, np.zeros(x.shape)
         if self.number == "float16":
-            return x.astype(np.float16).astype(np.float64), FP16[1], FP16[2]
+            return x.astype(np.float16).astype(np.float64), FP16[1], np.full(x.shape, FP16[2])
         if self.granularity == "group" and self.block and x.shape[-1] % self.block:
             valid = [g for g in range(1, x.shape[-1] + 1) if x.shape[-1] % g == 0]
             raise ValueError(
@@ -71,7 +72,7 @@ class Operand:
                 f"{x.shape[-1]}; groups that divide it: {valid}"
             )
         got = qz.quantize(x, self.number, self.granularity, self.block, self.scale)
-        return got.values, got.rel, got.abs_error
+        return got.values, got.rel, np.broadcast_to(got.abs_each, x.shape)
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,11 @@ class Scheme:
 
     def hold(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
         """The inputs as the kernel holds them (dequantised, float64), with the error model
-        ``|x̂ − x| ≤ rel·|x| + abs`` over ``q, k, v`` against :meth:`exact`'s inputs."""
+        ``|x̂ − x| ≤ rel·|x| + abs`` over ``q, k, v`` against :meth:`exact`'s inputs: per
+        operand and entry (``rels``, ``each``: each entry its own group's) and the largest
+        of them (``rel``, ``abs``)."""
         exact, rel_t, abs_t = self.exact(inputs)
-        held, rels, abss = dict(exact), [], []
+        held, rels, each = dict(exact), {}, {}
         for name, operand in (("q", self.q), ("k", self.k), ("v", self.v)):
             x = exact[name]
             mean = None
@@ -133,15 +136,17 @@ class Scheme:
             values, rel, abs_ = operand.hold(x, name)
             if mean is not None:
                 values = values + mean
-                rel, abs_ = _smoothed(rel, abs_, float(np.abs(mean).max(initial=0.0)))
+                rel, abs_ = _smoothed(rel, abs_, np.abs(mean))
             held[name] = values
-            rels.append(rel)
-            abss.append(abs_)
+            rels[name] = rel + rel_t
+            each[name] = abs_ + abs_t
         return {
             "inputs": held,
             "exact": exact,
-            "rel": max(rels) + rel_t,
-            "abs": max(abss) + abs_t,
+            "rels": rels,
+            "each": each,
+            "rel": max(rels.values()),
+            "abs": max(float(a.max(initial=0.0)) for a in each.values()),
         }
 
     # --- the bound --------------------------------------------------------------------------
@@ -168,26 +173,34 @@ class Scheme:
 
     def quantised(self, base: Arith, inputs: dict[str, np.ndarray]) -> Arith:
         """``base`` with this scheme's quantisation of ``inputs`` (as given) charged: the
-        error model of :meth:`hold` as ``quant_rel``/``quant_abs``, widened for a kernel
-        that works in ``base``'s compute format (``u``) rather than float64: ``x/s``, the
-        scale and ``s·x̂`` rounded (``(1 + rel)(1 + u)³ − 1``, ``abs·(1 + u)²``); K's mean
-        computed in it (a shift by up to ``(n_k + 1)·u·max|k|`` that the bound, taken on
-        the float64-smoothed keys, sees as error) and the subtraction (``u``); Q's
-        subtraction and mean added back (``3u·max|q|``); the rotation's sums
-        (``(h + 2)·u·‖x_i‖₁/√h``, :func:`_rotation_error` at ``u``)."""
+        error model of :meth:`hold` per operand and entry (``quant_each``,
+        :class:`~exactattn.error.bounds.Entrywise`) and its largest (``quant_rel``,
+        ``quant_abs``), widened for a kernel that works in ``base``'s compute format
+        (``u``) rather than float64: ``x/s``, the scale and ``s·x̂`` rounded (``(1 + rel)(1 +
+        u)³ − 1``, ``abs·(1 + u)²``); K's mean computed in it (a shift by up to ``(n_k +
+        1)·u·max|k|`` that the bound, taken on the float64-smoothed keys, sees as error) and
+        the subtraction (``u``); Q's subtraction and mean added back (``3u·max|q|``); the
+        rotation's sums (``(h + 2)·u·‖x_i‖₁/√h``, :func:`_rotation_error` at ``u``)."""
         held = self.hold(inputs)
         u = base.compute.u
-        rel = (1 + held["rel"]) * (1 + u) ** 3 - 1
-        abs_ = held["abs"] * (1 + u) ** 2
         q, k = (np.abs(np.asarray(inputs[x], dtype=np.float64)) for x in "qk")
+        extra_rel = {"q": 0.0, "k": u if self.smooth_k else 0.0, "v": 0.0}
+        extra_abs = {"q": 0.0, "k": 0.0, "v": 0.0}
         if self.rotate:
-            abs_ += max(_rotation_error(x, u) for x in (q, k))
+            for name, x in (("q", q), ("k", k)):
+                extra_abs[name] += _rotation_error(x, u)
         if self.smooth_k:
-            rel += u
-            abs_ += (k.shape[-2] + 1) * u * float(k.max(initial=0.0)) * 1.01
+            extra_abs["k"] += (k.shape[-2] + 1) * u * float(k.max(initial=0.0)) * 1.01
         if self.smooth_q:
-            abs_ += 3 * u * float(q.max(initial=0.0)) * 1.01
-        return replace(base, quant_rel=rel, quant_abs=abs_)
+            extra_abs["q"] += 3 * u * float(q.max(initial=0.0)) * 1.01
+        rels = {x: (1 + r) * (1 + u) ** 3 - 1 + extra_rel[x] for x, r in held["rels"].items()}
+        each = {x: a * (1 + u) ** 2 + extra_abs[x] for x, a in held["each"].items()}
+        return replace(
+            base,
+            quant_rel=max(rels.values()),
+            quant_abs=max(float(a.max(initial=0.0)) for a in each.values()),
+            quant_each=Entrywise(rels, each),
+        )
 
     @property
     def ulp_format(self) -> str:
@@ -237,16 +250,16 @@ def rotation(d: int) -> np.ndarray:
 
 def _rotation_error(x: np.ndarray, u: float = FLOAT64_U) -> float:
     """``max_i (h + 2)·u·‖x_i‖₁/√h`` (with a margin; float64's ``u`` by default; ``h`` the
-    Hadamard blocks' size, :func:`rotation`): each entry of ``fl(xM)`` is a sum of ``h`` products ``±x_ir/√h``
-    (``1/√h`` itself rounded; the blocks' zeros add exactly)."""
+    Hadamard blocks' size, :func:`rotation`): each entry of ``fl(xM)`` is a sum of ``h``
+    products ``±x_ir/√h`` (``1/√h`` itself rounded; the blocks' zeros add exactly)."""
     d = x.shape[-1]
     h = d & -d
     return (h + 2) * u * float(np.abs(x).sum(axis=-1).max(initial=0.0)) / math.sqrt(h) * 1.01
 
 
-def _smoothed(rel: float, abs_: float, top: float) -> tuple[float, float]:
+def _smoothed(rel: float, abs_: Any, top: Any) -> tuple[float, Any]:
     """The error model of ``q̂ = fl(q̄ + Q(fl(q − q̄)))`` against ``q`` from ``Q``'s
-    ``(rel, abs)`` on ``q' = fl(q − q̄)``, ``|q̄| ≤ top``, float64's ``u``:
+    ``(rel, abs)`` on ``q' = fl(q − q̄)``, ``|q̄| ≤ top`` (scalars or per entry), float64's ``u``:
     ``|q̂ − q| ≤ u|q − q̄| + |Q(q') − q'| + u|q̄ + Q(q')|`` with ``|q − q̄| ≤ |q| + top`` and
     ``|q'| ≤ (1 + u)(|q| + top)``: ``(r(1 + u) + 3u)(|q| + top) + a(1 + u)²`` (the ``u²``
     terms of ``|q̂|`` folded into the factor 3)."""
