@@ -105,7 +105,8 @@ class Scheme:
     # --- inputs ---------------------------------------------------------------------------
     def exact(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, float]:
         """The transformed float64 inputs (same exact attention) and the ``(rel, abs)``
-        their float64 rounding may add to each entry."""
+        their float64 rounding may add to each entry; reverse key order reverses an
+        ``allowed`` set given with them too."""
         q, k, v = (np.asarray(inputs[x], dtype=np.float64) for x in "qkv")
         rel, abs_ = 0.0, 0.0
         if self.rotate:
@@ -116,9 +117,12 @@ class Scheme:
         if self.smooth_k:
             k = k - k.mean(axis=-2, keepdims=True)
             rel += FLOAT64_U
-        if self.reverse:
+        out = {**inputs}
+        if self.reverse:  # and the allowed set, when given (``allowed``: (*B, n_q, n_k))
             k, v = k[..., ::-1, :].copy(), v[..., ::-1, :].copy()
-        return {**inputs, "q": q, "k": k, "v": v}, rel, abs_
+            if inputs.get("allowed") is not None:
+                out["allowed"] = np.asarray(inputs["allowed"])[..., ::-1]
+        return {**out, "q": q, "k": k, "v": v}, rel, abs_
 
     def hold(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
         """The inputs as the kernel holds them (dequantised, float64), with the error model

@@ -188,8 +188,9 @@ def lowbit_target(name: str) -> Target:
     """The entry of a low-bit attention scheme (:data:`exactattn.error.lowbit.SCHEMES`): fp32
     storage and compute on inputs it quantises itself (:meth:`Scheme.hold`), forward only,
     claiming its own arithmetic in the claim grammar (:func:`~exactattn.error.lowbit_claim.
-    claim_text`); every mask but for reverse key order (a permutation of the keys that a
-    mask does not share). ``exactattn check NAME`` and ``exactattn sweep --preset lowbit``
+    claim_text`); every mask (reverse key order reverses the mask with the keys, and is
+    bounded for any key-block partition, ``exact_block=False``: its blocks are not the
+    case's). ``exactattn check NAME`` and ``exactattn sweep --preset lowbit``
     both run it."""
     from ..error.lowbit import SCHEMES
     from ..error.lowbit_claim import claim_text
@@ -211,7 +212,6 @@ def scheme_target(name: str, scheme: Any, claim: Claim) -> Target:
             dtypes=("float32",),
             grads="low-bit schemes run forward only",
             dropout="low-bit schemes take no dropout (a scaled cast of p·ρ may saturate)",
-            masks=() if scheme.reverse else None,
             lse="K smoothing shifts row i's scores by c·q_i·k̄: its lse is not the input's"
             if scheme.smooth_k
             else True,
@@ -228,7 +228,7 @@ def scheme_target(name: str, scheme: Any, claim: Claim) -> Target:
             p_cast=None,
             quantize=name,
             holds=lambda inputs: scheme.hold(inputs)["inputs"],
-            exact_block=True,
+            exact_block=not scheme.reverse,
             reverses=(("ml", "gy"),),
         ),
         family="lowbit",

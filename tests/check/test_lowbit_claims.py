@@ -176,3 +176,20 @@ def test_every_scheme_runs_most_default_cases(name):
     (counts,) = result.report.counts.values()
     assert counts["fail"] == 0, dict(counts)
     assert counts["ok"] >= 0.8 * profile.examples, dict(counts)
+
+
+class _MaskNotReversed(Scheme):
+    """Reverse key order with the bug: the keys reversed, the mask left in their old order."""
+
+    def exact(self, inputs):
+        out, rel, abs_ = super().exact(inputs)
+        return {**out, "allowed": inputs.get("allowed")}, rel, abs_
+
+
+def test_reverse_key_order_reverses_the_mask_too():
+    """Under a causal mask the reversed keys must carry their mask entries with them."""
+    case = _case(make_inputs("normal", 96, 16, 3), 32, mask={"kind": "causal"})
+    fields = {f: getattr(SCHEMES["pcast-rev"], f) for f in Scheme.__dataclass_fields__}
+    claim = lowbit_target("pcast-rev").claim
+    assert _status(scheme_target("rev", SCHEMES["pcast-rev"], claim), case) == "ok"
+    assert _status(scheme_target("rev-bug", _MaskNotReversed(**fields), claim), case) == "fail"
