@@ -170,7 +170,7 @@ class Scheme:
             block=block,
             funcs=4.0,
             p=p_format(self.p_cast, self.p_scale),
-            pv_acc=ACC_FORMATS[self.pv_acc],
+            pv_acc=None if self.pv_acc == "fp32" else ACC_FORMATS[self.pv_acc],  # fp32: acc
             pv_chunk=self.pv_chunk,
         )
         return self.quantised(base, inputs)
@@ -180,11 +180,14 @@ class Scheme:
         error model of :meth:`hold` per operand and entry (``quant_each``,
         :class:`~exactattn.error.bounds.Entrywise`) and its largest (``quant_rel``,
         ``quant_abs``), widened for a kernel that works in ``base``'s compute format
-        (``u``) rather than float64: ``x/s``, the scale and ``s·x̂`` rounded (``(1 + rel)(1 +
-        u)³ − 1``, ``abs·(1 + u)²``); K's mean computed in it (a shift by up to ``(n_k +
+        (``u``) rather than float64: ``x/s``, the scale and ``s·x̂`` of a quantised operand
+        rounded (``(1 + rel)(1 + u)³ − 1``, ``abs·(1 + u)²``); K's mean computed in it (a shift by up to ``(n_k +
         1)·u·max|k|`` that the bound, taken on the float64-smoothed keys, sees as error) and
         the subtraction (``u``); Q's subtraction and mean added back (``3u·max|q|``); the
         rotation's sums (``(h + 2)·u·‖x_i‖₁/√h``, :func:`_rotation_error` at ``u``)."""
+        held_by = {x: getattr(self, x).number is not None for x in "qkv"}  # quantised or cast
+        if not any(held_by.values()) and not (self.rotate or self.smooth_k or self.smooth_q):
+            return base  # the inputs as given: nothing to charge
         held = self.hold(inputs)
         u = base.compute.u
         q, k = (np.abs(np.asarray(inputs[x], dtype=np.float64)) for x in "qk")
@@ -197,8 +200,14 @@ class Scheme:
             extra_abs["k"] += (k.shape[-2] + 1) * u * float(k.max(initial=0.0)) * 1.01
         if self.smooth_q:
             extra_abs["q"] += 3 * u * float(q.max(initial=0.0)) * 1.01
-        rels = {x: (1 + r) * (1 + u) ** 3 - 1 + extra_rel[x] for x, r in held["rels"].items()}
-        each = {x: a * (1 + u) ** 2 + extra_abs[x] for x, a in held["each"].items()}
+        rels = {
+            x: ((1 + r) * (1 + u) ** 3 - 1 if held_by[x] else r) + extra_rel[x]
+            for x, r in held["rels"].items()
+        }
+        each = {
+            x: (a * (1 + u) ** 2 if held_by[x] else a) + extra_abs[x]
+            for x, a in held["each"].items()
+        }
         return replace(
             base,
             quant_rel=max(rels.values()),

@@ -142,7 +142,11 @@ class Claim:
                 values[key] = parse_value(key, value)
             elif key == "p" and value == "nvfp4":
                 values[key] = value
-            elif key == "pv_acc" and value in ACCUMULATORS:
+            elif key == "pv_acc":
+                if value not in ACCUMULATORS and value not in ("float32", "float16"):
+                    raise ValueError(
+                        f"--claim pv_acc={value!r}: unknown accumulator; use one of {ACCUMULATORS}"
+                    )
                 values[key] = canonical_name(value) if value in ("fp32", "fp16") else value
             else:
                 values[key] = canonical_name(value)
