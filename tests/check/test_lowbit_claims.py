@@ -98,16 +98,16 @@ def test_a_p_cast_without_its_scale_fails():
 
 
 def test_an_fp22_chunk_longer_than_claimed_fails():
-    """fp32 inputs and no cast isolate the accumulator: an FP22 (truncating) sum of 1024
+    """fp32 inputs and no cast isolate the accumulator: an FP22 (truncating) sum of 512
     terms per key block where the claim says 32 before each fp32 addition."""
     claimed = Scheme("fp22-32", "test", pv_acc="fp22", pv_chunk=32)
     claim = targets.Claim.parse(
         "input=fp32,scores=fp32,stats=fp32,acc=fp32,pv_acc=fp22,pv_chunk=32"
     )
-    case = _case(make_inputs("normal", 1024, 16, 1), 1024)
+    case = _case(make_inputs("normal", 512, 16, 1), 512)
     assert _status(scheme_target("chunk-32", claimed, claim), case) == "ok"
-    longer = replace(claimed, pv_chunk=1024)
-    assert _status(scheme_target("chunk-1024", longer, claim), case) == "fail"
+    longer = replace(claimed, pv_chunk=512)
+    assert _status(scheme_target("chunk-512", longer, claim), case) == "fail"
 
 
 class _MeanNotAddedBack(Scheme):
