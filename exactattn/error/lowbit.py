@@ -184,7 +184,8 @@ class Scheme:
         rounded (``(1 + rel)(1 + u)³ − 1``, ``abs·(1 + u)²``); K's mean computed in it (a
         shift by up to ``(n_k + 1)·u·max|k|`` that the bound, taken on the float64-smoothed
         keys, sees as error) and the subtraction (``u``); Q's subtraction and mean added back
-        (``3u·max|q|``); the rotation's sums (``(h + 2)·u·‖x_i‖₁/√h``, :func:`_rotation_error` at ``u``)."""
+        (``3u·max|q|``); the rotation's sums (``(h + 2)·u·‖x_i‖₁/√h``,
+        :func:`_rotation_error` at ``u``)."""
         held_by = {x: getattr(self, x).number is not None for x in "qkv"}  # quantised or cast
         if not any(held_by.values()) and not (self.rotate or self.smooth_k or self.smooth_q):
             return base  # the inputs as given: nothing to charge
