@@ -62,7 +62,10 @@ class LowbitContext(NumpyContext):
         if self.p_cast == "float16":
             out = p.astype(np.float16).astype(np.float32)
         elif self.p_cast == "nvfp4":  # e2m1 with an e4m3 scale per 16 keys, one per tile
-            out = nvfp4(np.asarray(p, dtype=np.float64)).values.astype(np.float32)
+            wide = np.asarray(p, dtype=np.float64)
+            pad = -wide.shape[-1] % 16  # a partial tile padded with p = 0 (amax unchanged)
+            padded = np.pad(wide, [(0, 0)] * (wide.ndim - 1) + [(0, pad)])
+            out = nvfp4(padded).values[..., : wide.shape[-1]].astype(np.float32)
         else:
             scaled = np.asarray(p, dtype=np.float64) * self.p_scale
             out = (round_minifloat(scaled, self.p_cast) / self.p_scale).astype(np.float32)

@@ -164,7 +164,11 @@ def group_amax(x: np.ndarray, granularity: str, block: int | None = None) -> np.
         top = padded.reshape(*a.shape[:-2], blocks, block * d).max(axis=-1, initial=0.0)
         return np.repeat(top, block, axis=-1)[..., :n, None]
     if d % block:
-        raise ValueError(f"group quantisation needs d divisible by block={block}; got d={d}")
+        valid = [g for g in range(1, d + 1) if d % g == 0]
+        raise ValueError(
+            f"a group of {block} elements does not divide the last dim {d}; "
+            f"groups that divide it: {valid}"
+        )
     top = a.reshape(*a.shape[:-1], d // block, block).max(axis=-1, initial=0.0)
     return np.repeat(top, block, axis=-1)
 
@@ -178,23 +182,86 @@ class Quantized:
     rel: float  # relative part (0 for integers)
     abs_error: float  # absolute part, the largest over the groups
     p: int  # significand bits of the element format (53 for integers: no relative error)
+    abs_each: np.ndarray | None = None  # each entry's own group's absolute part (≤ abs_error)
+
+
+SCALE_FORMATS = ("fp32", "e4m3", "e8m0")  # the format a group's scale is held in
 
 
 def quantize(
-    x: Any, number: str, granularity: str = "tensor", block: int | None = None
+    x: Any,
+    number: str,
+    granularity: str = "tensor",
+    block: int | None = None,
+    scale_format: str = "fp32",
 ) -> Quantized:
     """``x ≈ s·fl(x/s)`` with one scale per group (module docstring); ``number`` is
-    ``e4m3``, ``e5m2``, ``e2m1``, ``int8`` or ``int4``."""
+    ``e4m3``, ``e5m2``, ``e2m1``, ``int8`` or ``int4``; ``scale_format`` the scale's own
+    format: ``fp32`` (``s = amax/max_F``, held exactly), ``e4m3`` (two-level, NVFP4's:
+    :func:`_two_level`) or ``e8m0`` (a power of two, MX's: :func:`_power_of_two`)."""
+    if scale_format not in SCALE_FORMATS:
+        raise ValueError(f"scale_format must be one of {SCALE_FORMATS}; got {scale_format!r}")
+    if scale_format != "fp32" and number not in MINIFLOATS:
+        raise ValueError(
+            f"an {scale_format} scale takes a minifloat element format {sorted(MINIFLOATS)}; "
+            f"got {number!r} (integer formats take fp32 scales)"
+        )
     x = np.asarray(x, dtype=np.float64)
     top = largest(number)
     amax = group_amax(x, granularity, block)
+    if scale_format == "e4m3":
+        return _two_level(x, MINIFLOATS[number], amax)
+    if scale_format == "e8m0":
+        return _power_of_two(x, MINIFLOATS[number], amax)
     scale = np.where(amax > 0, amax / top, 1.0)
+    each = np.broadcast_to(scale, x.shape)
     if number in INTEGERS:
         values = scale * round_integer(x / scale, number)
-        return Quantized(values, scale, _FLOAT64_REL, float(scale.max(initial=0) / 2), 53)
+        return Quantized(values, scale, _FLOAT64_REL, float(scale.max(initial=0) / 2), 53, each / 2)
     f = MINIFLOATS[number]
     values = scale * round_minifloat(x / scale, f)
-    return Quantized(values, scale, f.u + _FLOAT64_REL, float(scale.max(initial=0)) * f.mu, f.p)
+    return Quantized(
+        values, scale, f.u + _FLOAT64_REL, float(scale.max(initial=0)) * f.mu, f.p, each * f.mu
+    )
+
+
+def _saturation(x: np.ndarray, f: MiniFloat, scale: np.ndarray) -> float:
+    """The largest relative error of saturating ``x/s`` at ``max_F`` (0 where ``|x| ≤ s·max_F``):
+    ``1 − s·max_F/|x|``, measured (a rounded scale may leave ``x/s`` beyond ``max_F``)."""
+    a = np.abs(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lost = np.where(a > scale * f.largest, 1 - scale * f.largest / a, 0.0)
+    return float(lost.max(initial=0.0))
+
+
+def _two_level(x: np.ndarray, f: MiniFloat, amax: np.ndarray) -> Quantized:
+    """NVFP4's scales for any minifloat ``F``: an fp32 tensor scale ``s_t = amax_tensor /
+    (max_F·448)`` and an e4m3 scale per group ``s_b = fl_e4m3(amax_b / (max_F·s_t))``. A
+    group scale rounded down leaves ``x/(s_b s_t)`` above ``max_F``: saturated, a relative
+    error charged as measured (:func:`_saturation`; below ``2^{−4}/(1 + 2^{−4})`` for a
+    normal ``s_b``); a group scale that underflows to 0 zeroes the group (error ``≤
+    amax_b``, charged as absolute)."""
+    amax_t = float(np.abs(x).max(initial=0.0))
+    s_t = float(np.float32(amax_t / (f.largest * 448))) if amax_t > 0 else 1.0
+    scale = round_minifloat(amax / (f.largest * s_t), "e4m3") * s_t
+    zeroed = scale == 0
+    safe = np.where(zeroed, 1.0, scale)
+    values = np.where(zeroed, 0.0, safe * round_minifloat(x / safe, f))
+    lost = np.broadcast_to(np.where(zeroed, amax, 0.0), x.shape)
+    each = np.maximum(np.broadcast_to(scale, x.shape) * f.mu, lost)
+    rel = max(f.u, _saturation(x, f, safe)) + _FLOAT64_REL
+    return Quantized(values, scale, rel, float(each.max(initial=0.0)), f.p, each)
+
+
+def _power_of_two(x: np.ndarray, f: MiniFloat, amax: np.ndarray) -> Quantized:
+    """MX's scale for any minifloat ``F`` (OCP MX v1.0 §6.3): the e8m0 ``X =
+    2^{⌊log₂ amax⌋ − e_max(F)}`` per group; ``x/X < 2^{e_max + 1}`` may pass ``max_F`` and
+    saturates (e2m1: below ``1 − 6/8 = u``; e4m3: ``1 − 448/512``), charged as measured."""
+    scale = np.where(amax > 0, e8m0(amax) * 2.0**-f.e_max, 1.0)
+    values = scale * round_minifloat(x / scale, f)
+    each = np.broadcast_to(scale, x.shape) * f.mu
+    rel = max(f.u, _saturation(x, f, scale)) + _FLOAT64_REL
+    return Quantized(values, scale, rel, float(each.max(initial=0.0)), f.p, each)
 
 
 def quantize_per_tensor(x: Any, number: str) -> np.ndarray:
@@ -210,28 +277,12 @@ def tensor_scale(x: Any, number: str) -> float:
 def nvfp4(x: Any) -> Quantized:
     """NVFP4: e2m1 values, an e4m3 scale per 16 elements of the last axis, an fp32 tensor
     scale (module docstring)."""
-    x = np.asarray(x, dtype=np.float64)
-    amax_t = float(np.abs(x).max(initial=0.0))
-    s_t = float(np.float32(amax_t / (6 * 448))) if amax_t > 0 else 1.0
-    s_b = round_minifloat(group_amax(x, "group", 16) / (6 * s_t), "e4m3")
-    scale = s_b * s_t
-    zeroed = scale == 0  # the block scale underflowed: the block is 0
-    safe = np.where(zeroed, 1.0, scale)
-    values = np.where(zeroed, 0.0, safe * round_minifloat(x / safe, "e2m1"))
-    lost = float(np.abs(np.where(zeroed, x, 0.0)).max(initial=0.0))
-    f = MINIFLOATS["e2m1"]
-    abs_error = max(float(scale.max(initial=0.0)) * f.mu, lost)
-    return Quantized(values, scale, f.u + _FLOAT64_REL, abs_error, f.p)
+    return quantize(x, "e2m1", "group", 16, "e4m3")
 
 
 def mxfp4(x: Any) -> Quantized:
     """MXFP4 (OCP MX v1.0): e2m1 values and an e8m0 scale ``2^{⌊log₂ amax⌋ − 2}`` per 32."""
-    x = np.asarray(x, dtype=np.float64)
-    amax = group_amax(x, "group", 32)
-    scale = np.where(amax > 0, e8m0(amax) / 4.0, 1.0)
-    f = MINIFLOATS["e2m1"]
-    values = scale * round_minifloat(x / scale, f)
-    return Quantized(values, scale, f.u + _FLOAT64_REL, float(scale.max(initial=0)) * f.mu, f.p)
+    return quantize(x, "e2m1", "group", 32, "e8m0")
 
 
 def accumulate(a: Any, b: Any, accumulator: str = "fp32", chunk: int | None = None) -> np.ndarray:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,21 @@ FLOAT64 = get_format("float64")
 # rounding and the product; the telescoped arguments are charged for all three.
 EXP_ARG_ROUNDINGS = 3
 MU_FLOOR = 2.0**-1068  # 64 times the smallest positive float64 (see _mu)
+
+
+@dataclass(frozen=True, eq=False)
+class Entrywise:
+    """A quantisation's error model per operand and per entry: ``|x̂ − x| ≤ rel[x]·|x| +
+    abs[x]`` for ``x`` in ``q, k, v``, ``abs[x]`` broadcastable to ``x`` as given to
+    :func:`bounds` (each entry its own group's ``s·μ`` or ``s/2``,
+    :attr:`exactattn.backends.quantize.Quantized.abs_each`). With it the forward charges
+    each entry of each operand its own error (the score's ``Σ_r Δq_ir|k_jr| + |q_ir|Δk_jr +
+    Δq_ir Δk_jr``, the output's ``Σ_j ŵ_ij Δv_ja``) instead of the largest group's of all
+    three (:attr:`Arith.quant_rel`, :attr:`Arith.quant_abs`, which the reverse still
+    charges, and which must bound these)."""
+
+    rel: dict[str, float]
+    abs: dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -76,7 +91,8 @@ class Arith:
       quantises what it is given: :attr:`exactattn.targets.Options.quantisation`):
       ``|x̂ − x| ≤ quant_rel·|x| + quant_abs`` per entry (a block-scaled minifloat: its ``u``
       and the largest block's ``s·μ``; an integer format: ``s/2``;
-      :mod:`exactattn.backends.quantize`), charged whenever stated;
+      :mod:`exactattn.backends.quantize`), charged whenever stated; ``quant_each`` the same
+      quantisation per operand and per entry (:class:`Entrywise`; the forward's charge);
     * ``pv_acc``, ``pv_chunk`` — the accumulator of the ``p·V`` product when it is not
       ``acc`` (an FP8 MMA's FP22), and the terms it sums before each addition into an
       ``acc`` buffer (two-level accumulation; None: the whole block in ``pv_acc``);
@@ -103,6 +119,7 @@ class Arith:
     pv_chunk: int | None = None
     p_normalized: bool = False
     dp: Format | None = None
+    quant_each: Entrywise | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("input", "compute", "acc", "output"):
@@ -330,6 +347,8 @@ class Units:
     pv_chunk: int | None = None
     ud: float = 0.0  # dP rounded to Arith.dp
     md: float = 0.0
+    ux_in: float = 0.0  # ux, mx without the quantisation (Arith.quant_each charges it)
+    mx_in: float = 0.0
 
     @classmethod
     def of(cls, arith: Arith, input_rounding: bool) -> Units:
@@ -346,6 +365,7 @@ class Units:
         ua = _lg(arith.acc.u)
         if arith.block is None:  # one key per block bounds every b only if ū_a ≤ ū_c
             ua = max(ua, _lg(c.u))
+        ux_in, mx_in = ux, mx
         if arith.quant_rel or arith.quant_abs:  # quantised (then held, or by the kernel)
             mx += arith.quant_abs * math.exp(ux + _lg(arith.quant_rel))
             ux += _lg(arith.quant_rel)
@@ -374,6 +394,8 @@ class Units:
             pv_chunk=arith.pv_chunk,
             ud=ud,
             md=md,
+            ux_in=ux_in,
+            mx_in=mx_in,
         )
 
     def pv_terms(self, b: np.ndarray) -> np.ndarray:
@@ -406,6 +428,7 @@ class Problem:
     rho_max: float
     shapes: dict[str, tuple[int, ...]]  # q, k, v, bias as given (k, v before repeating)
     group: int
+    entry: dict[str, Any] | None = None  # Δq, Δk (like q, k), V's abs and rel: entry_errors
 
     @property
     def batch(self) -> tuple[int, ...]:
@@ -524,6 +547,31 @@ def problem_of(q, k, v, g, scale, allowed, rho, bias, softcap, enable_gqa, units
     )
 
 
+def entry_errors(prob: Problem, arith: Arith, un: Units) -> Problem:
+    """``prob`` with :attr:`Arith.quant_each` laid out as its inputs (broadcast, K and V
+    repeated over a GQA group) and composed with the rounding to storage and compute
+    (``ux_in, mx_in``): ``Δx = |x|·(e^{ux_in + ρ̄} − 1) + α·e^{ux_in + ρ̄} + mx_in`` (ρ̄
+    the budget of ``rel[x]``) for q and k, and V's ``(α·e^{…} + mx_in, ux_in + ρ̄)``."""
+    each = arith.quant_each
+    if each is None:
+        return prob
+    laid, rels = {}, {}
+    for name, x in (("q", prob.q), ("k", prob.k), ("v", prob.v)):
+        a = np.broadcast_to(np.asarray(each.abs[name], dtype=np.float64), prob.shapes[name])
+        if prob.group != 1 and name in ("k", "v"):
+            a = np.repeat(a, prob.group, axis=-3)
+        r = un.ux_in + _lg(each.rel[name])
+        laid[name] = np.broadcast_to(a, x.shape) * math.exp(r) + un.mx_in
+        rels[name] = r
+    entry = {
+        "q": np.abs(prob.q) * math.expm1(rels["q"]) + laid["q"],
+        "k": np.abs(prob.k) * math.expm1(rels["k"]) + laid["k"],
+        "v_abs": laid["v"],
+        "v_rel": rels["v"],
+    }
+    return replace(prob, entry=entry)
+
+
 def _swap(x: np.ndarray) -> np.ndarray:
     return np.swapaxes(x, -1, -2)
 
@@ -563,7 +611,10 @@ def _scores(prob: Problem, un: Units, rows: slice) -> _Scores:
     raw = prob.c * (qc @ _swap(k))
     sig = np.abs(qc) @ _swap(np.abs(k))  # Σ_r |q_ir||k_jr|
     sig_in = sig
-    if un.ux or un.mx:  # the inputs are rounded to storage and/or to compute
+    if prob.entry is not None:  # each entry its own group's error (Entrywise)
+        dq, dk = prob.entry["q"][..., rows, :], prob.entry["k"]
+        sig_in = sig + dq @ _swap(np.abs(k)) + np.abs(qc) @ _swap(dk) + dq @ _swap(dk)
+    elif un.ux or un.mx:  # the inputs are rounded to storage and/or to compute
         norms = np.abs(qc).sum(-1)[..., None] + np.abs(k).sum(-1)[..., None, :]
         sig_in = sig * math.exp(2 * un.ux) + un.mx * math.exp(un.ux) * norms + d * un.mx**2
     dot = (sig_in - sig) + math.expm1(d * un.ua) * sig_in + d * un.ma
@@ -670,12 +721,15 @@ def _forward(prob: Problem, un: Units, arith: Arith, rows: slice) -> _Forward:
     eta = np.where(ok, E + arg + T[..., None] * un.uf, 0.0)
     chain = 2 * np.maximum(T - 1, 0) * un.uc  # a rescale product and an addition per merge
     lam = np.maximum(b - 1, 0) * un.ua + un.res + chain  # ℓ only
-    theta = un.pv_terms(b) + un.res + chain + un.uc + un.up + un.ux  # z only (+ the division)
+    ux_v = un.ux if prob.entry is None else prob.entry["v_rel"]  # V's relative error
+    theta = un.pv_terms(b) + un.res + chain + un.uc + un.up + ux_v  # z only (+ the division)
     if prob.dropout:
         theta = theta + un.uc + prob.drho
     w_up, w_err = w * np.exp(eta), w * np.expm1(eta)
     av = np.abs(v)
     num = _spread(w_err, rho, v, y) + np.expm1(theta)[..., None] * ((w_up * rho) @ av)
+    if prob.entry is not None:  # V's absolute errors, each entry its group's
+        num += np.exp(theta)[..., None] * ((w_up * rho) @ prob.entry["v_abs"])
     num += np.expm1(lam)[..., None] * np.abs(y) * (1 + w_err.sum(axis=-1))[..., None]
     # gradual underflow, in units of the final e^{s − m}: exps, merges, casts, products
     a_l = un.mc * (count + 2 * T) / l
@@ -689,7 +743,7 @@ def _forward(prob: Problem, un: Units, arith: Arith, rows: slice) -> _Forward:
     low = 1 - fall
     before = np.where(low > 0, 1 / low, np.inf)[..., None]
     pre = (num + a_z + (np.abs(y) + num * before) * a_l[..., None]) * before
-    pre = pre + un.mc + un.mx * prob.rho_max
+    pre = pre + un.mc + (un.mx * prob.rho_max if prob.entry is None else 0.0)
     dy = np.where(empty[..., None], 0.0, pre * (1 + un.uo) + un.uo * np.abs(y) + un.mo)
     fallen = -np.log1p(-np.where(low > 0, fall, 0.0))
     L = np.where(low > 0, np.maximum(np.log1p(rise), fallen), np.inf)
@@ -944,6 +998,7 @@ def bounds_max(
         raise TypeError(f"input_rounding must be a bool; got {input_rounding!r}")
     un = Units.of(arith, input_rounding)
     prob = problem_of(q, k, v, g, scale, allowed, rho, bias, softcap, enable_gqa, un)
+    prob = entry_errors(prob, arith, un)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # inf: vacuous
         return _evaluate(prob, un, arith, tuple(reverses), row_block)
 

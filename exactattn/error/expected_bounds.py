@@ -30,15 +30,19 @@ with probability 0.27%). The terms of ``σ²``:
   order is allowed, as in the rigorous bound) ``E Σ_k S_k² = (n + 1)(Σ x_j²/6 + (Σ x_j)²/3)``
   (terms drawn without replacement; the products' roundings included). Applied to each
   key block's ``p·V`` and row sum in ``acc``, their rounding to compute, and the ``T_i``
-  blocks' merges (a product and an addition each, in compute), for ``z`` and for ``ℓ``
+  blocks' merges (a product and an addition each, in compute), for ``z`` (a separate ``p·V``
+  accumulator, ``pv_acc`` by chunks of ``pv_chunk``: :func:`_chains`) and for ``ℓ``
   (``ΔY = −Y·Δℓ/ℓ``); then the division and the output cast (``(u² + u_o²)·Y²/3``). The
   rescale factors ``α = e^{m_old − m_new}`` multiply ``z`` and ``ℓ`` alike and cancel.
 
 It is an *estimate* with a stated confidence, not a bound: it assumes round to nearest
 (independent, mean-zero errors) and no overflow. A claim of directed rounding (``toward
 zero``) makes every error one-signed; the expected error is then the rigorous bound itself
-(:func:`expected_bounds` returns it), so nothing is flagged against such a claim. The
-gradients are not covered (forward only).
+(:func:`expected_bounds` returns it), so nothing is flagged against such a claim. Nor in a
+row where a score's error may reach a unit and the gap to the row's maximum
+(``λ·σ_ij ≥ max(1, m_i − s_ij)``: FP8 or 4-bit inputs under large logits): the keys that
+carry the row may change places, which no first-order variance describes, so its expected
+error is infinite (no estimate). The gradients are not covered (forward only).
 """
 
 from __future__ import annotations
@@ -56,9 +60,13 @@ SHARED_SCALE_ROUNDINGS = 4  # ĉ = 1/sqrt(d) (two), log₂e and ĉ·log₂e (ker
 
 
 def directed(arith: Arith) -> bool:
-    """Whether ``arith`` claims a rounding other than to nearest (errors of one sign)."""
-    formats = (arith.input, arith.compute, arith.acc, arith.output, arith.p)
-    return any(f is not None and "toward_zero" in f.name for f in formats)
+    """Whether ``arith`` claims a rounding other than to nearest (errors of one sign): a
+    truncating format anywhere, the ``p·V`` accumulator too (``fp22-rz``, SageAttention 2's
+    FP22 as :mod:`exactattn.error.lowbit` reads it)."""
+    formats = (arith.input, arith.compute, arith.acc, arith.output, arith.p, arith.pv_acc)
+    return any(
+        f is not None and ("toward_zero" in f.name or f.name.endswith("-rz")) for f in formats
+    )
 
 
 def expected_bounds(
@@ -105,6 +113,7 @@ def expected_bounds(
         return {"y": rigorous.bounds(arith, q, k, v, **keywords)["y"]}
     un = rigorous.Units.of(arith, input_rounding)
     prob = rigorous.problem_of(q, k, v, None, scale, allowed, rho, bias, softcap, enable_gqa, un)
+    prob = rigorous.entry_errors(prob, arith, un)
     batch, n_q, n_k = prob.batch, prob.q.shape[-2], prob.k.shape[-2]
     out = np.zeros((*batch, n_q, prob.v.shape[-1]))
     step = max(1, rigorous.CHUNK // max(1, math.prod(batch) * n_k))
@@ -132,8 +141,14 @@ def _variance(prob: Any, un: Any, arith: Arith, rows: slice, naive: bool) -> np.
     # the score's variance (absolute): the dot product in acc, its rounding to compute and
     # the product by ĉ, the inputs' rounding (q and k: twice u_s² per product)
     var_s = un.ua**2 * _random_order(d, squares, raw)
-    var_s = var_s + (un.res**2 + un.uc**2) * raw**2 + 2 * un.ux**2 * squares
-    if un.mx:
+    var_s = var_s + (un.res**2 + un.uc**2) * raw**2
+    entry = prob.entry
+    if entry is not None:  # each entry's own error bound Δ (Entrywise), as a variance Δ²/3
+        dq, dk = entry["q"][..., rows, :], entry["k"]
+        var_s = var_s + c * c * ((dq * dq) @ (kt * kt) + (q * q) @ np.swapaxes(dk * dk, -1, -2))
+    else:
+        var_s = var_s + 2 * un.ux**2 * squares
+    if un.mx and entry is None:
         norms = (q * q).sum(-1)[..., None] + (k * k).sum(-1)[..., None, :]
         var_s = var_s + c * c * un.mx**2 * norms
     s = raw
@@ -160,6 +175,9 @@ def _variance(prob: Any, un: Any, arith: Arith, rows: slice, naive: bool) -> np.
     gap = np.where(ok, shift[..., None] - np.where(ok, s, 0.0), 0.0)
     # per pair, common to z and ℓ (relative to e_ij): score, s − m and ·log₂e, exp; underflow
     var_e = var_s + (EXP_ARG_ROUNDINGS - 1) * un.uc**2 * gap**2 + un.uf**2
+    # a pair whose exponent may move by a unit and by its gap to the row's max (λσ ≥
+    # max(1, m − s)) can change which keys carry the row: no variance describes that
+    reorders = np.any(ok & (CONFIDENCE * np.sqrt(var_e / 3) >= np.maximum(gap, 1.0)), axis=-1)
     # e^{Δ} − 1 for a normal Δ of variance v (here var_e/3) has variance e^v (e^v − 1): not
     # v once score errors reach a unit (FP8 inputs with large logits), where first order fails
     # (capped at a relative standard deviation of 100, far beyond any meaningful size, so
@@ -177,22 +195,29 @@ def _variance(prob: Any, un: Any, arith: Arith, rows: slice, naive: bool) -> np.
     shared = (ws * rho) @ v - y * ws.sum(-1)[..., None]
     var = var + SHARED_SCALE_ROUNDINGS * un.uc**2 * shared**2
     # per pair, numerator only: v's rounding, the cast of p (and ρ's product), underflow of p
-    u_num = un.ux**2 + un.up**2 + (un.uc**2 if prob.dropout else 0.0)
+    u_num = (un.ux**2 if entry is None else 0.0) + un.up**2 + (un.uc**2 if prob.dropout else 0.0)
     tiny_p = 0.0 if arith.p is None or arith.p.e_min is None else 2.0**arith.p.e_min
     if naive:  # naive attention casts the normalised P: μ_p in units of w
         under = np.where(ok & (w < tiny_p), un.mp**2, 0.0)
     else:  # the tiled forward casts e^{s − m} ≤ 1: μ_p in units of e
         under = np.where(ok & (e < tiny_p), un.mp**2, 0.0) / ell[..., None] ** 2
     var = var + (wr * wr * u_num + under * rho * rho) @ (v * v)
-    if un.mx:
+    if entry is not None:
+        dv = np.abs(v) * math.expm1(entry["v_rel"]) + entry["v_abs"]
+        var = var + (wr * wr) @ (dv * dv)
+    elif un.mx:
         var = var + un.mx**2 * (wr * wr).sum(-1)[..., None]
     var = var + _chains(w, wr, v, y, ok, un, arith.block)
     var = var + (un.uc**2 + un.uo**2) * y * y + un.mo**2 + un.mc**2
+    var = np.where(reorders[..., None], np.inf, var)  # no estimate there: nothing flagged
     return np.where(empty[..., None], 0.0, var) / 3
 
 
 def _chains(w, wr, v, y, ok, un, block: int | None) -> np.ndarray:
-    """The accumulations of ``z`` (``p·V``) and ``ℓ`` per key block of ``b`` in ``acc``,
+    """The accumulations of ``z`` (``p·V``: in ``acc``, or in its own ``pv_acc`` by chunks of
+    ``pv_chunk`` terms, each chunk's sum added into an ``acc`` buffer: the random-order
+    formula with the chunk's length in ``pv_acc``'s unit and the chunk additions' count in
+    ``acc``'s) and ``ℓ`` per key block of ``b`` in ``acc``,
     rounded to compute, and the merges of the ``T`` blocks (two roundings each), with
     ``E Σ S_k²`` of a random order (:func:`_random_order`); ``ℓ``'s as ``Y²·(Δℓ/ℓ)²``."""
     n_k = w.shape[-1]
@@ -221,7 +246,15 @@ def _chains(w, wr, v, y, ok, un, block: int | None) -> np.ndarray:
         count = (okb > 0).sum(-1)
     n_in, T = per_block, count
     # within a block (≤ b terms; Σ_t of the random-order formula ≤ (b + 1)(Σ x²/6 + Σ_t Z_t²/3))
-    var_z = un.ua**2 * (n_in[..., None] + 1) * (zq / 6 + z2 / 3) + un.res**2 * z2
+    spread_z = zq / 6 + z2 / 3
+    if un.upv:  # p·V in its own accumulator: chunks of c terms, each added into acc
+        c = n_in if un.pv_chunk is None else np.minimum(n_in, un.pv_chunk)
+        adds = 0 if un.pv_chunk is None else -(-n_in // un.pv_chunk)
+        var_z = un.upv**2 * (c[..., None] + 1) * spread_z
+        var_z = var_z + un.ua**2 * (np.asarray(adds)[..., None] + 1) * spread_z
+    else:
+        var_z = un.ua**2 * (n_in[..., None] + 1) * spread_z
+    var_z = var_z + un.res**2 * z2
     var_l = un.ua**2 * (n_in + 1) * (lq / 6 + l2 / 3) + un.res**2 * l2
     # merges of the T blocks' sums (Σ_t Z_t = Y, Σ_t L_t = 1), a product and an addition each
     merges = 2 * un.uc**2 * np.where(T > 1, 1.0, 0.0)

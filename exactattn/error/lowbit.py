@@ -11,8 +11,9 @@ is charged to the bound, :meth:`Scheme.arith`):
 
 * *incoherent processing* (FlashAttention-3, Shah et al. 2024, arXiv:2407.08608 §3.3):
   ``Q ↦ QM``, ``K ↦ KM`` with ``M = diag(±1)·H_d/√d`` orthogonal, so ``QMMᵀKᵀ = QKᵀ``;
-  it spreads outliers over the head dim before quantisation. Charged: each entry of
-  ``fl(xM)`` is within ``d·2^{−53}·‖x_i‖₁/√d`` of ``xM`` (Higham §3.1);
+  it spreads outliers over the head dim before quantisation (a head dim that is not a
+  power of two: blocks of Hadamards, :func:`rotation`). Charged: each entry of ``fl(xM)`` is
+  within ``h·2^{−53}·‖x_i‖₁/√h`` of ``xM``, ``h`` the blocks' size (Higham §3.1);
 * *K smoothing* (SageAttention, Zhang et al. 2024, arXiv:2410.02367 §4.2): ``K ↦ K −
   mean_j K_j``: every score of row ``i`` moves by the same ``q_i·k̄``, and softmax is
   invariant to a row's shift. Charged: the subtraction's ``2^{−53}`` relative;
@@ -37,7 +38,7 @@ import numpy as np
 
 from ..backends import quantize as qz
 from ..backends.formats import Format, get_format
-from .bounds import Arith
+from .bounds import Arith, Entrywise
 
 FLOAT64_U = 2.0**-53
 FP16 = ("float16", 2.0**-11, 2.0**-25)  # name, u, μ
@@ -45,26 +46,33 @@ FP16 = ("float16", 2.0**-11, 2.0**-25)  # name, u, μ
 
 @dataclass(frozen=True)
 class Operand:
-    """How one input is held: ``number`` (``e4m3``, ``e5m2``, ``int8``, ``int4``,
-    ``nvfp4``, ``mxfp4``, ``float16``, or None: as given) at a granularity."""
+    """How one input is held: ``number`` (``e4m3``, ``e5m2``, ``e2m1``, ``int8``, ``int4``,
+    ``float16``: a plain cast, or None: as given) with one scale per group of
+    ``granularity`` (``block``: its rows, or a ``group``'s elements along the last axis),
+    the scale held in ``scale`` (``fp32``, ``e4m3``: NVFP4's two levels, ``e8m0``: MX's
+    powers of two; :func:`exactattn.backends.quantize.quantize`)."""
 
     number: str | None = None
     granularity: str = "tensor"
     block: int | None = None
+    scale: str = "fp32"
 
-    def hold(self, x: np.ndarray) -> tuple[np.ndarray, float, float]:
-        """``(x̂, rel, abs)`` with ``|x̂ − x| ≤ rel·|x| + abs``."""
+    def hold(self, x: np.ndarray, name: str = "x") -> tuple[np.ndarray, float, np.ndarray]:
+        """``(x̂, rel, abs)`` with ``|x̂ − x| ≤ rel·|x| + abs`` entrywise (``abs`` shaped like
+        ``x``: each entry its own group's); a group that does not divide the last axis is a
+        ValueError naming ``name``."""
         if self.number is None:
-            return x, 0.0, 0.0
+            return x, 0.0, np.zeros(x.shape)
         if self.number == "float16":
-            return x.astype(np.float16).astype(np.float64), FP16[1], FP16[2]
-        if self.number == "nvfp4":
-            got = qz.nvfp4(x)
-        elif self.number == "mxfp4":
-            got = qz.mxfp4(x)
-        else:
-            got = qz.quantize(x, self.number, self.granularity, self.block)
-        return got.values, got.rel, got.abs_error
+            return x.astype(np.float16).astype(np.float64), FP16[1], np.full(x.shape, FP16[2])
+        if self.granularity == "group" and self.block and x.shape[-1] % self.block:
+            valid = [g for g in range(1, x.shape[-1] + 1) if x.shape[-1] % g == 0]
+            raise ValueError(
+                f"{name}: a group of {self.block} does not divide its last dim "
+                f"{x.shape[-1]}; groups that divide it: {valid}"
+            )
+        got = qz.quantize(x, self.number, self.granularity, self.block, self.scale)
+        return got.values, got.rel, np.broadcast_to(got.abs_each, x.shape)
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,8 @@ class Scheme:
     # --- inputs ---------------------------------------------------------------------------
     def exact(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, float]:
         """The transformed float64 inputs (same exact attention) and the ``(rel, abs)``
-        their float64 rounding may add to each entry."""
+        their float64 rounding may add to each entry; reverse key order reverses an
+        ``allowed`` set given with them too."""
         q, k, v = (np.asarray(inputs[x], dtype=np.float64) for x in "qkv")
         rel, abs_ = 0.0, 0.0
         if self.rotate:
@@ -108,58 +117,110 @@ class Scheme:
         if self.smooth_k:
             k = k - k.mean(axis=-2, keepdims=True)
             rel += FLOAT64_U
-        if self.reverse:
+        out = {**inputs}
+        if self.reverse:  # and the allowed set, when given (``allowed``: (*B, n_q, n_k))
             k, v = k[..., ::-1, :].copy(), v[..., ::-1, :].copy()
-        return {**inputs, "q": q, "k": k, "v": v}, rel, abs_
+            if inputs.get("allowed") is not None:
+                out["allowed"] = np.asarray(inputs["allowed"])[..., ::-1]
+        return {**out, "q": q, "k": k, "v": v}, rel, abs_
 
     def hold(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
         """The inputs as the kernel holds them (dequantised, float64), with the error model
-        ``|x̂ − x| ≤ rel·|x| + abs`` over ``q, k, v`` against :meth:`exact`'s inputs."""
+        ``|x̂ − x| ≤ rel·|x| + abs`` over ``q, k, v`` against :meth:`exact`'s inputs: per
+        operand and entry (``rels``, ``each``: each entry its own group's) and the largest
+        of them (``rel``, ``abs``)."""
         exact, rel_t, abs_t = self.exact(inputs)
-        held, rels, abss = dict(exact), [], []
+        held, rels, each = dict(exact), {}, {}
         for name, operand in (("q", self.q), ("k", self.k), ("v", self.v)):
             x = exact[name]
             mean = None
             if name == "q" and self.smooth_q:
                 mean = _block_mean(x, self.smooth_q)
                 x = x - mean
-            values, rel, abs_ = operand.hold(x)
+            values, rel, abs_ = operand.hold(x, name)
             if mean is not None:
                 values = values + mean
-                rel, abs_ = _smoothed(rel, abs_, float(np.abs(mean).max(initial=0.0)))
+                rel, abs_ = _smoothed(rel, abs_, np.abs(mean))
             held[name] = values
-            rels.append(rel)
-            abss.append(abs_)
+            rels[name] = rel + rel_t
+            each[name] = abs_ + abs_t
         return {
             "inputs": held,
             "exact": exact,
-            "rel": max(rels) + rel_t,
-            "abs": max(abss) + abs_t,
+            "rels": rels,
+            "each": each,
+            "rel": max(rels.values()),
+            "abs": max(float(a.max(initial=0.0)) for a in each.values()),
         }
 
     # --- the bound --------------------------------------------------------------------------
     def arith(self, block: int | None, inputs: dict[str, np.ndarray]) -> Arith:
         """The arithmetic :func:`exactattn.error.bounds.bounds` assumes, for the inputs of
-        :meth:`exact` with ``input_rounding``: fp32 storage and compute (NumPy's float32
-        SIMD exp: ``funcs = 4``), the quantisation as ``quant_rel``/``quant_abs``, ``p``'s
+        :meth:`exact` (``inputs`` as given, before the transformations) with
+        ``input_rounding``: fp32 storage and compute (NumPy's float32 SIMD exp: ``funcs =
+        4``), the quantisation as ``quant_rel``/``quant_abs`` (:meth:`quantised`), ``p``'s
         cast as a format whose ``μ`` is the scaled cast's (``μ_F/S``), the ``p·V``
         accumulator and its chunk."""
-        held = self.hold(inputs)
         fp32 = get_format("float32")
-        return replace(
-            Arith(input=fp32, compute=fp32, acc=fp32, output=fp32, block=block, funcs=4.0),
-            p=_p_format(self.p_cast, self.p_scale),
-            quant_rel=held["rel"],
-            quant_abs=held["abs"],
-            pv_acc=_ACC_FORMATS[self.pv_acc],
+        base = Arith(
+            input=fp32,
+            compute=fp32,
+            acc=fp32,
+            output=fp32,
+            block=block,
+            funcs=4.0,
+            p=p_format(self.p_cast, self.p_scale),
+            pv_acc=None if self.pv_acc == "fp32" else ACC_FORMATS[self.pv_acc],  # fp32: acc
             pv_chunk=self.pv_chunk,
+        )
+        return self.quantised(base, inputs)
+
+    def quantised(self, base: Arith, inputs: dict[str, np.ndarray]) -> Arith:
+        """``base`` with this scheme's quantisation of ``inputs`` (as given) charged: the
+        error model of :meth:`hold` per operand and entry (``quant_each``,
+        :class:`~exactattn.error.bounds.Entrywise`) and its largest (``quant_rel``,
+        ``quant_abs``), widened for a kernel that works in ``base``'s compute format
+        (``u``) rather than float64: ``x/s``, the scale and ``s·x̂`` of a quantised operand
+        rounded (``(1 + rel)(1 + u)³ − 1``, ``abs·(1 + u)²``); K's mean computed in it (a
+        shift by up to ``(n_k + 1)·u·max|k|`` that the bound, taken on the float64-smoothed
+        keys, sees as error) and the subtraction (``u``); Q's subtraction and mean added back
+        (``3u·max|q|``); the rotation's sums (``(h + 2)·u·‖x_i‖₁/√h``,
+        :func:`_rotation_error` at ``u``)."""
+        held_by = {x: getattr(self, x).number is not None for x in "qkv"}  # quantised or cast
+        if not any(held_by.values()) and not (self.rotate or self.smooth_k or self.smooth_q):
+            return base  # the inputs as given: nothing to charge
+        held = self.hold(inputs)
+        u = base.compute.u
+        q, k = (np.abs(np.asarray(inputs[x], dtype=np.float64)) for x in "qk")
+        extra_rel = {"q": 0.0, "k": u if self.smooth_k else 0.0, "v": 0.0}
+        extra_abs = {"q": 0.0, "k": 0.0, "v": 0.0}
+        if self.rotate:
+            for name, x in (("q", q), ("k", k)):
+                extra_abs[name] += _rotation_error(x, u)
+        if self.smooth_k:
+            extra_abs["k"] += (k.shape[-2] + 1) * u * float(k.max(initial=0.0)) * 1.01
+        if self.smooth_q:
+            extra_abs["q"] += 3 * u * float(q.max(initial=0.0)) * 1.01
+        rels = {
+            x: ((1 + r) * (1 + u) ** 3 - 1 if held_by[x] else r) + extra_rel[x]
+            for x, r in held["rels"].items()
+        }
+        each = {
+            x: (a * (1 + u) ** 2 if held_by[x] else a) + extra_abs[x]
+            for x, a in held["each"].items()
+        }
+        return replace(
+            base,
+            quant_rel=max(rels.values()),
+            quant_abs=max(float(a.max(initial=0.0)) for a in each.values()),
+            quant_each=Entrywise(rels, each),
         )
 
     @property
     def ulp_format(self) -> str:
         """The format errors are counted in ulps of: the coarsest of the inputs'."""
         numbers = [o.number for o in (self.q, self.k, self.v) if o.number]
-        if any(n in ("nvfp4", "mxfp4", "int4") for n in numbers):
+        if any(n in ("e2m1", "int4") for n in numbers):
             return "e2m1"
         if any(n in ("e4m3", "int8") for n in numbers):
             return "e4m3"
@@ -169,7 +230,7 @@ class Scheme:
 
 
 # the accumulators as formats of the bound (truncation: one bit fewer, to nearest)
-_ACC_FORMATS = {
+ACC_FORMATS = {
     "fp32": get_format("float32"),
     "fp16": get_format("float16"),
     "fp22": Format("fp22-rz", 13, -126),
@@ -177,7 +238,7 @@ _ACC_FORMATS = {
 }
 
 
-def _p_format(p_cast: str | None, scale: float) -> Format | None:
+def p_format(p_cast: str | None, scale: float = 1.0) -> Format | None:
     """``p ↦ fl_F(p·S)/S`` as a format: ``F``'s bits, ``μ_F`` divided by ``2^{⌊log₂ S⌋}``
     (at least ``μ_F/S``). NVFP4 ``p`` (values ≤ 1, an e4m3 scale per 16 keys of at most
     ``(1/6)(1 + 2^{−4})``): e2m1's ``u`` and ``μ ≥ 0.25·(17/96)``."""
@@ -192,23 +253,27 @@ def _p_format(p_cast: str | None, scale: float) -> Format | None:
 
 
 def rotation(d: int) -> np.ndarray:
-    """FlashAttention-3's random orthogonal ``M = diag(±1)·H_d/√d`` (signs fixed per ``d``)."""
+    """FlashAttention-3's random orthogonal ``M = diag(±1)·H`` (signs fixed per ``d``), ``H``
+    the orthogonal Hadamard matrix ``H_d/√d`` for ``d`` a power of two, else block-diagonal
+    with blocks ``H_h/√h``, ``h`` the largest power of two dividing ``d`` (80 = 5·16: five
+    blocks of 16), still orthogonal, so ``QMMᵀKᵀ = QKᵀ`` for every head dim."""
     rng = np.random.default_rng([zlib.crc32(b"incoherent"), d])
-    return rng.choice([-1.0, 1.0], size=d)[:, None] * qz.hadamard(d)
+    h = d & -d  # the largest power of two dividing d
+    return rng.choice([-1.0, 1.0], size=d)[:, None] * np.kron(np.eye(d // h), qz.hadamard(h))
 
 
-def _rotation_error(x: np.ndarray) -> float:
-    """``max_i d·2^{−53}·‖x_i‖₁/√d`` (with a margin): each entry of ``fl(xM)`` is a sum of
-    ``d`` products ``±x_ir/√d`` (``1/√d`` itself rounded)."""
+def _rotation_error(x: np.ndarray, u: float = FLOAT64_U) -> float:
+    """``max_i (h + 2)·u·‖x_i‖₁/√h`` (with a margin; float64's ``u`` by default; ``h`` the
+    Hadamard blocks' size, :func:`rotation`): each entry of ``fl(xM)`` is a sum of ``h``
+    products ``±x_ir/√h`` (``1/√h`` itself rounded; the blocks' zeros add exactly)."""
     d = x.shape[-1]
-    return (
-        (d + 2) * FLOAT64_U * float(np.abs(x).sum(axis=-1).max(initial=0.0)) / math.sqrt(d) * 1.01
-    )
+    h = d & -d
+    return (h + 2) * u * float(np.abs(x).sum(axis=-1).max(initial=0.0)) / math.sqrt(h) * 1.01
 
 
-def _smoothed(rel: float, abs_: float, top: float) -> tuple[float, float]:
+def _smoothed(rel: float, abs_: Any, top: Any) -> tuple[float, Any]:
     """The error model of ``q̂ = fl(q̄ + Q(fl(q − q̄)))`` against ``q`` from ``Q``'s
-    ``(rel, abs)`` on ``q' = fl(q − q̄)``, ``|q̄| ≤ top``, float64's ``u``:
+    ``(rel, abs)`` on ``q' = fl(q − q̄)``, ``|q̄| ≤ top`` (scalars or per entry), float64's ``u``:
     ``|q̂ − q| ≤ u|q − q̄| + |Q(q') − q'| + u|q̄ + Q(q')|`` with ``|q − q̄| ≤ |q| + top`` and
     ``|q'| ≤ (1 + u)(|q| + top)``: ``(r(1 + u) + 3u)(|q| + top) + a(1 + u)²`` (the ``u²``
     terms of ``|q̂|`` folded into the factor 3)."""
@@ -230,6 +295,9 @@ def _block_mean(x: np.ndarray, rows: int) -> np.ndarray:
 
 FP8_BLOCK = 128  # FlashAttention-3's kBlockM for head dim 64–128
 SAGE_Q, SAGE_K, SAGE_THREAD = 128, 64, 16  # SageAttention's b_q, b_kv; per-thread groups
+
+NVFP4 = Operand("e2m1", "group", 16, "e4m3")  # and an fp32 tensor scale (two levels)
+MXFP4 = Operand("e2m1", "group", 32, "e8m0")
 
 SCHEMES: dict[str, Scheme] = {
     s.name: s
@@ -318,18 +386,18 @@ SCHEMES: dict[str, Scheme] = {
             "sage3-nvfp4",
             "SageAttention3 (arXiv:2505.11594) §3: NVFP4 Q, K, V (e2m1, e4m3 scale per 16, fp32 "
             "tensor scale) with K smoothing; P in NVFP4 per 16 keys; fp32 accumulation",
-            q=Operand("nvfp4"),
-            k=Operand("nvfp4"),
-            v=Operand("nvfp4"),
+            q=NVFP4,
+            k=NVFP4,
+            v=NVFP4,
             smooth_k=True,
             p_cast="nvfp4",
         ),
         Scheme(
             "mxfp4",
             "OCP MX v1.0 MXFP4 Q, K, V (e2m1, e8m0 scale per 32), p cast to e4m3",
-            q=Operand("mxfp4"),
-            k=Operand("mxfp4"),
-            v=Operand("mxfp4"),
+            q=MXFP4,
+            k=MXFP4,
+            v=MXFP4,
             p_cast="e4m3",
         ),
         *(

@@ -125,8 +125,9 @@ class _Configured:
         :func:`exactattn.error.expected_bounds.expected_bounds`)."""
         tiled = impl == "tiled"
         n = case.sizes["n_k"]
-        original = self.config.exact({x: getattr(case, x) for x in "qkv"})
-        arith = self.config.arith(original, case.block_size if tiled else n)
+        given = {x: getattr(case, x) for x in "qkv"}
+        original = self.config.exact(given)
+        arith = self.config.arith(given, case.block_size if tiled else n)  # charges exact()
         return of(
             replace(arith, p_normalized=not tiled),
             *original.values(),

@@ -186,11 +186,24 @@ def config_target(name: str) -> Target:
 
 def lowbit_target(name: str) -> Target:
     """The entry of a low-bit attention scheme (:data:`exactattn.error.lowbit.SCHEMES`): fp32
-    storage and compute on quantised inputs, forward only, no mask (reverse key order and
-    the smoothing's exactness need all keys), run by the sweep (``--preset lowbit``)."""
+    storage and compute on inputs it quantises itself (:meth:`Scheme.hold`), forward only,
+    claiming its own arithmetic in the claim grammar (:func:`~exactattn.error.lowbit_claim.
+    claim_text`); every mask (reverse key order reverses the mask with the keys, and is
+    bounded for any key-block partition, ``exact_block=False``: its blocks are not the
+    case's). ``exactattn check NAME`` and ``exactattn sweep --preset lowbit``
+    both run it."""
     from ..error.lowbit import SCHEMES
+    from ..error.lowbit_claim import claim_text
 
     scheme = SCHEMES[name]
+    return scheme_target(name, scheme, Claim.parse(claim_text(scheme)))
+
+
+def scheme_target(name: str, scheme: Any, claim: Claim) -> Target:
+    """A target that runs the low-bit ``scheme`` (:class:`exactattn.error.lowbit.Scheme`:
+    it quantises its inputs, then the tiled algorithm over its context) under ``claim``
+    (:func:`lowbit_target`: the scheme's own; a kernel that does not do what it claims is
+    one whose scheme and claim differ)."""
     return Target(
         name=name,
         convention="api",
@@ -198,11 +211,14 @@ def lowbit_target(name: str) -> Target:
         caps=Capabilities(
             dtypes=("float32",),
             grads="low-bit schemes run forward only",
-            masks=(),
+            dropout="low-bit schemes take no dropout (a scaled cast of p·ρ may saturate)",
+            lse="K smoothing shifts row i's scores by c·q_i·k̄: its lse is not the input's"
+            if scheme.smooth_k
+            else True,
             bias="low-bit schemes take no bias",
             softcap="low-bit schemes take no soft-cap",
         ),
-        claim=Claim(input="float32", scores="float32", stats="float32", acc="float32"),
+        claim=claim,
         description=f"low-bit scheme: {scheme.source}",
         options=Options(
             ctx=scheme.ctx,
@@ -211,7 +227,8 @@ def lowbit_target(name: str) -> Target:
             compute="float32",
             p_cast=None,
             quantize=name,
-            exact_block=True,
+            holds=lambda inputs: scheme.hold(inputs)["inputs"],
+            exact_block=not scheme.reverse,
             reverses=(("ml", "gy"),),
         ),
         family="lowbit",

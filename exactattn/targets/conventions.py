@@ -544,6 +544,17 @@ class Api(Convention):
         options = target.options
         ctx = options.ctx()
         shapes = {x: held[x].shape for x in "qkvg"}
+        reordered = None  # the allowed set in the order a kernel that reorders keys runs
+        if options.holds is not None:  # a kernel that quantises (or reorders) what it is given
+            given = {x: held[x] for x in "qkv"}
+            if case.masked:
+                given["allowed"] = case.allowed()
+            got = options.holds(given)
+            held = {**held, **{x: got[x] for x in "qkv"}}
+            if got.get("allowed") is not None:
+                from ..core.masks import dense
+
+                reordered = dense(np.ascontiguousarray(got["allowed"]))
 
         def convert(x: np.ndarray) -> Any:
             return ctx.asarray(ctx.exact_floats(x))
@@ -570,8 +581,12 @@ class Api(Convention):
             forward, backward = api.attention, api.attention_backward
         q, k, v, g = (arrays[x] for x in "qkvg")
         mask = case.mask_object(like=q if hasattr(q, "detach") else None)  # torch: on q's device
+        if reordered is not None:
+            mask = reordered
         y, stats = forward(q, k, v, mask=mask, backend=ctx, return_stats=True, **keywords)
         out: Outputs = {"y": y, "lse": stats.lse}
+        if options.holds is not None and target.caps.lse is not True:
+            del out["lse"]  # the lse of transformed inputs (K smoothing shifts the scores)
         if grads:
             bias_grad = {"bias_grad": True} if "bias" in held else {}
             found = backward(q, k, v, y, stats, g, mask=mask, backend=ctx, **keywords, **bias_grad)

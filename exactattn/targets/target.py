@@ -22,6 +22,15 @@ from typing import Any
 
 from ..backends.formats import Format, canonical_name, format_names, number_format
 from ..error.bounds import Arith
+from ..error.lowbit import ACC_FORMATS, Scheme, p_format
+from ..error.lowbit_claim import (
+    ACCUMULATORS,
+    LOWBIT_FIELDS,
+    P_CASTS,
+    accumulator_name,
+    parse_value,
+    scheme_of,
+)
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 CLAIM_FIELDS = (
@@ -36,6 +45,7 @@ CLAIM_FIELDS = (
     "ftz",
     "dp",
     "pv_acc",
+    *LOWBIT_FIELDS,
 )
 NAIVE_BLOCK = 0  # ``block=0``: one block spanning every key (naive attention)
 
@@ -71,6 +81,14 @@ class Claim:
     None: ``acc``).
     ``block=None`` means "not stated": the bound then assumes the worst case,
     one key per block; ``block=0`` is one block over all keys (naive attention).
+
+    A low-bit kernel (:mod:`exactattn.error.lowbit_claim`, the grammar): ``q``, ``k``, ``v``
+    how it quantises each input (``e4m3:block128``, ``int8:block16``, ``e2m1:group32:e8m0``,
+    ``nvfp4``), ``smooth`` (``q128+k``), ``rotate`` (``hadamard``), ``p`` a low-bit cast
+    (``e4m3``, ``nvfp4``) with its static scale ``p_scale``, ``pv_acc`` (also ``fp22``) and
+    ``pv_chunk``; the kernel is given the case's inputs and quantises them itself, and the
+    quantisation is charged to the one :class:`~exactattn.error.bounds.Arith`
+    (:meth:`scheme`).
     """
 
     input: str | None = None
@@ -84,6 +102,13 @@ class Claim:
     ftz: str | None = None
     dp: str | None = None
     pv_acc: str | None = None
+    q: str | None = None
+    k: str | None = None
+    v: str | None = None
+    smooth: str | None = None
+    rotate: str | None = None
+    p_scale: float | None = None
+    pv_chunk: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> Claim:
@@ -113,6 +138,16 @@ class Claim:
                 values[key] = value
             elif key == "ftz":  # no, a format, or formats joined by + (float32+bfloat16)
                 values[key] = None if value == "no" else "+".join(format_names(value))
+            elif key in LOWBIT_FIELDS:
+                values[key] = parse_value(key, value)
+            elif key == "p" and value == "nvfp4":
+                values[key] = value
+            elif key == "pv_acc":
+                if value not in ACCUMULATORS and value not in ("float32", "float16"):
+                    raise ValueError(
+                        f"--claim pv_acc={value!r}: unknown accumulator; use one of {ACCUMULATORS}"
+                    )
+                values[key] = canonical_name(value) if value in ("fp32", "fp16") else value
             else:
                 values[key] = canonical_name(value)
         return cls(**values)
@@ -134,7 +169,10 @@ class Claim:
                 return replace(f, e_min=f.e_min + f.p)
             return f
 
-        p = fmt(self.p) if fmt(self.p).u > compute.u else None
+        if (self.p in P_CASTS and self.p != "fp16") or self.p_scale not in (None, 1.0):
+            p = p_format(self.p, self.p_scale or 1.0)  # a low-bit cast of p·S, then /S
+        else:
+            p = fmt(self.p) if fmt(self.p).u > compute.u else None
         acc = number_format(self.acc)  # a finer accumulator too (fp16 GEMMs summing in fp32)
         if any(acc.e_min == number_format(name).e_min for name in flushed):
             acc = replace(acc, e_min=acc.e_min + acc.p)  # its GEMMs' accumulators flush too
@@ -148,8 +186,15 @@ class Claim:
             block=block,
             p_normalized=self.block == NAIVE_BLOCK,  # naive attention: P = softmax(S), then P·V
             dp=None if self.dp is None else number_format(self.dp),
-            pv_acc=None if self.pv_acc is None else number_format(self.pv_acc),
+            pv_acc=None if self.pv_acc is None else _accumulator(self.pv_acc),
+            pv_chunk=self.pv_chunk,
         )
+
+    def scheme(self) -> Scheme | None:
+        """The low-bit scheme of this claim's quantisation, smoothing and rotation (None when
+        it states none): the kernel quantises the inputs it is given, and
+        :meth:`Scheme.quantised` charges that to :meth:`arith`'s arithmetic."""
+        return scheme_of(self)
 
     def flushed(self) -> tuple[str, ...]:
         """The formats whose results ``ftz`` flushes (``float32+bfloat16``: both)."""
@@ -183,6 +228,11 @@ class Claim:
             if getattr(self, name) is not None
         ]
         return ",".join(parts)
+
+
+def _accumulator(name: str) -> Format:
+    """A ``pv_acc`` as a format of the bound (``fp22``: truncating, one bit fewer)."""
+    return ACC_FORMATS.get(accumulator_name(name)) or number_format(name)
 
 
 @dataclass(frozen=True)
@@ -284,6 +334,8 @@ class Options:
     as SageAttention's): ``(inputs, dtype) ↦ (rel, abs)`` with ``|x̂ − x| ≤ rel·|x| + abs``
     for every entry of the held ``q, k, v`` against what the kernel computes with (charged by
     the bound as :attr:`exactattn.error.bounds.Arith.quant_rel` / ``quant_abs``),
+    ``holds``: the ``q, k, v`` an ``api`` target's kernel computes with, from those it is
+    given (a low-bit scheme quantises them itself: :meth:`exactattn.error.lowbit.Scheme.hold`),
     ``exact_block``: it runs the case's own block size (the bound uses it), ``reverses``: the
     (frozen statistics, δ) structures its reverse may use, ``enclosure``: its outputs are
     balls that must contain the exact value, ``difftest``: one of the
@@ -319,6 +371,7 @@ class Options:
     ftz_probe: Callable[[], str | None] | None = None
     claim_probe: Callable[[], Claim] | None = None
     quantisation: Callable[[dict[str, Any], str], tuple[float, float]] | None = None
+    holds: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     exact_block: bool = False
     reverses: tuple[tuple[str, str], ...] = REVERSES
     enclosure: bool = False

@@ -25,7 +25,7 @@ from .jax_convention import Jax
 from .resolve import UnknownTarget, get, registry
 from .target import NAIVE_BLOCK, Claim, Target, size_of
 
-OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated", "lowbit")  # contexts whose Arith is known
+OWN_ARITHMETIC = ("numpy", "torch", "mpmath", "emulated")  # contexts whose Arith is known
 
 
 @functools.cache
@@ -140,13 +140,12 @@ class Variant:
         and statistics formats computes, ``p`` — and in the reverse ``p`` and ``γ`` — is
         cast when it is coarser, as FlashAttention-2's kernels do; outputs are in the input
         format); a kernel that quantises its inputs itself (``options.quantisation``) adds
-        that quantisation's error model on ``inputs``.
+        that quantisation's error model on ``inputs``, and so does a low-bit claim
+        (:meth:`Claim.scheme`: its quantisation, smoothing and rotation of ``inputs``, as
+        given, by :meth:`~exactattn.error.lowbit.Scheme.quantised`; the low-bit schemes'
+        entries claim their own arithmetic so).
         """
         options = self.target.options
-        if options.backend == "lowbit" and inputs is not None:  # a low-bit scheme's own
-            from ..error.lowbit import SCHEMES
-
-            return SCHEMES[options.quantize].arith(block, inputs)
         if self.target.convention == "api" and options.backend in OWN_ARITHMETIC:
             arith = Arith.of_context(options.ctx(), block=block)
             if options.quantize is not None and options.p_cast is not None:
@@ -159,11 +158,25 @@ class Variant:
             s = max(tensor_scale(inputs[x], options.quantize) for x in "qkv")
             e_min = base.e_min + math.ceil(math.log2(s)) + 1  # 2^(e_min − p) ≥ 2·s·μ_fp8
             return replace(arith, input=Format(f"{options.quantize}*s", base.p, e_min))
-        arith = self.claim.arith(block)
+        claim = self.claim
+        arith = claim.arith(block)
+        scheme = claim.scheme()
+        if scheme is not None and inputs is not None:  # a low-bit claim's quantisation
+            return scheme.quantised(arith, inputs)
         if options.quantisation is None or inputs is None:
             return arith
         rel, abs_ = options.quantisation(inputs, self.dtype)
         return replace(arith, quant_rel=rel, quant_abs=abs_)
+
+    def bound_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """The inputs the bound is taken on: a low-bit claim's exact transformations of
+        ``q, k, v`` (rotation, smoothing: the same exact attention,
+        :meth:`~exactattn.error.lowbit.Scheme.exact`), else ``inputs``."""
+        scheme = self.claim.scheme()
+        if scheme is None:
+            return inputs
+        exact = scheme.exact({x: inputs[x] for x in "qkv"})[0]
+        return {**inputs, **{x: exact[x] for x in "qkv"}}
 
     def grads_unsupported(self) -> str | None:
         caps = self.target.caps
@@ -190,8 +203,13 @@ class Variant:
                 return f"{what}: {capability}" if isinstance(capability, str) else what
         if caps.equal_head_dims and n["d"] != n["v"]:
             return NEEDS_EQUAL_HEAD_DIMS
-        if self.target.options.backend == "lowbit":
-            return "low-bit schemes run in the sweep only (exactattn sweep --preset lowbit)"
+        scheme = self.claim.scheme()
+        if scheme is not None:
+            from ..error.lowbit_claim import unsupported
+
+            why = unsupported(scheme, n["d"], n["v"])
+            if why:
+                return why
         size = size_of(case.batch, n["n_q"], n["n_k"], n["d"], n["v"])
         if caps.max_size is not None and size > caps.max_size:
             return f"size {size} > {caps.max_size} (slow number system)"

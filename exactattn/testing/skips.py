@@ -8,7 +8,7 @@ gradients of a case are left unjudged when the target has none. What would run t
 * a capability that a user's function was assumed not to have, or was told it has not
   (``--supports``): ``--supports FIELD=yes`` (for ``v ≠ d``: ``equal_head_dims=no``; for mask
   kinds: ``masks=`` with the missing kinds added);
-* a reason that names its own command (the low-bit schemes: ``exactattn sweep --preset lowbit``);
+* a reason that names its own command in parentheses (``… (exactattn sweep --preset NAME)``);
 * nothing, for the rest: the target's own limit (its library's refusal, what its calling
   convention cannot express, a slow number system), shown as ``—``.
 

@@ -63,6 +63,7 @@ def claimed_bound(
     function evaluated, :func:`exactattn.error.bounds.bounds` or the expected error
     :func:`exactattn.error.expected_bounds.expected_bounds`, which takes the same arguments)."""
     arith = variant.arith(variant.bound_block(case), inputs)
+    inputs = variant.bound_inputs(inputs)  # a low-bit claim's rotation, smoothing
     reverses = variant.target.options.reverses
     bias = inputs.get("bias")
     if program_bias is not None:  # an additive score_mod after the bias: one bias
