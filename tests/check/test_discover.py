@@ -40,6 +40,7 @@ def test_the_printed_flags_leave_out_what_the_function_refuses(function, flags, 
     assert "FAIL" not in capsys.readouterr().out
 
 
+@pytest.mark.slow  # several seconds: the default run stays within its budget
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_without_the_flags_the_refusal_is_a_failure_and_a_wrong_answer_is_never_hidden(capsys):
     assert main([f"{KERNELS}:no_negative_scale", "--profile", "smoke"]) == 1

@@ -24,6 +24,7 @@ def _case(n_k: int) -> Case:
     return Case(q, k, v, g, 4, dtype="float32")
 
 
+@pytest.mark.slow  # several seconds: the default run stays within its budget
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_a_segfault_and_a_hang_fail_only_their_cases():
     target = targets.get(SPEC)

@@ -54,6 +54,7 @@ def _case(dtype="float32", v=8, **kwargs) -> Case:
     return build_case(Draw((1, 2), 6, 11, 8, v, 512, dtype=dtype, data_seed=1, **kwargs))
 
 
+@pytest.mark.slow  # several seconds: the default run stays within its budget
 def test_the_smoke_check_passes_with_gradients(capsys):
     assert main(["jax-xla", "--profile", "smoke", "--dtypes", "float32", "float64"]) == 0
     out = capsys.readouterr().out

@@ -44,6 +44,7 @@ def _case(mask, n_q=6, n_k=11, batch=(2, 2)):
     return build_case(Draw(batch, n_q, n_k, 4, 4, 512, dtype="float32", data_seed=3, mask=mask))
 
 
+@pytest.mark.slow  # several seconds: the default run stays within its budget
 def test_a_short_check_passes_with_each_native_argument_drawn():
     calls = []
 

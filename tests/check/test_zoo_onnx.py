@@ -73,6 +73,7 @@ def causal_shifted(
         "onnx-reference",
     ],
 )
+@pytest.mark.slow  # several seconds: the default run stays within its budget
 def test_each_target_passes_the_smoke_check(name, capsys):
     from exactattn.commands.check import main
 

@@ -157,6 +157,7 @@ def test_the_sink_convention_judges_large_scores():
     assert _judged(broken.sink_in_numerator, "exactattn-sinks", case, MERGE).status == "fail"
 
 
+@pytest.mark.slow  # several seconds: the default run stays within its budget
 def test_a_varlen_batchs_query_lengths_live_in_its_query_padding_alone():
     """The drawn ``q_seqlens`` become the mask's ``query_padding`` (the kind JAX's ragged
     batches use) and the causal / window leaf's offsets ``ℓ^k_b − ℓ^q_b``; the case keeps no

@@ -74,6 +74,7 @@ DEFAULT_PROFILE = (
 )
 
 
+@pytest.mark.slow  # several seconds: the default run stays within its budget
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name", DEFAULT_PROFILE)
 def test_planted_bug_is_caught_at_the_default_profile(name):

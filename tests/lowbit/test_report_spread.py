@@ -7,6 +7,7 @@ import pytest
 
 from exactattn.precision.bound_moves import moves
 from exactattn.precision.lowbit_report import with_spread
+from tests.optional import requires
 
 
 def test_each_varying_figure_gets_its_range_and_knobs_stay_bare():
@@ -23,7 +24,7 @@ def test_texts_of_another_shape_are_left_alone():
 
 
 def test_moves_match_runs_on_the_grid_point():
-    pd = pytest.importorskip("pandas")
+    pd = requires("pandas")
     base = dict(impl="tiled", n=64, d=8, block=8, dist="normal", scale=1.0, mask="none")
     before = pd.DataFrame(
         [

@@ -93,6 +93,7 @@ def test_dask_cluster_gives_the_local_results(tiny_run, tmp_path):
     )
 
 
+@pytest.mark.slow  # several seconds: the default run stays within its budget
 def test_golden_tiny_reports_their_claims_beside_ours(tmp_path):
     out = tmp_path / "golden"
     assert cli.main(["--preset", "golden-tiny", "--out", str(out), "--no-progress"]) == 0
@@ -109,6 +110,7 @@ def test_golden_tiny_reports_their_claims_beside_ours(tmp_path):
     }
 
 
+@pytest.mark.slow  # several seconds: the default run stays within its budget
 def test_foreign_targets_land_in_the_same_csv(tmp_path, capsys):
     requires("torch")
     out = tmp_path / "foreign"

@@ -99,6 +99,7 @@ def test_a_mutant_task_carries_the_unmutated_verdicts_reached_before_it():
     assert {status for _, status in unmutated} == {ledger.PROVED}
 
 
+@pytest.mark.slow  # several seconds: the default run stays within its budget
 def test_a_worker_that_dies_leaves_its_obligation_lost_and_the_run_goes_on(capsys):
     argv = ["--mask-mod", f"{PROGRAM}:causal_dies_at_two", "--max-n", "2", "--workers", "2"]
     assert cli.main(argv) == 1
