@@ -31,9 +31,10 @@ binary floats read as the rationals they are (`proofs/engine/context.py`) — wi
 inputs, and compares what the code returned with the specification
 (`proofs/engine/symbolic_spec.py`: softmax attention as a formula, allowed sets as inequalities,
 dropout factors r/(1 − p) with the keep-bits specified independently, soft-cap and bias as the
-formula cap·tanh(s/cap) + B), or with its derivative by the rules of calculus. The specification never calls the
-code under test. The tile iterator's structure is proved for all sizes with an SMT solver
-(z3), running the masks' own integer formulas on symbols (`proofs/families/smt.py`)."""
+formula cap·tanh(s/cap) + B), or with its derivative by the rules of calculus. The
+specification never calls the code under test. The tile iterator's structure is proved for
+all sizes with SMT solvers (z3 and cvc5), running the masks' own integer formulas on symbols
+(`proofs/families/smt.py`)."""
 
 VERDICTS = """\
 A REFUTED verdict carries a concrete point (rational inputs) at which the two sides

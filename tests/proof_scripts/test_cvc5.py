@@ -12,7 +12,7 @@ from tests.optional import requires
 
 requires("z3")
 pytest.importorskip("cvc5", reason=f"needs cvc5: {cvc5_decider.INSTALL}")
-import z3  # noqa: E402  (after the skip)
+import z3
 
 
 def _prove(claim, hypotheses=()):
