@@ -120,6 +120,8 @@ def trusted_base(outcomes: list[Outcome]) -> list[str]:
             out.append(f"{kind.split(':')[0]}: {SHARED[kind]}")
         if one[kind]:
             out.append(f"{ALONE[kind]} for {one[kind]} comparisons ({why[kind]})")
+        elif not two[kind]:  # nothing recorded (verdicts from elsewhere): assume one decider
+            out.append(f"{ALONE[kind]} (no record of a second decider in these verdicts)")
     if one[deciders.SIGN]:
         out.append(f"{ALONE[deciders.SIGN]} for {one[deciders.SIGN]} inequalities (one decider)")
     return out

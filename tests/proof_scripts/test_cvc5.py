@@ -117,4 +117,6 @@ def test_the_certificate_lists_the_deciders_of_each_obligation():
     assert "## Agreement of the deciders" in text
     assert "| smt | 2 |" in text.replace(" 2 | 2 |", " 2 |")
     assert "smt: z3 + cvc5 ×" in text
+    assert "a PROVED needs z3's and cvc5's `unsat` alike" in text
+    assert "z3's `unsat` alone" not in text
     assert "2^-64" in text
