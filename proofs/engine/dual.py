@@ -204,7 +204,10 @@ def check_gradient(
     fragment, the rules' gradient stands alone (recorded with the reason)."""
     count = len(wrt)
     if flint is None:
-        deciders.one(deciders.DERIVATIVE, "dual numbers need python-flint", count)
+        from exactattn.infra.optional import install_hint
+
+        hint = install_hint("flint")
+        deciders.one(deciders.DERIVATIVE, f"dual numbers need python-flint: {hint}", count)
         return
     seed = secrets.randbits(64) if seed is None else seed
     try:
@@ -241,3 +244,11 @@ def check_gradient(
             f"D_u L = {rate.v} at a random point and direction (seed {seed})"
         )
     deciders.both(deciders.DERIVATIVE, count)
+
+
+def derivatives(what: str, expr: Any, wrt: Sequence[sympy.Symbol]) -> list[sympy.Expr]:
+    """``sympy.diff(expr, x)`` for each ``x`` of ``wrt`` (distinct symbols), decided again by
+    dual numbers (:func:`check_gradient`): the lemmas' derivatives, decided twice."""
+    out = [sympy.diff(expr, x) for x in wrt]
+    check_gradient(what, [1], [expr], list(wrt), out)
+    return out

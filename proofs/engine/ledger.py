@@ -183,16 +183,16 @@ def _second_opinion(what: str, lhs: Any, rhs: Any, proved: bool = True) -> None:
     :class:`~.deciders.Disagreement`."""
     indices, pairs = point_test.pairs_of(lhs, rhs)
     count = max(len(pairs), 1)
-    if not pairs:  # the same trees: no decider needed
+    if not point_test.available():
+        deciders.one(deciders.IDENTITY, f"fmpq points need python-flint: {install_flint()}", count)
+        return
+    if not pairs:  # the same trees on both sides: equal for either decider
         deciders.both(deciders.IDENTITY, 1)
         return
     try:
         decision = point_test.decide(pairs)
     except point_test.Unsupported as err:
         deciders.one(deciders.IDENTITY, f"not evaluated: {err}", count)
-        return
-    except ModuleNotFoundError:
-        deciders.one(deciders.IDENTITY, f"fmpq points need python-flint: {install_flint()}", count)
         return
     if proved and decision.different:
         k = decision.different[0]

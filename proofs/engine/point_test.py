@@ -67,6 +67,7 @@ class Pole(Exception):
 
 
 def available() -> bool:
+    """Whether python-flint, which the evaluation needs, is installed."""
     return flint is not None
 
 
@@ -360,10 +361,8 @@ def decide(pairs: list[tuple[Any, Any]], seed: int | None = None) -> Decision:
     """Evaluate each pair's difference at one random point (module docstring).
 
     Raises :class:`Unsupported` for an expression outside the fragment (or a degree bound
-    above :data:`MAX_DEGREE`), and ``ModuleNotFoundError`` without python-flint.
+    above :data:`MAX_DEGREE`); needs python-flint (:func:`available`).
     """
-    if flint is None:
-        raise ModuleNotFoundError("python-flint", name="flint")
     pairs = [(sympy.sympify(a), sympy.sympify(b)) for a, b in pairs]
     form = Normaliser()
     seen: set = set()

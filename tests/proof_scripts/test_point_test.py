@@ -149,3 +149,18 @@ def test_a_broken_evaluation_is_caught_by_the_zero_test(monkeypatch):
     verdict = ledger.check(ob)
     assert verdict.status == ledger.DISAGREED
     assert "the zero test did not prove" in verdict.detail
+
+
+def test_without_python_flint_one_decider_is_reported_and_the_extra_named(monkeypatch):
+    from exactattn.proofs import agreement
+    from exactattn.proofs.engine import dual
+    from exactattn.proofs.families import general
+
+    monkeypatch.setattr(point_test, "flint", None)
+    monkeypatch.setattr(dual, "flint", None)
+    outcomes = ledger.run(general.obligations(2)[:6], stream=None)
+    assert all(o.status == ledger.PROVED for o in outcomes)
+    labels = {label for o in outcomes for label, _ in o.deciders}
+    assert deciders.IDENTITY not in labels and deciders.DERIVATIVE not in labels
+    text = agreement.line(outcomes)
+    assert "sympy's zero test alone" in text and "pip install 'exactattn[flint]'" in text
