@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import sympy
 
-from . import chain
+from . import agreement, chain
 from .engine import coverage_matrix, zero_test
 from .engine.ledger import PROVED, SKIPPED, Outcome, summary
 from .families import smt
@@ -31,9 +31,10 @@ binary floats read as the rationals they are (`proofs/engine/context.py`) — wi
 inputs, and compares what the code returned with the specification
 (`proofs/engine/symbolic_spec.py`: softmax attention as a formula, allowed sets as inequalities,
 dropout factors r/(1 − p) with the keep-bits specified independently, soft-cap and bias as the
-formula cap·tanh(s/cap) + B), or with sympy's derivative of it. The specification never calls the
-code under test. The tile iterator's structure is proved for all sizes with an SMT solver
-(z3), running the masks' own integer formulas on symbols (`proofs/families/smt.py`)."""
+formula cap·tanh(s/cap) + B), or with its derivative by the rules of calculus. The
+specification never calls the code under test. The tile iterator's structure is proved for
+all sizes with SMT solvers (z3 and cvc5), running the masks' own integer formulas on symbols
+(`proofs/families/smt.py`)."""
 
 VERDICTS = """\
 A REFUTED verdict carries a concrete point (rational inputs) at which the two sides
@@ -41,7 +42,8 @@ evaluate, in 30-digit mpmath arithmetic, to different numbers (or, for the tile 
 and dropout families, the configuration that breaks the claim; for the smt family, the
 solver's model: integer values for which the claim is false). FAILED means the code
 raised (the exception is recorded); UNDECIDED means not proved and no counterexample
-found; UNKNOWN means the SMT solver answered `unknown` or ran out of time. All four are
+found; UNKNOWN means the SMT solver answered `unknown` or ran out of time; DISAGREED means
+two deciders of one comparison answered differently (both answers are recorded). All five are
 failures, and so are TIMEOUT (no verdict within the run's
 `--timeout`) and LOST (the process checking it died; the reason is recorded): a mutant
 with either was not judged, so it does not count as killed. SKIPPED means an optional
@@ -149,12 +151,27 @@ def certificate(
         "",
         zero_test_text,
         "",
+        agreement.method(),
+        "",
         VERDICTS,
         "",
+        "## Agreement of the deciders",
+        "",
+        agreement.line(outcomes) + ".",
+        "",
+        "Obligations per family by the deciders of their comparisons (an obligation counts "
+        "under a kind when it made such comparisons; *one* when any of them had one decider):",
+        "",
+        *agreement.table(outcomes),
+        "",
         *(
-            chain.markdown(outcomes)
+            chain.markdown(outcomes, agreement.trusted_base(outcomes))
             if any(o.obligation.family in ("general", "smt") for o in outcomes)
-            else []
+            else [
+                "Trusted base of the deciders (what both share, what had one decider):",
+                "",
+                *(f"- {item}" for item in agreement.trusted_base(outcomes)),
+            ]
         ),
         "",
         "## Coverage",
@@ -180,8 +197,8 @@ def certificate(
     lines += [
         "## Obligations",
         "",
-        "| family | obligation | sizes | seconds | verdict |",
-        "| --- | --- | --- | ---: | --- |",
+        "| family | obligation | sizes | seconds | verdict | deciders that agreed |",
+        "| --- | --- | --- | ---: | --- | --- |",
     ]
     for o in outcomes:
         ob = o.obligation
@@ -189,7 +206,11 @@ def certificate(
         if not o.ok:
             verdict = f"**{verdict} — FAILURE**"
         name = ob.name.replace("|", "\\|")
-        lines.append(f"| {ob.family} | {name} | {ob.sizes} | {o.seconds:.2f} | {verdict} |")
+        by = "; ".join(f"{label} ×{count}" for label, count in o.deciders) or "—"
+        lines.append(
+            f"| {ob.family} | {name} | {ob.sizes} | {o.seconds:.2f} | {verdict} | "
+            f"{by.replace('|', '/')} |"
+        )
     details = [
         o for o in outcomes
         if not o.obligation.expect_refuted and (o.counterexample is not None or o.status != PROVED)

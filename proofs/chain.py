@@ -183,14 +183,7 @@ PROGRAM = Theorem(
     ),
 )
 
-TRUSTED_BASE = (
-    "sympy's exact zero test as used (`proofs/engine/zero_test.py`: exponentials as positive "
-    "indeterminates, a polynomial identity over ℚ on python-flint or sympy's ring) and "
-    "the sum, product and chain rules of `spec.Derivatives` (for +, ×, integer powers, exp, "
-    "log, tanh; `sympy.diff` for anything else), with the quotient rule over "
-    "`sympy.fraction`'s numerator and denominator (`spec.row_gradient`), for the "
-    "derivatives the reverse is compared with",
-    "z3's `unsat` answers (an `unknown` or a timeout is UNKNOWN, never PROVED)",
+TRUSTED_BASE = (  # besides the deciders' shared base (:func:`proofs.agreement.trusted_base`)
     "the ctx primitives on exact numbers (the sympy backend over NumPy object arrays, and "
     "`proofs/engine/terms.py`'s exact terms for the enumerated runs: rationals that fold, sums and "
     "products collected, e^{log u} = u, 0·t = 0 and ±∞ + t = ±∞ for a finite t, the rest "
@@ -263,8 +256,9 @@ def ran(families: list[str]) -> bool:
     return any(f in families for f in ("general", "smt"))
 
 
-def markdown(outcomes: list[Outcome]) -> list[str]:
-    """The certificate's section: the chains, the trusted base, what remains enumerated."""
+def markdown(outcomes: list[Outcome], deciders_base: list[str] = ()) -> list[str]:
+    """The certificate's section: the chains, the trusted base (``deciders_base``, what the
+    deciders share, first), what remains enumerated."""
     status = {(o.obligation.family, o.obligation.name): o.status for o in outcomes}
     out = ["## The all-n chains", ""]
     for theorem in THEOREMS:
@@ -274,7 +268,7 @@ def markdown(outcomes: list[Outcome]) -> list[str]:
             out.append(f"{k}. {link.claim} — **{verdict(link, status)}** ({needs})")
         out.append("")
     out += ["Trusted base (what the chains assume, not prove):", ""]
-    out += [f"- {item}" for item in TRUSTED_BASE]
+    out += [f"- {item}" for item in (*deciders_base, *TRUSTED_BASE)]
     out += ["", "What remains enumerated (checked at finite sizes only):", ""]
     out += [f"- {item}" for item in ENUMERATED]
     return out

@@ -37,7 +37,7 @@ from exactattn.infra.executors import as_completed, make_executor
 from exactattn.infra.journal import Journal, code_fingerprint
 from exactattn.infra.progress import Progress
 
-from . import mutation
+from . import agreement, mutation
 from .certificate import certificate
 from .chain import PROGRAM as PROGRAM_THEOREM
 from .chain import lines as chain_lines
@@ -254,6 +254,7 @@ def run(
     tested = mutation.run_all() if mutation_tests else None
     seconds = time.perf_counter() - start
     print(ledger.summary(outcomes, seconds))
+    print(agreement.line(outcomes))
     if program is None and chain_ran(families):
         print("\n".join(chain_lines(outcomes, chain_theorems(families))))
     elif program is not None and program.all_n:

@@ -23,7 +23,7 @@ from exactattn.backends import NumpyContext
 from exactattn.core import algorithm, masks, scores
 from exactattn.core.dropout import make_dropout
 
-from . import symbolic_spec
+from . import deciders, dual, symbolic_spec
 from .ledger import Undecided, check_equal
 from .symbols import C, SymbolicDropout, upstream
 from .terms import TermContext
@@ -116,8 +116,10 @@ class Problem:
             ]
             if self.bias is not None:
                 grad.append(symbolic_spec.row_gradient(g[row], y, self.bias))
-            hit = grad
-            self._spec_grads[row] = hit
+            checked = _check_rules(row, g[row], y, self.inputs, self.bias, grad)
+            hit = self._spec_grads[row] = grad
+            self._spec_grads[row, "checked"] = checked
+        deciders.add(self._spec_grads[row, "checked"])  # as decided when computed
         return hit
 
     @property
@@ -152,6 +154,23 @@ def _spec_row(pb: Problem, row: tuple[int, ...]) -> np.ndarray:
         bias = bias[i : i + 1] if bias.shape[0] != 1 else bias
     q = args[0][i : i + 1]
     return symbolic_spec.naive_output(q, args[1], args[2], pb.c, a, r, bias, pb.softcap)[0]
+
+
+def _check_rules(row, weights, y, inputs, bias, grads) -> tuple[tuple[str, int], ...]:
+    """The rules' gradients of ``Σ_a g_a Y_a`` decided again by dual numbers
+    (:func:`.dual.check_gradient`) once per row; what was decided, as a record."""
+    wrt: dict[sympy.Symbol, Any] = {}  # each distinct symbol once, with its gradient
+    arrays = [*inputs, *([] if bias is None else [bias])]
+    for x, grad in zip((a for a in arrays), (gr for gr in grads)):
+        if grad is None:
+            continue
+        for index in np.ndindex(x.shape):
+            if isinstance(x[index], sympy.Symbol):
+                wrt.setdefault(x[index], grad[index])
+    with deciders.collecting() as tally:
+        dual.check_gradient(f"row {list(row)}: ∂(G·Y)/∂(Q, K, V, B) by the rules",
+                            list(weights), list(y), list(wrt), list(wrt.values()))  # fmt: skip
+    return tuple(tally.items())
 
 
 def _all_symbols(x: np.ndarray) -> bool:

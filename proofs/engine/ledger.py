@@ -10,6 +10,9 @@ failing comparison stops it. Verdicts:
 (:mod:`exactattn.proofs.engine.counterexamples`);
 * ``UNDECIDED`` a comparison was not proved but no counterexample was found, or the
   expression left the decidable fragment — counted as a failure;
+* ``DISAGREED`` two deciders of one comparison answered differently (z3 and cvc5, the zero
+  test and the evaluation at a random point, the rules of calculus and dual numbers:
+  :mod:`.deciders`) — counted as a failure, never PROVED;
 * ``UNKNOWN``  the SMT solver answered ``unknown`` or ran out of its time limit — neither
   proved nor refuted, counted as a failure (never PROVED);
 * ``FAILED``   the code under test (or the check) raised an exception: recorded with the
@@ -46,11 +49,12 @@ from typing import Any, TextIO
 import numpy as np
 import sympy
 
-from . import counterexamples, zero_test
+from . import counterexamples, deciders, point_test, zero_test
 from .coverage_matrix import Coverage
 
 PROVED, REFUTED, UNDECIDED, FAILED = "PROVED", "REFUTED", "UNDECIDED", "FAILED"
 UNKNOWN = "UNKNOWN"  # the solver gave up (``unknown``, its timeout)
+DISAGREED = "DISAGREED"  # two deciders of one comparison gave different answers
 SKIPPED = "SKIPPED"
 NO_TARGET = "NO TARGET"  # a mutant whose target is missing from the library
 TIMEOUT, LOST = "TIMEOUT", "LOST"
@@ -105,6 +109,7 @@ class Verdict:
     seconds: float
     detail: str = ""
     counterexample: counterexamples.Counterexample | None = None
+    deciders: tuple[tuple[str, int], ...] = ()  # (kind and who decided, comparisons)
 
 
 @dataclass
@@ -114,6 +119,7 @@ class Outcome:
     seconds: float
     detail: str = ""
     counterexample: counterexamples.Counterexample | None = field(default=None, repr=False)
+    deciders: tuple[tuple[str, int], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -126,7 +132,7 @@ class Outcome:
 
     @property
     def verdict(self) -> Verdict:
-        return Verdict(self.status, self.seconds, self.detail, self.counterexample)
+        return Verdict(self.status, self.seconds, self.detail, self.counterexample, self.deciders)
 
     def line(self) -> str:
         ob = self.obligation
@@ -150,9 +156,11 @@ def check_equal(what: str, lhs: Any, rhs: Any) -> None:
     try:
         index = zero_test.first_difference(lhs_a, rhs_a)
         if index is None:
+            _second_opinion(what, lhs_a, rhs_a)
             return
         reason = "the zero test did not reduce lhs − rhs to 0"
         suspects = [index]
+        _second_opinion(what, lhs_a[index], rhs_a[index], proved=False)
     except zero_test.Unsupported as err:
         reason = str(err)
         suspects = list(np.ndindex(lhs_a.shape))
@@ -166,10 +174,52 @@ def check_equal(what: str, lhs: Any, rhs: Any) -> None:
     raise Undecided(f"{label}: not proved ({reason}) and no counterexample found")
 
 
+def _second_opinion(what: str, lhs: Any, rhs: Any, proved: bool = True) -> None:
+    """Decide ``lhs = rhs`` again by exact evaluation at a random point
+    (:mod:`.point_test`), after the zero test proved it (``proved``) or found the first
+    entry it did not prove (then ``lhs``, ``rhs`` are that entry). Equal answers are
+    recorded as decided by both; an expression outside the evaluation's fragment, or no
+    python-flint, leaves one decider (recorded with the reason); different answers raise
+    :class:`~.deciders.Disagreement`."""
+    indices, pairs = point_test.pairs_of(lhs, rhs)
+    count = max(len(pairs), 1)
+    if not point_test.available():
+        deciders.one(deciders.IDENTITY, f"fmpq points need python-flint: {install_flint()}", count)
+        return
+    if not pairs:  # the same trees on both sides: equal for either decider
+        deciders.both(deciders.IDENTITY, 1)
+        return
+    try:
+        decision = point_test.decide(pairs)
+    except point_test.Unsupported as err:
+        deciders.one(deciders.IDENTITY, f"not evaluated: {err}", count)
+        return
+    if proved and decision.different:
+        k = decision.different[0]
+        at = list(indices[k]) if indices[k] else ""
+        raise deciders.Disagreement(
+            f"{what}{at}: the zero test proved lhs = rhs; at a random point (seed "
+            f"{decision.seed}) lhs = {decision.values[0][0]}, rhs = {decision.values[0][1]}"
+        )
+    if not proved and not decision.different:
+        raise deciders.Disagreement(
+            f"{what}: the zero test did not prove lhs = rhs; at a random point (seed "
+            f"{decision.seed}) both sides are equal ({decision.bound})"
+        )
+    deciders.both(deciders.IDENTITY, count)
+
+
+def install_flint() -> str:
+    from exactattn.infra.optional import install_hint
+
+    return install_hint("flint")
+
+
 def check_nonpositive(what: str, expr: Any) -> None:
     """Prove ``expr ≤ 0`` from sympy's sign rules (−∞ counts); raise if not."""
     expr = sympy.sympify(expr)
     if expr == sympy.S.NegativeInfinity or expr.is_nonpositive:
+        deciders.one(deciders.SIGN, "no second decider for an inequality")
         return
     found = counterexamples.find_positive(what, expr)
     if found is not None:
@@ -186,6 +236,14 @@ class TimedOut(BaseException):
 def check(ob: Obligation, timeout: float | None = None) -> Verdict:
     """Check one obligation (within ``timeout`` seconds, if given) and say what was found."""
     start = time.perf_counter()
+    with deciders.collecting() as tally:
+        found = _verdict(ob, timeout)
+    seconds = time.perf_counter() - start
+    by = tuple(sorted(tally.items()))
+    return Verdict(found.status, seconds, found.detail, found.counterexample, by)
+
+
+def _verdict(ob: Obligation, timeout: float | None) -> Verdict:
     try:
         note = _within(timeout, ob.check)
         found = Verdict(PROVED, 0.0, detail=note or "")
@@ -195,6 +253,8 @@ def check(ob: Obligation, timeout: float | None = None) -> Verdict:
         found = Verdict(REFUTED, 0.0, counterexample=err.counterexample)
     except Unknown as err:
         found = Verdict(UNKNOWN, 0.0, detail=str(err))
+    except deciders.Disagreement as err:
+        found = Verdict(DISAGREED, 0.0, detail=str(err))
     except Killed as err:
         found = Verdict(err.status, 0.0, detail=str(err))
     except NoTarget as err:
@@ -205,11 +265,14 @@ def check(ob: Obligation, timeout: float | None = None) -> Verdict:
         found = Verdict(UNDECIDED, 0.0, detail=str(err))
     except Exception as err:  # the code under test raised: a verdict, not a crash
         found = Verdict(FAILED, 0.0, detail=_exception_text(err))
-    return Verdict(found.status, time.perf_counter() - start, found.detail, found.counterexample)
+    return found
 
 
 def outcome(ob: Obligation, verdict: Verdict) -> Outcome:
-    return Outcome(ob, verdict.status, verdict.seconds, verdict.detail, verdict.counterexample)
+    return Outcome(
+        ob, verdict.status, verdict.seconds, verdict.detail, verdict.counterexample,
+        getattr(verdict, "deciders", ()),
+    )  # fmt: skip
 
 
 def run(

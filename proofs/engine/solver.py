@@ -8,7 +8,10 @@
   variables: the solver finds the negation unsatisfiable (PROVED), or returns a model, which
   becomes a :class:`~proofs.numeric.Counterexample` with the variables' values and the named
   terms evaluated (REFUTED), or gives up — ``unknown`` or its time limit — (UNKNOWN, never
-  PROVED);
+  PROVED). Every query is decided twice (:func:`second_opinion`): z3 serialises the
+  assertions it decides as SMT-LIB2 and cvc5 parses and decides that text; ``unsat``
+  against ``sat`` is a :class:`~.deciders.Disagreement`, a cvc5 ``unknown`` (or no cvc5)
+  leaves z3's answer with one decider, recorded with the reason;
 * :class:`Paths` and :class:`SymInt` — running Python code that *branches* on integers
   (``min(a, b)``, ``if a < b``) on symbols: each comparison asks the solver which outcomes
   are feasible under the path taken so far, and the code is run once per feasible path
@@ -23,12 +26,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import re
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
 
 from exactattn.infra.optional import install_hint
 
+from . import cvc5_decider, deciders
 from .counterexamples import Counterexample
 from .ledger import Refuted, Skipped, Unknown
 
@@ -142,12 +147,15 @@ def prove(
     solver.set("timeout", TIMEOUT_MS if timeout_ms is None else timeout_ms)
     solver.add(*(boolean(h).translate(ctx) for h in hypotheses))
     solver.add(z3.Not(boolean(claim)).translate(ctx))
-    verdict = solver.check()
+    text = solver.to_smt2()  # the query, once: what cvc5 decides too
+    verdict = z3_check(solver)
     if verdict == z3.unsat:
+        second_opinion(what, "unsat", text, timeout_ms)
         return
     if verdict != z3.sat:
         raise Unknown(f"{what}: the solver answered {verdict} ({solver.reason_unknown()})")
     model = solver.model()
+    second_opinion(what, "sat", pinned(text, model), timeout_ms)
     point = {
         str(d): str(model[d]) for d in sorted(model.decls(), key=str) if d.arity() == 0
     }  # the variables
@@ -158,6 +166,68 @@ def prove(
     if not values:
         raise Refuted(Counterexample(what, point, "false", "these values", "for"))
     raise Refuted(Counterexample(what, point, "false", values, "with"))
+
+
+def pinned(text: str, model: Any) -> str:
+    """The query ``text`` with every constant and function z3's model defines fixed to
+    its value there (``define-fun`` for ``declare-fun``): cvc5 then confirms the
+    counterexample, the quantified variables being its own to decide."""
+    defined = {}
+    for d in model.decls():
+        interpretation = model[d]
+        body = interpretation.sexpr() if d.arity() == 0 else None
+        if d.arity() == 0:
+            defined[d.name()] = f"(define-fun {d.name()} () {d.range().sexpr()} {body})"
+        else:
+            args = " ".join(f"(x!{k} {d.domain(k).sexpr()})" for k in range(d.arity()))
+            value = _interpretation(interpretation, d.arity())
+            defined[d.name()] = f"(define-fun {d.name()} ({args}) {d.range().sexpr()} {value})"
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("(declare-fun "):
+            name = line.split()[1]
+            lines.append(defined.get(name, line))
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _interpretation(f: Any, arity: int) -> str:
+    """A z3 function interpretation as an ``ite`` chain over ``x!0 …`` (z3 writes an
+    argument in the default value as ``(:var i)``)."""
+    out = re.sub(r"\(:var (\d+)\)", r"x!\1", f.else_value().sexpr())
+    for k in range(f.num_entries() - 1, -1, -1):
+        entry = f.entry(k)
+        tests = [f"(= x!{i} {entry.arg_value(i).sexpr()})" for i in range(arity)]
+        test = tests[0] if arity == 1 else f"(and {' '.join(tests)})"
+        out = f"(ite {test} {entry.value().sexpr()} {out})"
+    return out
+
+
+def z3_check(solver: Any) -> Any:
+    """z3's answer to a :func:`prove` query (a function of its own, so that a mutant can
+    stand for a z3 bug: :mod:`proofs.families.decider_mutants`)."""
+    return solver.check()
+
+
+def second_opinion(what: str, first: str, text: str, timeout_ms: int | None = None) -> None:
+    """cvc5's answer to the query ``text`` that z3 answered ``first`` (``unsat``/``sat``).
+
+    Records the comparison as decided by both when the answers agree and by z3 only (with
+    the reason) when cvc5 is missing or answers ``unknown``; raises
+    :class:`~.deciders.Disagreement` naming ``what`` and both answers when they differ.
+    """
+    try:
+        second = cvc5_decider.decide(text, TIMEOUT_MS if timeout_ms is None else timeout_ms)
+    except cvc5_decider.Missing as err:
+        deciders.one(deciders.SMT, str(err))
+        return
+    if second.word == first:
+        deciders.both(deciders.SMT)
+    elif second.word == "unknown":
+        deciders.one(deciders.SMT, f"cvc5 answered {second}")
+    else:
+        raise deciders.Disagreement(f"{what}: z3 answered {first}, cvc5 answered {second}")
 
 
 # --- symbolic execution of code that branches on integers -----------------------------------
@@ -189,10 +259,17 @@ class Paths:
         return out
 
     def _feasible(self, term: Any) -> bool:
+        """Whether the path so far can take ``term``: a branch is dropped only when z3 finds
+        it unsatisfiable (and cvc5 agrees on the same text: :func:`second_opinion`); an
+        ``unknown`` keeps it."""
         z3 = load()
         solver = z3.Solver()
         solver.add(*self._condition, term)
-        return solver.check() != z3.unsat
+        if solver.check() != z3.unsat:
+            return True
+        second_opinion(f"the branch {term} (after {len(self._taken)} taken)", "unsat",
+                       solver.to_smt2())  # fmt: skip
+        return False
 
     def decide(self, term: Any) -> bool:
         z3 = load()

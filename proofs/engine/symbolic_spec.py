@@ -13,7 +13,7 @@ the algorithm. What the library computes is compared against
 
   a row with ``A_i = ∅`` has ``Y_i = 0`` and ``lse_i = −∞`` (the ``empty_rows='zero'``
   convention); the reverse is the derivative of ``L = Σ_ia G_ia Y_ia`` by the rules of calculus
-  (:class:`Derivatives`, checked against ``sympy.diff``);
+  (:class:`Derivatives`, checked against dual numbers over fmpq: :mod:`.dual`);
 * **allowed sets** ``A_i`` as inequalities on ``i, j``, the alignment offset ``o`` and the
   lengths (:class:`Allowed`): causal ``j ≤ i + o``, window ``i + o − L ≤ j ≤ i + o + R``,
   padding ``j < len[b]``, with ``o = 0`` (top-left) or ``o = n_k − n_q`` (bottom-right),

@@ -31,8 +31,8 @@ from unittest import mock
 
 import sympy
 
-from ..engine import ledger
-from . import overflow
+from ..engine import deciders, ledger
+from . import decider_mutants, overflow
 
 FAMILY = "mutants"
 ALGORITHM = "exactattn.core.algorithm"
@@ -798,6 +798,7 @@ def kill(mutant: Mutant, probes: dict[str, list[ledger.Obligation]], baseline: d
         if outcome.status == ledger.PROVED or not _proves_unmutated(ob, baseline):
             continue
         where = f"{ob.family} / {ob.name} ({ob.sizes})"
+        deciders.add(outcome.deciders)  # who judged the probe that killed it
         if outcome.counterexample is not None:
             cex = outcome.counterexample
             raise ledger.Refuted(cex.relabelled(f"{where} — {cex.what}"))
@@ -862,4 +863,5 @@ def obligations(max_n: int = 4) -> list[ledger.Obligation]:
             FAMILY, "ctx: min instead of max (sympy)", "overflow n=2 b=1,2", min_for_max, True
         )
     )
+    out += decider_mutants.obligations(lambda m: kill(m, probes, baseline))
     return out
