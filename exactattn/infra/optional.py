@@ -23,6 +23,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "dask": ("dask[distributed]", "dask"),
     "transformers": ("transformers", "hf"),
     "z3": ("z3-solver", "proofs"),
+    "cvc5": ("cvc5", "proofs"),
     "ml_dtypes": ("ml-dtypes", "lowbit"),
     "onnxruntime": ("onnxruntime", "onnx"),
     "onnx": ("onnx", "onnx"),

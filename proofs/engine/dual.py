@@ -38,8 +38,8 @@ from .point_test import (
     Normaliser,
     Pole,
     Unsupported,
-    _number,
     flint,
+    number,
 )
 
 BITS = SECURITY_BITS + 1 + MAX_DEGREE.bit_length()  # s = 2^89 ≥ 2^65·2^24
@@ -100,7 +100,7 @@ class _Evaluation:
         return _Q(x.v**k, k * x.n, k * x.d)
 
     def constant(self, c: Any) -> _Q:
-        value = _number(c) if isinstance(c, sympy.Basic) else c
+        value = number(c) if isinstance(c, sympy.Basic) else c
         return _Q(flint.fmpq(value.numerator, value.denominator), 0, 0)
 
     # -- values alone (the rules' derivative trees) --------------------------------------------

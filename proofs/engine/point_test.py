@@ -108,7 +108,7 @@ def _add(a: _Poly, b: _Poly) -> _Poly:
     return {m: c for m, c in out.items() if c != 0}
 
 
-def _number(e: sympy.Basic) -> Fraction:
+def number(e: sympy.Basic) -> Fraction:
     if e in (sympy.nan, sympy.zoo, sympy.oo, -sympy.oo):
         raise Unsupported(f"the non-finite value {e}")
     if not e.is_Rational:
@@ -162,7 +162,7 @@ class Normaliser:
                         stack.extend(e.args)
                 continue
             if e.is_Number:
-                _number(e)
+                number(e)
             elif e.is_Pow and not e.exp.is_Integer:
                 raise Unsupported(f"the power {e} (not an integer exponent)")
             elif not (e.is_Symbol or e.is_Add or e.is_Mul or e.is_Pow
@@ -193,7 +193,7 @@ class Normaliser:
         if e.is_Symbol:
             out = {((self._atom(("symbol", e)), 1),): Fraction(1)}
         elif e.is_Number:
-            value = _number(e)
+            value = number(e)
             out = {(): value} if value else {}
         elif e.is_Add:
             out = {}
@@ -316,7 +316,7 @@ class _Point:
         if e.is_Symbol:
             return self._draw(e)
         if e.is_Number:
-            value = _number(e)
+            value = number(e)
             return flint.fmpq(value.numerator, value.denominator)
         if isinstance(e, sympy.log):
             return self._draw(("log", e.args[0]))

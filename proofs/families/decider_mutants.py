@@ -22,6 +22,7 @@ from unittest import mock
 import sympy
 
 from ..engine import cvc5_decider, ledger
+from .patch_targets import as_method, full_one_key_wider, target_of
 
 PROOFS = "exactattn.proofs.engine"
 ALGORITHM = "exactattn.core.algorithm"
@@ -39,9 +40,7 @@ class PairedMutant:
     caught_by: str  # the decider that must dissent
 
     def resolve(self) -> list[tuple[Any, str, Any]]:
-        from .mutants import _target
-
-        found = [(_target(spec).resolve(), spec) for spec, _ in self.patches]
+        found = [(target_of(spec).resolve(), spec) for spec, _ in self.patches]
         missing = [spec for got, spec in found if got is None]
         if missing:
             raise ledger.NoTarget(f"mutant {self.name!r}: {', '.join(missing)} not found")
@@ -49,25 +48,16 @@ class PairedMutant:
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
-        from .mutants import _as_method
-
         with contextlib.ExitStack() as stack:
             for (owner, attribute, original), (_, make) in zip(self.resolve(), self.patches):
                 replacement = make(original)
                 if isinstance(owner, type):
-                    replacement = _as_method(replacement)
+                    replacement = as_method(replacement)
                 stack.enter_context(mock.patch.object(owner, attribute, replacement))
             yield
 
 
 # --- the library's half --------------------------------------------------------------------
-def _full_one_key_wider(original: Callable) -> Callable:
-    """:mod:`.mutants`' ``window_tile_kind: FULL one key too wide`` (a quantifier-free query)."""
-    from .mutants import _full_one_key_wider as library_mutant
-
-    return library_mutant(original)
-
-
 def _scale_doubled(original: Callable) -> Callable:
     def broken(ctx, q, k, scale, allowed, *rest, **kw):
         return original(ctx, q, k, scale * 2, allowed, *rest, **kw)
@@ -162,12 +152,12 @@ MUTANTS: list[PairedMutant] = [
     PairedMutant("z3 decides a weakened query + window_tile_kind's FULL one key too wide",
                  "solver.z3_check and window_tile_kind",
                  ((f"{PROOFS}.solver:z3_check", _z3_weakened),
-                  (WINDOW_KIND, _full_one_key_wider)),
+                  (WINDOW_KIND, full_one_key_wider)),
                  ("smt/window_tile_kind",), "cvc5"),
     PairedMutant("cvc5 answers unsat to everything + window_tile_kind's FULL one key too wide",
                  "cvc5_decider.decide and window_tile_kind",
                  ((f"{PROOFS}.cvc5_decider:decide", _cvc5_always_unsat),
-                  (WINDOW_KIND, _full_one_key_wider)),
+                  (WINDOW_KIND, full_one_key_wider)),
                  ("smt/window_tile_kind",), "z3"),
     PairedMutant("the zero test drops exponent coefficients + tile_scores doubles c",
                  "zero_test (e^{kμ} as e^{μ}) and tile_scores",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import sympy
 
 from ..engine import deciders, ledger
 from . import decider_mutants, overflow
+from .patch_targets import as_method, full_one_key_wider, target_of
 
 FAMILY = "mutants"
 ALGORITHM = "exactattn.core.algorithm"
@@ -40,32 +40,6 @@ MASKS = "exactattn.core.masks"
 DROPOUT = "exactattn.core.dropout"
 SCORES = "exactattn.core.scores"
 PROOFS = "exactattn.proofs"  # the proofs' own modules (a mutant of the tracer or the example)
-
-
-@dataclass(frozen=True)
-class Target:
-    """``module.attribute`` or ``module.Class.method``; alternatives cover a rename."""
-
-    module: str
-    path: tuple[str, ...]
-
-    def __str__(self) -> str:
-        return ".".join((self.module.removeprefix("exactattn."), *self.path))
-
-    def resolve(self) -> tuple[Any, str, Any] | None:
-        """``(owner, attribute, original)`` or None if it does not exist."""
-        owner: Any = importlib.import_module(self.module)
-        for name in self.path[:-1]:
-            owner = getattr(owner, name, None)
-            if owner is None:
-                return None
-        original = getattr(owner, self.path[-1], None)
-        return None if original is None else (owner, self.path[-1], original)
-
-
-def _target(spec: str) -> Target:
-    module, _, rest = spec.partition(":")
-    return Target(module, tuple(rest.split(".")))
 
 
 @dataclass(frozen=True)
@@ -85,10 +59,10 @@ class Mutant:
 
     def resolve(self) -> tuple[Any, str, Any]:
         for spec in self.targets:
-            found = _target(spec).resolve()
+            found = target_of(spec).resolve()
             if found is not None:
                 return found
-        wanted = " or ".join(str(_target(s)) for s in self.targets)
+        wanted = " or ".join(str(target_of(s)) for s in self.targets)
         raise ledger.NoTarget(f"mutant {self.name!r}: {wanted} not found in the library (renamed?)")
 
     @contextlib.contextmanager
@@ -96,16 +70,9 @@ class Mutant:
         owner, attribute, original = self.resolve()
         replacement = self.make(original)
         if isinstance(owner, type):  # a method: keep it a plain function on the class
-            replacement = _as_method(replacement)
+            replacement = as_method(replacement)
         with mock.patch.object(owner, attribute, replacement):
             yield
-
-
-def _as_method(fn: Callable) -> Callable:
-    def method(self, *args, **kwargs):
-        return fn(self, *args, **kwargs)
-
-    return method
 
 
 # --- the broken variants, each built from the original -------------------------------------
@@ -377,16 +344,6 @@ def _stop_unclamped(original: Callable) -> Callable:
     return broken
 
 
-def _full_one_key_wider(original: Callable) -> Callable:
-    from exactattn.core.masks import INT
-
-    def broken(left, right, offset, r0, r1, a, e, ops=INT):
-        empty, _ = original(left, right, offset, r0, r1, a, e, ops)
-        return empty, original(left, right, offset, r0, r1, a, e - 1, ops)[1]
-
-    return broken
-
-
 def _empty_one_key_early(original: Callable) -> Callable:
     from exactattn.core.masks import INT
 
@@ -653,7 +610,7 @@ MUTANTS: list[Mutant] = [
     Mutant("window_row_span: stop not clamped to n_q", "window_row_span",
            (f"{MASKS}:window_row_span",), _stop_unclamped, (f"{SMT}/window_row_span", TIL)),
     Mutant("window_tile_kind: FULL one key too wide", "window_tile_kind",
-           (f"{MASKS}:window_tile_kind",), _full_one_key_wider, (f"{SMT}/window_tile_kind", TIL)),
+           (f"{MASKS}:window_tile_kind",), full_one_key_wider, (f"{SMT}/window_tile_kind", TIL)),
     Mutant("window_tile_kind: EMPTY one key too early", "window_tile_kind",
            (f"{MASKS}:window_tile_kind",), _empty_one_key_early,
            (f"{SMT}/window_tile_kind", TIL)),

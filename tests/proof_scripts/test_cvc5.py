@@ -11,7 +11,7 @@ from exactattn.proofs.families import decider_mutants, mutants, smt
 from tests.optional import requires
 
 requires("z3")
-pytest.importorskip("cvc5", reason=f"needs cvc5: {cvc5_decider.INSTALL}")
+requires("cvc5")
 import z3
 
 

@@ -10,7 +10,7 @@ from exactattn.proofs.families import decider_mutants, forward, score_mods, smt
 from tests.optional import requires
 
 requires("z3", "flint")
-pytest.importorskip("cvc5", reason=f"needs cvc5: {cvc5_decider.INSTALL}")
+requires("cvc5")
 
 
 def _probe(mutant):
