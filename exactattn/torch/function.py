@@ -82,3 +82,38 @@ class TiledBackward(torch.autograd.Function):
         )
         dbias = dbias.to(ctx.bias_dtype) if wants_bias else None
         return y_dot, dq, dk, dv, None, None, dbias, None, None
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """The identity on a backward's gradients, whose own reverse refuses, naming the path.
+
+    Inputs ``(path, n, *grads, *anchors)``: the ``n`` gradients, then the tensors they are
+    gradients of (inputs that require grad, so that autograd records this node)."""
+
+    @staticmethod
+    def forward(ctx: Any, path: str, n: int, *tensors: Any) -> tuple:
+        ctx.path = path
+        return tuple(g.clone() for g in tensors[:n])
+
+    @staticmethod
+    def backward(ctx: Any, *bars: Any) -> tuple:
+        raise NotImplementedError(
+            f"{ctx.path} has no double backward. exactattn.torch.attention, "
+            "exactattn.torch.scaled_dot_product_attention and torch.ops.exactattn.attention "
+            "have one (create_graph=True), as has exactattn.attention_hvp on arrays"
+        )
+
+
+def first_order_only(path: str, grads: tuple, anchors: tuple) -> tuple:
+    """``grads`` as they are; under ``create_graph=True`` (grad mode on in the backward)
+    differentiating them raises a NotImplementedError naming ``path`` and the entry points
+    that have a double backward. ``anchors``: the tensors they are gradients of."""
+    anchors = tuple(a for a in anchors if isinstance(a, torch.Tensor) and a.requires_grad)
+    if not torch.is_grad_enabled() or not anchors:
+        return grads
+    tensors = [n for n, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+    passed = _FirstOrderOnly.apply(path, len(tensors), *(grads[n] for n in tensors), *anchors)
+    out = list(grads)
+    for n, g in zip(tensors, passed):
+        out[n] = g
+    return tuple(out)
