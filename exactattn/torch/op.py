@@ -272,10 +272,11 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 def _backward(ctx: Any, grad_y: Tensor, grad_lse: Tensor | None) -> tuple:
     q, k, v, y, lse, allowed, bias, kv_lengths, seed = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[4]
-    # Under create_graph=True the operator records its own formula (_second_order).
-    dq, dk, dv, dbias = attention_backward_op(
-        grad_y, q, k, v, y, lse, allowed, bias, kv_lengths, seed, *ctx.options, bias_grad
-    )
+    args = (grad_y, q, k, v, y, lse, allowed, bias, kv_lengths, seed, *ctx.options, bias_grad)
+    if needs_grad(grad_y, q, k, v, bias):  # create_graph=True: recorded, with _second_order
+        dq, dk, dv, dbias = AttentionBackwardFunction.apply(*args)
+    else:
+        dq, dk, dv, dbias = attention_backward_op(*args)
     return (dq, dk, dv, None, dbias if bias_grad else None, None, None) + (None,) * len(OPTIONS)
 
 
@@ -306,6 +307,20 @@ def _second_order(ctx: Any, bar_q, bar_k, bar_v, bar_bias) -> tuple:
 
 
 attention_backward_op.register_autograd(_second_order, setup_context=_setup_second_order)
+
+
+class AttentionBackwardFunction(torch.autograd.Function):
+    """``exactattn::attention_backward`` with its registered formula, as a Function (the
+    backward's own reverse under torch.func, as :class:`AttentionFunction` is the forward's)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*args: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return attention_backward_op(*args)
+
+    setup_context = staticmethod(_setup_second_order)
+    backward = staticmethod(_second_order)
 
 
 class AttentionFunction(torch.autograd.Function):
