@@ -211,10 +211,10 @@ class _Operands(NamedTuple):
 
 def _tangent_operands(ctx, geometry, t: Tangents) -> Tangents:
     """The tangents in the compute type and the tile layout (None stays None)."""
-    q_dot, k_dot, v_dot = (
-        None if x is None else grouped(geometry, *(ctx.compute(x),) * 3)[n]
-        for n, x in enumerate(t[:3])
-    )
+    q_dot, k_dot, v_dot = (None if x is None else ctx.compute(x) for x in t[:3])
+    if geometry.group != 1:  # the layout of algorithm.grouped
+        q_dot = None if q_dot is None else grouped(geometry, q_dot, q_dot, q_dot)[0]
+        k_dot, v_dot = (None if x is None else x[..., None, :, :] for x in (k_dot, v_dot))
     g_dot = None if t.grad_y is None else tile_layout(geometry, ctx.compute(t.grad_y))
     return Tangents(q_dot, k_dot, v_dot, g_dot, t.bias)
 
