@@ -169,40 +169,96 @@ def value_gradient_tangent(
     return out
 
 
+# --- one tile's visit in each pass ------------------------------------------------------------
+class TileOperands(NamedTuple):
+    """One tile's operands: q, q̇ (rows), k, k̇, v, v̇ (keys), G, Ġ (rows); None: zero."""
+
+    q: Array
+    q_dot: Array | None
+    k: Array
+    k_dot: Array | None
+    v: Array
+    v_dot: Array | None
+    g: Array
+    g_dot: Array | None
+
+
+class Recomputed(NamedTuple):
+    """A tile's ``p_ij`` (from the frozen ``m, ℓ``), ``ṡ_ij`` and ``ρ_ij`` (None: no dropout)."""
+
+    p: Array
+    s_dot: Array
+    rho: Any
+
+
+def recompute(
+    ctx: ArrayContext,
+    x: TileOperands,
+    allowed: Any,
+    scale: Any,
+    m: Array,
+    l: Array,
+    mod: Any = None,
+    mod_tangents: dict[str, Array] | None = None,
+    rho: Any = None,
+) -> Recomputed:
+    """``s = mod(c·q·k)`` (−∞ off ``A_i``, the mask last as in ``tile_scores``), ``ṡ`` and
+    ``p = e^{s − m}/ℓ``; ``mod`` records what its :meth:`pullback_tangent` needs."""
+    u_dot = score_tangent(ctx, x.q, x.k, x.q_dot, x.k_dot, scale)
+    s = tile_scores(ctx, x.q, x.k, scale, None)
+    s_dot = u_dot
+    if mod is not None:
+        s, s_dot = mod.apply_tangent(s, u_dot, {} if mod_tangents is None else mod_tangents)
+    if allowed is not None:
+        s = ctx.where(allowed, s, ctx.neg_inf)
+    return Recomputed(tile_probabilities(ctx, s, m, l), s_dot, rho)
+
+
+def _weights(r: Recomputed, p: Array) -> Array:
+    return p if r.rho is None else p * r.rho
+
+
+def first_visit(ctx: ArrayContext, x: TileOperands, r: Recomputed) -> tuple[Array, Array]:
+    """The tile's terms of the row sums: ``(Σ_j p ṡ, Σ_j pρ(ṡ V_j + V̇_j))``."""
+    sigma = tile_sigma(ctx, r.p, r.s_dot)
+    return sigma, output_tangent_part(ctx, _weights(r, r.p), r.s_dot, x.v, x.v_dot)
+
+
+def second_visit(
+    ctx: ArrayContext,
+    x: TileOperands,
+    r: Recomputed,
+    sigma: Array,
+    delta: Array,
+    delta_dot: Array,
+    scale: Any,
+    mod: Any = None,
+    grad_tangents: dict[str, Array] | None = None,
+) -> tuple[Array, Array, Array]:
+    """The tile's terms ``(dQ̇_i, dK̇_j, dV̇_j)`` from the rows' ``σ, δ, δ̇`` (module docstring)."""
+    p_dot = probability_tangent(ctx, r.p, r.s_dot, sigma)
+    dp = ctx.matmul(x.g, ctx.transpose(x.v))
+    dp_dot = None if x.v_dot is None else ctx.matmul(x.g, ctx.transpose(x.v_dot))
+    if x.g_dot is not None:
+        part = ctx.matmul(x.g_dot, ctx.transpose(x.v))
+        dp_dot = part if dp_dot is None else dp_dot + part
+    if dp_dot is None:
+        dp_dot = dp * ctx.scalar(0)
+    if r.rho is not None:
+        dp, dp_dot = dp * r.rho, dp_dot * r.rho
+    gamma_dot = gamma_tangent(ctx, r.p, p_dot, dp, dp_dot, delta, delta_dot)
+    gamma = tile_gamma(ctx, r.p, dp, delta)  # consumes dp
+    if mod is not None:
+        grads = {} if grad_tangents is None else grad_tangents
+        gamma, gamma_dot = mod.pullback_tangent(gamma, gamma_dot, grads)
+    return (
+        query_gradient_tangent(ctx, gamma, gamma_dot, x.k, x.k_dot, scale),
+        key_gradient_tangent(ctx, gamma, gamma_dot, x.q, x.q_dot, scale),
+        value_gradient_tangent(ctx, _weights(r, r.p), _weights(r, p_dot), x.g, x.g_dot),
+    )
+
+
 # --- the two passes -----------------------------------------------------------------------
-class _Tile:
-    """One tile's recomputed ``s, ṡ, p`` and ``ρ``, with its score modifications."""
-
-    def __init__(self, ctx, tile, a, t, scale, m, l, score_mod, geometry, dropout, flat, mod_t):
-        rows, cols = tile.rows, tile.cols
-        self.q, self.k, self.v = a.q[..., rows, :], a.k[..., cols, :], a.v[..., cols, :]
-        self.q_dot, self.k_dot, self.v_dot = (
-            None if x is None else x[..., sl, :]
-            for x, sl in ((t.q, rows), (t.k, cols), (t.v, cols))
-        )
-        self.mod = None if score_mod is None else score_mod.at(ctx, tile.index, geometry)
-        u_dot = score_tangent(ctx, self.q, self.k, self.q_dot, self.k_dot, scale)
-        s, s_dot = _modified(ctx, self.q, self.k, scale, self.mod, u_dot, mod_t)
-        if tile.allowed is not None:  # the mask last, as in tile_scores
-            s = ctx.where(tile.allowed, s, ctx.neg_inf)
-        self.s_dot = s_dot
-        self.p = tile_probabilities(ctx, s, m[..., rows], l[..., rows])
-        self.rho = None
-        if dropout is not None:
-            self.rho = dropout.factors(ctx, flat, tile.index.i, tile.index.j)
-
-    def weights(self, p: Array) -> Array:
-        return p if self.rho is None else p * self.rho
-
-
-def _modified(ctx, q, k, scale, mod, u_dot, mod_tangents):
-    """``(s, ṡ)``: the tile's modified scores (unmasked) and their tangent."""
-    u = tile_scores(ctx, q, k, scale, None)
-    if mod is None:
-        return u, u_dot
-    return mod.apply_tangent(u, u_dot, mod_tangents)
-
-
 class _Operands(NamedTuple):
     q: Array
     k: Array
@@ -219,33 +275,47 @@ def _tangent_operands(ctx, geometry, t: Tangents) -> Tangents:
     return Tangents(q_dot, k_dot, v_dot, g_dot, t.bias)
 
 
+def _slice(x: Array | None, at: slice) -> Array | None:
+    return None if x is None else x[..., at, :]
+
+
+class _Visits:
+    """A call's arrays, and one tile read from them: its operands, ``p, ṡ, ρ`` and mod."""
+
+    def __init__(self, ctx, geometry, a, t, g, m, l, *, scale, dropout, score_mod, mod_t):
+        self.ctx, self.geometry, self.a, self.t, self.g = ctx, geometry, a, t, g
+        self.m, self.l, self.scale, self.dropout = m, l, scale, dropout
+        self.score_mod, self.mod_t = score_mod, mod_t
+        self.flat = geometry.flat_index(ctx) if dropout is not None else None
+
+    def read(self, tile: Any) -> tuple[TileOperands, Recomputed, Any]:
+        ctx, a, t, rows, cols = self.ctx, self.a, self.t, tile.rows, tile.cols
+        x = TileOperands(
+            a.q[..., rows, :], _slice(t.q, rows), a.k[..., cols, :], _slice(t.k, cols),
+            a.v[..., cols, :], _slice(t.v, cols), self.g[..., rows, :], _slice(t.grad_y, rows),
+        )  # fmt: skip
+        mod = None
+        if self.score_mod is not None:
+            mod = self.score_mod.at(ctx, tile.index, self.geometry)
+        rho = None
+        if self.dropout is not None:
+            rho = self.dropout.factors(ctx, self.flat, tile.index.i, tile.index.j)
+        m, l = self.m[..., rows], self.l[..., rows]
+        return x, recompute(ctx, x, tile.allowed, self.scale, m, l, mod, self.mod_t, rho), mod
+
+
 def row_tangents(
-    ctx: ArrayContext,
-    a: _Operands,
-    t: Tangents,
-    y: Array,
-    m: Array,
-    l: Array,
-    *,
-    geometry: Any,
-    scale: Any,
-    block_size: int,
-    mask: Mask | None,
-    dropout: Any,
-    row_block: int | None,
-    score_mod: ScoreMod | None,
-    mod_tangents: dict[str, Array],
+    ctx: ArrayContext, visits: _Visits, every_tile: Any, y: Array
 ) -> tuple[Array, Array]:
     """The first pass: ``(σ, Ẏ)`` per row, in the tile layout (``y`` the forward's Y)."""
+    geometry = visits.geometry
     rows_shape = (*geometry.tile_batch, geometry.n_q)
     sigma = ctx.zeros(rows_shape)
-    w = ctx.zeros((*rows_shape, a.v.shape[-1]))
-    flat = geometry.flat_index(ctx) if dropout is not None else None
-    for tile in tiles(ctx, mask, geometry, block_size, row_block):
-        one = _Tile(ctx, tile, a, t, scale, m, l, score_mod, geometry, dropout, flat, mod_tangents)
-        rows = tile.rows
-        sigma[..., rows] += tile_sigma(ctx, one.p, one.s_dot)
-        w[..., rows, :] += output_tangent_part(ctx, one.weights(one.p), one.s_dot, one.v, one.v_dot)
+    w = ctx.zeros((*rows_shape, visits.a.v.shape[-1]))
+    for tile in every_tile():
+        sigma_t, w_t = first_visit(ctx, *visits.read(tile)[:2])
+        sigma[..., tile.rows] += sigma_t
+        w[..., tile.rows, :] += w_t
     return sigma, output_tangent(ctx, w, sigma, y)
 
 
@@ -278,51 +348,39 @@ def hvp(
     upstream gradient of lse, held fixed (``δ_i = G_i·Y_i − ∂L/∂lse_i``, its tangent 0).
     ``mod_tangents``: the tangents of the score modifications' parameters (``{"bias": Ḃ}``);
     ``mod_grad_tangents``: arrays into which their gradients' tangents (``dḂ = γ̇``) are
-    added, by name, when given.
+    added, by name, when given. Both passes visit the tiles of the one ``tiles()`` call in
+    ``every_tile`` (``b`` is read there only).
     """
     geometry = geometry_of(q, k, v, enable_gqa)
     q_shape, k_shape, v_shape = tuple(q.shape), tuple(k.shape), tuple(v.shape)
     a = _Operands(*grouped(geometry, ctx.compute(q), ctx.compute(k), ctx.compute(v)))
     t = _tangent_operands(ctx, geometry, tangents)
     g, y, m, l = (tile_layout(geometry, x) for x in (ctx.compute(g), ctx.compute(y), m, l))
-    mod_t = {} if mod_tangents is None else mod_tangents
     grads_dot = {} if mod_grad_tangents is None else mod_grad_tangents
-    passes = dict(
-        geometry=geometry, scale=scale, block_size=block_size, mask=mask, dropout=dropout,
-        row_block=row_block, score_mod=score_mod, mod_tangents=mod_t,
+    visits = _Visits(
+        ctx, geometry, a, t, g, m, l, scale=scale, dropout=dropout, score_mod=score_mod,
+        mod_t={} if mod_tangents is None else mod_tangents,
     )  # fmt: skip
-    sigma, y_dot = row_tangents(ctx, a, t, y, m, l, **passes)
+
+    def every_tile() -> Any:
+        return tiles(ctx, mask, geometry, block_size, row_block)
+
+    sigma, y_dot = row_tangents(ctx, visits, every_tile, y)
     delta = softmax_delta(ctx, g, y)
     if grad_lse is not None:
         delta = delta - tile_layout(geometry, ctx.compute(grad_lse))
     delta_dot = delta_tangent(ctx, g, y, t.grad_y, y_dot)
     dq = ctx.zeros((*geometry.tile_batch, geometry.n_q, a.q.shape[-1]))
     dk, dv = ctx.zeros(tuple(a.k.shape)), ctx.zeros(tuple(a.v.shape))
-    flat = geometry.flat_index(ctx) if dropout is not None else None
-    for tile in tiles(ctx, mask, geometry, block_size, row_block):
+    for tile in every_tile():
         rows, cols = tile.rows, tile.cols
-        one = _Tile(ctx, tile, a, t, scale, m, l, score_mod, geometry, dropout, flat, mod_t)
-        g_t = g[..., rows, :]
-        g_dot_t = None if t.grad_y is None else t.grad_y[..., rows, :]
-        p_dot = probability_tangent(ctx, one.p, one.s_dot, sigma[..., rows])
-        dp = ctx.matmul(g_t, ctx.transpose(one.v))
-        dp_dot = ctx.zeros(tuple(dp.shape)) if one.v_dot is None else (
-            ctx.matmul(g_t, ctx.transpose(one.v_dot))
+        x, r, mod = visits.read(tile)
+        dq_t, dk_t, dv_t = second_visit(
+            ctx, x, r, sigma[..., rows], delta[..., rows], delta_dot[..., rows], scale, mod,
+            grads_dot,
         )  # fmt: skip
-        if g_dot_t is not None:
-            dp_dot = dp_dot + ctx.matmul(g_dot_t, ctx.transpose(one.v))
-        if one.rho is not None:
-            dp, dp_dot = dp * one.rho, dp_dot * one.rho
-        gamma_dot = gamma_tangent(
-            ctx, one.p, p_dot, dp, dp_dot, delta[..., rows], delta_dot[..., rows]
-        )
-        gamma = tile_gamma(ctx, one.p, dp, delta[..., rows])  # consumes dp
-        if one.mod is not None:
-            gamma, gamma_dot = one.mod.pullback_tangent(gamma, gamma_dot, grads_dot)
-        dq[..., rows, :] += query_gradient_tangent(ctx, gamma, gamma_dot, one.k, one.k_dot, scale)
-        dk_t = key_gradient_tangent(ctx, gamma, gamma_dot, one.q, one.q_dot, scale)
+        dq[..., rows, :] += dq_t
         dk[..., cols, :] += ctx.sum_to(dk_t, dk[..., cols, :].shape)
-        dv_t = value_gradient_tangent(ctx, one.weights(one.p), one.weights(p_dot), g_t, g_dot_t)
         dv[..., cols, :] += ctx.sum_to(dv_t, dv[..., cols, :].shape)
     y_dot = logical_layout(geometry, y_dot)
     if geometry.group != 1:
