@@ -51,7 +51,7 @@ from ..engine.ledger import Obligation, Undecided, check_equal
 from ..engine.mask_grid import BY_NAME, CASES, CAUSAL, full_problem, symbolic_dropout_problem
 from ..engine.symbols import C, every_block_size, every_mask_check, matrix, tensor, upstream
 from ..engine.terms import TermContext
-from .general import _block_size_uses
+from .general import block_size_uses
 
 FAMILY = "second_order"
 CAP = sympy.Symbol("cap", positive=True)
@@ -277,7 +277,7 @@ ROW_IDENTITIES = "Ẏ = w − σY and δ̇ = Ġ·Y + G·Ẏ are the derivatives 
 def b_through_tiles() -> str:
     """``hvp.hvp`` reads ``b`` only as ``tiles()``'s argument (in ``every_tile``, which both
     passes iterate), so two block sizes with the same tiling run the same arithmetic."""
-    other = _block_size_uses(hvp.hvp)
+    other = block_size_uses(hvp.hvp)
     if other:
         raise Undecided(f"hvp.hvp reads block_size outside tiles(): {other}")
     return "hvp.hvp"
