@@ -123,6 +123,7 @@ class FlexFunction(torch.autograd.Function):
         params = plan.score_mod.params if isinstance(plan.score_mod, ScoreFn) else ()
         wanted = [n for n in range(len(params)) if ctx.needs_input_grad[5 + n]]
         if not wanted:  # differentiable once more: the tiled second-order reverse
+            y, lse = y.detach(), lse.detach()  # constants of the second order
             dq, dk, dv, _ = TiledBackward.apply(grad_y, q, k, v, y, lse, None, plan, False)
             return dq, dk, dv, None, None, *(None,) * len(params)
         return first_order_only(

@@ -46,6 +46,7 @@ class TiledAttention(torch.autograd.Function):
     def backward(ctx: Any, grad_y: torch.Tensor, grad_lse: Any):
         q, k, v, y, lse, bias = ctx.saved_tensors
         bias_grad = ctx.bias_dtype is not None and ctx.needs_input_grad[3]
+        y, lse = y.detach(), lse.detach()  # constants of the second order (see TiledBackward)
         dq, dk, dv, dbias = TiledBackward.apply(grad_y, q, k, v, y, lse, bias, ctx.plan, bias_grad)
         return dq, dk, dv, (dbias.to(ctx.bias_dtype) if bias_grad else None), None
 
@@ -56,8 +57,10 @@ class TiledBackward(torch.autograd.Function):
     Inputs ``(G, q, k, v, Y, lse, bias, plan, bias_grad)``. Its reverse at the cotangents
     ``(Q̄, K̄, V̄, B̄)`` is the second-order reverse with them as the tangents (the Hessian of
     ``Σ G∘Y`` in ``(q, k, v, B)`` is symmetric): ``(dQ̇, dK̇, dV̇, dḂ)`` for ``(q, k, v,
-    bias)`` and ``Ẏ`` for ``G``. ``Y`` and ``lse`` get none: the second-order reverse
-    differentiates through them already (they are functions of q, k, v and the bias).
+    bias)`` and ``Ẏ`` for ``G``. ``Y`` and ``lse`` come detached and get none: the
+    second-order reverse differentiates through them already (they are functions of q, k,
+    v and the bias), and an edge to the forward would run its reverse again at a zero
+    cotangent.
     """
 
     @staticmethod

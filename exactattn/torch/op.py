@@ -272,6 +272,9 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 def _backward(ctx: Any, grad_y: Tensor, grad_lse: Tensor | None) -> tuple:
     q, k, v, y, lse, allowed, bias, kv_lengths, seed = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[4]
+    # Y and lse enter the second-order pass as constants (it differentiates through them):
+    # detached, so that autograd does not run this formula again with a zero cotangent.
+    y, lse = y.detach(), lse.detach()
     args = (grad_y, q, k, v, y, lse, allowed, bias, kv_lengths, seed, *ctx.options, bias_grad)
     if needs_grad(grad_y, q, k, v, bias):  # create_graph=True: recorded, with _second_order
         dq, dk, dv, dbias = AttentionBackwardFunction.apply(*args)
