@@ -444,9 +444,38 @@ def second_order(
         return (*zeros, mod_grads.get("bias"))
     mod_tangents = {} if tangents.bias is None else {"bias": ctx.compute(tangents.bias)}
     with torch.no_grad():
-        one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse.shape)
-        out = hvp.hvp(
-            ctx, q, k, v, y, lse, one, g, tangents, mod_tangents=mod_tangents,
-            mod_grad_tangents=mod_grads, **_generic_keywords(plan, plan.geometry),
-        )  # fmt: skip
+        out = _generic_second_order(plan, q, k, v, y, lse, g, tangents, mod_tangents, mod_grads)
     return (*(ctx.output(x).contiguous() for x in out), mod_grads.get("bias"))
+
+
+def _generic_second_order(plan: Plan, q, k, v, y, lse, g, tangents, mod_tangents, mod_grads):
+    """``(Ẏ, dQ̇, dK̇, dV̇)`` with ``m = lse, ℓ = 1``, whole or in :func:`pieces` (as the
+    reverse: whole heads on single-threaded workers, cache-sized tiles)."""
+    ctx, threads = plan.ctx, torch.get_num_threads()
+    parts = pieces(plan, q, k, v, threads)
+
+    def run(qp, kp, vp, yp, lse_p, gp, tp, keywords):
+        one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse_p.shape)
+        return hvp.hvp(
+            ctx, qp, kp, vp, yp, lse_p, one, gp, tp, mod_tangents=mod_tangents,
+            mod_grad_tangents=mod_grads, **keywords,
+        )  # fmt: skip
+
+    if parts == [WHOLE]:
+        return run(q, k, v, y, lse, g, tangents, _generic_keywords(plan, plan.geometry))
+    out = [torch.empty(x.shape, dtype=ctx.compute_dtype, device=x.device) for x in (y, q, k, v)]
+
+    def work(part: Piece) -> None:
+        qp, kp, vp = q[part.q], k[part.kv], v[part.kv]
+        tp = hvp.Tangents(*(
+            None if x is None else x[at]
+            for x, at in zip(tangents[:4], (part.q, part.kv, part.kv, part.q))
+        ))  # fmt: skip
+        got = run(
+            qp, kp, vp, y[part.q], lse[part.q], g[part.q], tp, _piece_keywords(plan, qp, kp, vp)
+        )
+        for x, at, value in zip(out, (part.q, part.q, part.kv, part.kv), got):
+            x[at] = value
+
+    run_pieces(work, parts, threads)
+    return tuple(out)

@@ -198,3 +198,22 @@ def test_flex_attention_differentiates_twice_without_parameter_grads():
         return et.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: torch.tanh(s) * 2)
 
     assert gradgradcheck(fn, (q, k, v))
+
+
+def test_parity_when_the_heads_run_as_pieces(monkeypatch):
+    """A call big enough to split into pieces of whole heads (passes.pieces) differentiates
+    twice through them, and still equals the math SDPA's double backward."""
+    ran = []
+    original = passes.run_pieces
+    monkeypatch.setattr(passes, "run_pieces", lambda work, parts, t: ran.append(len(parts))
+                        or original(work, parts, t))  # fmt: skip
+    q, k, v = (randn(1, 8, 512, 4, seed=n) for n in range(3))
+
+    def ours(q, k, v):
+        return et.attention(q, k, v, is_causal=True)
+
+    got = _second_order(ours, q, k, v)
+    want = _second_order(lambda q, k, v: _math_sdpa(q, k, v, is_causal=True), q, k, v)
+    assert len(ran) >= 3 and min(ran) > 1, ran  # forward, reverse and second order in pieces
+    for name, a, b in zip("qkv", got, want):
+        assert_close(a, b, atol=1e-11, rtol=1e-11, what=f"pieces: d²/d{name}")
