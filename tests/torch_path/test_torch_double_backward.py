@@ -125,7 +125,7 @@ PARITY = {
         lambda q, k, v: et.attention(q, k, v, is_causal=True, block_size=3),
         lambda q, k, v: _math_sdpa(q, k, v, is_causal=True),
     ),
-    "GQA, causal, b=1": (
+    "GQA, causal (the SDPA drop-in)": (
         (1, 4, 6, 3),
         (1, 2, 6, 3),
         lambda q, k, v: et.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
