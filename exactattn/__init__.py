@@ -9,6 +9,7 @@ from .api import (
     Stats,
     attention,
     attention_backward,
+    attention_hvp,
     flash_attention,
     naive_attention,
     naive_attention_backward,
@@ -17,6 +18,7 @@ from .api import (
 )
 from .backends import MpmathContext, NumpyContext, SympyContext, backend_of
 from .core import masks
+from .core.hvp import Tangents
 from .core.merge import merge_partials
 from .infra import aliases
 from .layouts.paged import paged_attention
@@ -29,8 +31,10 @@ __all__ = [
     "NumpyContext",
     "Stats",
     "SympyContext",
+    "Tangents",
     "attention",
     "attention_backward",
+    "attention_hvp",
     "backend_of",
     "flash_attention",
     "masks",

@@ -19,9 +19,10 @@ from typing import Annotated, Any
 
 from .backends import resolve_backend
 from .backends.protocol import Array, ArrayContext
-from .core import algorithm, calls, naive, sinks, validation
+from .core import algorithm, calls, hvp, naive, sinks, validation
 from .core.calls import Call
 from .core.dropout import make_dropout
+from .core.hvp import Tangents
 from .core.masks import as_mask, key_range
 from .core.scores import bias as as_bias
 from .core.scores import chain, score_fn
@@ -321,6 +322,95 @@ def attention_backward(
     """
     inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
     return _call_backward(inputs, stats, keywords, _tiled_backward, bias_grad, grad_lse)
+
+
+@_shares_keywords
+def attention_hvp(
+    q: Any,
+    k: Any,
+    v: Any,
+    y: Any,
+    stats: Stats,
+    grad_y: Any,
+    tangents: Any,
+    *,
+    bias_grad: bool = False,
+    grad_lse: Any = None,
+    keywords: Keywords,
+) -> tuple[Array, ...]:
+    """The directional derivative of :func:`attention_backward`: a Hessian-vector product.
+
+    ``tangents`` is a :class:`~exactattn.core.hvp.Tangents` ``(q, k, v, grad_y[, bias])``
+    (a plain tuple of 4 or 5 works too) of arrays shaped like ``q, k, v, grad_y`` (and the
+    bias array), None for a zero tangent. Returns
+
+        (dq̇, dk̇, dv̇) = d/dε attention_backward(q + εq̇, k + εk̇, v + εv̇, …, grad_y + εġ)|ε=0
+
+    — ``H·(q̇, k̇, v̇) + Jᵀ ġ`` with ``H`` the Hessian of ``L = Σ grad_y∘y`` in ``(q, k, v)``
+    and ``Jᵀ ġ`` the first reverse at ``ġ`` — tiled (two passes over the blocks, per-row
+    ``σ_i = Σ_j p_ij ṡ_ij`` and ``δ̇_i = ġ_i·y_i + g_i·ẏ_i`` from the first; the maths in
+    :mod:`exactattn.core.hvp`). ``y`` and ``stats`` are the forward's, the keywords the
+    forward's (masks, ``bias``, ``softcap``, ``score_mod``, dropout replay, GQA).
+    ``bias_grad=True`` (with a bias array) also returns ``dḃias``, the derivative of
+    ``dbias``: ``(dq̇, dk̇, dv̇, dḃias)``. ``grad_lse``: as :func:`attention_backward`'s,
+    held fixed (its tangent is 0). ``sinks`` are not taken.
+    """
+    inputs = {"q": q, "k": k, "v": v, "y": y, "grad_y": grad_y}
+    ctx = resolve_backend(keywords.backend, *inputs.items())
+    sink, keywords = _interfaces(keywords)
+    if sink is not None:
+        raise ValueError(
+            "attention_hvp takes no sinks (the sink's second derivative is not computed); "
+            "drop sinks=, or differentiate attention_backward's dsinks yourself"
+        )
+    with ctx.scope():
+        call = _prepare(ctx, inputs, keywords)
+        m, l = _check_backward_inputs(call, stats)
+        tangents = _check_tangents(call, tangents)
+        mod_tangents = {} if tangents.bias is None else {"bias": tangents.bias}
+        grad_tangents = _bias_gradient(call) if bias_grad else {}
+        if grad_lse is not None:
+            grad_lse = ctx.as_compute(grad_lse)
+            validation.check_same_shape("grad_lse", grad_lse, tuple(m.shape))
+        a = call.arrays
+        out = hvp.hvp(
+            ctx, a["q"], a["k"], a["v"], a["y"], m, l, a["grad_y"], tangents,
+            block_size=call.block_size, grad_lse=grad_lse, mod_tangents=mod_tangents,
+            mod_grad_tangents=grad_tangents, **call.keywords(),
+        )  # fmt: skip
+        return _finish_backward(call, {"dq": out.q, "dk": out.k, "dv": out.v, **grad_tangents})
+
+
+def _check_tangents(call: Call, tangents: Any) -> Tangents:
+    """``tangents`` as a :class:`Tangents` of the context's arrays, each shaped like its primal."""
+    if not isinstance(tangents, (tuple, list)) or len(tangents) not in (4, 5):
+        raise TypeError(
+            "tangents must be a Tangents(q, k, v, grad_y[, bias]) or a tuple of 4 or 5 arrays "
+            f"(None for a zero tangent); got {type(tangents).__name__}"
+            + (f" of length {len(tangents)}" if isinstance(tangents, (tuple, list)) else "")
+        )
+    tangents = Tangents(*tangents)
+    ctx, a = call.ctx, call.arrays
+    shapes = {name: tuple(a[name].shape) for name in ("q", "k", "v", "grad_y")}
+    if tangents.bias is not None:
+        found = {} if call.score_mod is None else call.score_mod.gradients()
+        if "bias" not in found:
+            raise ValueError("tangents.bias needs bias=<array> (the tangent of that array)")
+        shapes["bias"] = found["bias"]
+    out = {}
+    for name, x in tangents._asdict().items():
+        if x is None:
+            out[name] = None
+            continue
+        try:
+            x = ctx.asarray(x) if name != "bias" else ctx.as_compute(x)
+        except TypeError as error:
+            raise TypeError(f"tangents.{name}: {error}") from None
+        validation.check_same_shape(f"tangents.{name}", x, shapes[name])
+        if call.check_finite:
+            validation.check_finite(ctx, f"tangents.{name}", x)
+        out[name] = x
+    return Tangents(**out)
 
 
 @_shares_keywords

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .engine.ledger import PROVED, Outcome
-from .families import blockmask, general, layouts_all_n, smt
+from .families import blockmask, general, layouts_all_n, second_order, smt
 
 NOT_RUN = "NOT RUN"
 
@@ -144,7 +144,39 @@ INTERFACES = Theorem(
     chained=False,  # four results, each resting on the forward's and reverse's chains
 )
 
-THEOREMS = (FORWARD, REVERSE, INTERFACES)
+_SEC = "second_order"
+SECOND_ORDER = Theorem(
+    "second-order reverse (dQ̇, dK̇, dV̇)",
+    "for all n_q, n_k, b, row splits and built-in masks: (dQ̇, dK̇, dV̇) = "
+    "d/dε ∂(Σ G∘Y)/∂(Q, K, V) along (Q̇, K̇, V̇, Ġ)",
+    (
+        Link(
+            "both passes visit tiles() (b read there only): every allowed pair exactly once",
+            (*ITERATOR, (_SEC, second_order.B_THROUGH_TILES)),
+        ),
+        Link(
+            "the frozen statistics give p_ij = e^{s_ij}/e^{lse_i} (the forward's lse)",
+            REVERSE.links[1].needs,
+        ),
+        Link(
+            "the first pass's visits add the terms of σ_i and Ẏ_i; Ẏ, δ̇ are derivatives",
+            (
+                (_SEC, second_order.FIRST_VISIT),
+                (_SEC, second_order.ROW_IDENTITIES),
+                ("general", "Lemma R: steps are row-local; dK, dV add per row"),
+            ),
+        ),
+        Link(
+            "a second-pass visit of a tile of any width adds its pairs' terms of d/dε ∂L",
+            (
+                (_SEC, second_order.SECOND_VISIT),
+                ("general", "Lemma R: steps are row-local; dK, dV add per row"),
+            ),
+        ),
+    ),
+)
+
+THEOREMS = (FORWARD, REVERSE, INTERFACES, SECOND_ORDER)
 
 _ARITHMETIC = tuple(
     link
@@ -210,6 +242,8 @@ ENUMERATED = (
     "the whole iterator against the definition (`tiles`): the sizes that family names",
     "the end-to-end runs of `forward`, `reverse`, `scores`, `dropout`: batch, grouped-query "
     "heads, broadcasting, dropout's keep-bits, at the sizes they name",
+    "the second-order reverse's score modifications (the soft-cap's mod″, a bias and its "
+    "tangent), GQA, dropout and the end to end runs (`second_order`): the sizes it names",
     "a user's mask without proved structure (a `Mask` subclass, a `mask_mod`): its "
     "classification and row spans are checked at the enumerated sizes only",
 )
@@ -247,8 +281,9 @@ def lines(outcomes: list[Outcome], theorems: tuple[Theorem, ...] = THEOREMS) -> 
 
 def of_families(families: list[str]) -> tuple[Theorem, ...]:
     """The chains a run of ``families`` prints: the forward's and the reverse's, and the
-    interfaces' when that family ran."""
-    return tuple(t for t in THEOREMS if t is not INTERFACES or "interfaces" in families)
+    interfaces' and the second order's when those families ran."""
+    own = {INTERFACES.name: "interfaces", SECOND_ORDER.name: _SEC}
+    return tuple(t for t in THEOREMS if t.name not in own or own[t.name] in families)
 
 
 def ran(families: list[str]) -> bool:

@@ -55,6 +55,7 @@ from .families import (
     reach,
     reverse,
     score_mods,
+    second_order,
     smt,
     tiles,
 )
@@ -74,6 +75,7 @@ FAMILIES: dict[str, ModuleType] = {
     "mutants": mutants,
     "reach": reach,
 }
+FAMILIES["second_order"] = second_order  # issue 35: the second-order reverse
 solver.keep_heap_top()  # in every process that runs obligations, before its heap grows
 
 NOT_BY_DEFAULT = ("reach",)

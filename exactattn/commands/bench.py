@@ -4,8 +4,12 @@ For each (n, dtype) it times the tiled forward, the naive forward, and both with
 reverse pass (median of ``--repeats`` runs, interleaved so machine noise hits both), and
 measures each one's peak Python-heap allocation with :mod:`tracemalloc` (NumPy reports its
 array buffers to tracemalloc). Ratios are tiled / naive: below 1 means the tiled code wins.
+``--hvp`` adds the second-order reverse (:func:`exactattn.attention_hvp` along random
+tangents of q, k, v and grad_y, from the forward's y and stats), timed and measured alone:
+its peak grows linearly in n as the first reverse's does.
 
     exactattn bench --n 1024 2048 4096 8192 16384 --dtype float32 float64
+    exactattn bench --n 1024 4096 --dtype float64 --hvp --max-naive-n 0
 """
 
 from __future__ import annotations
@@ -19,7 +23,21 @@ from typing import Any
 
 import numpy as np
 
-from ..api import attention, attention_backward, naive_attention, naive_attention_backward
+from ..api import (
+    attention,
+    attention_backward,
+    attention_hvp,
+    naive_attention,
+    naive_attention_backward,
+)
+
+
+def _hvp_pass(q, k, v, g, block_size) -> Callable[[], Any]:
+    """attention_hvp alone, along fixed random tangents (the forward run once, outside)."""
+    rng = np.random.default_rng(1)
+    tangents = tuple(rng.standard_normal(x.shape).astype(x.dtype) for x in (q, k, v, g))
+    y, stats = attention(q, k, v, block_size=block_size, return_stats=True)
+    return lambda: attention_hvp(q, k, v, y, stats, g, tangents, block_size=block_size)
 
 
 def _passes(q, k, v, g, block_size) -> dict[str, Callable[[], Any]]:
@@ -55,7 +73,13 @@ def _peak_bytes(fn: Callable[[], Any]) -> int:
 
 
 def run(
-    ns: list[int], dtypes: list[str], d: int, block_size: int | None, repeats: int, max_naive_n: int
+    ns: list[int],
+    dtypes: list[str],
+    d: int,
+    block_size: int | None,
+    repeats: int,
+    max_naive_n: int,
+    hvp: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per (n, dtype, pass) with median seconds and peak bytes."""
     rows = []
@@ -66,6 +90,8 @@ def run(
             passes = _passes(q, k, v, g, block_size)
             if n > max_naive_n:
                 passes = {name: fn for name, fn in passes.items() if name.startswith("tiled")}
+            if hvp:
+                passes["tiled hvp"] = _hvp_pass(q, k, v, g, block_size)
             times: dict[str, list[float]] = {name: [] for name in passes}
             for _ in range(repeats):
                 for name, fn in passes.items():
@@ -118,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-naive-n", type=int, default=16384, help="skip naive above this n (memory)"
     )
+    parser.add_argument("--hvp", action="store_true", help="add attention_hvp (second order)")
     args = parser.parse_args(argv)
-    rows = run(args.n, args.dtype, args.d, args.block_size, args.repeats, args.max_naive_n)
+    rows = run(
+        args.n, args.dtype, args.d, args.block_size, args.repeats, args.max_naive_n, args.hvp
+    )
     print(table(rows))
     return 0
 

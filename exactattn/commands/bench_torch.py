@@ -29,8 +29,18 @@ machine is shared, and only ratios measured side by side mean anything.
 ``self-256`` ((1, 8, 256, 64), forward and forward + backward; target within 2x), the CPU
 time of the process per call as the measure (immune to other processes with one thread).
 
+``--second-order`` adds the double-backward section (issue 35's budget: the double
+backward within 3x the first): for each ``--second-shape`` (default (1, 8, 1024, 64)), one
+forward with a graph, then either the first backward alone (``autograd.grad(Y, (q, k, v),
+G)``) or the double backward — the first with ``create_graph=True`` and the second, the
+gradient of ``Σ W∘(dQ, dK, dV)`` — each timed inside the call, interleaved, medians;
+exactattn.torch.attention and the math SDPA (the only SDPA with a double backward, through
+the materialised softmax) side by side. With the memory runs, the profiler's peak of one
+double backward (forward included) at n = 1024 and 4096, (1, 1, n, 64), for both.
+
     exactattn bench-torch --threads 2 --repeats 5 --md bench.md --csv bench.csv
     exactattn bench-torch --no-large --small --threads 1
+    exactattn bench-torch --no-large --second-order --threads 2
 """
 
 from __future__ import annotations
@@ -305,6 +315,126 @@ def small_markdown(rows: list[dict[str, Any]], threads: int, repeats: int) -> st
     return "\n".join(lines)
 
 
+# --- the double backward ---------------------------------------------------------------------
+SECOND_SHAPES = ((1, 8, 1024, 64),)
+SECOND_IMPLS = ("exactattn", "sdpa-math")
+MEMORY_NS = (1024, 4096)
+
+
+def _second_attend(impl: str) -> Callable[..., Any]:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import exactattn.torch as et
+
+    if impl == "exactattn":
+        return et.attention
+
+    def math_sdpa(q, k, v):
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return math_sdpa
+
+
+def _backward_call(attend: Callable[..., Any], double: bool, q, k, v, g) -> Callable[[], Any]:
+    """A forward with a graph, then the timed part: the first backward, or the double one.
+
+    Returns ``(first_s, second_s)``: the first backward's seconds (with ``create_graph``
+    when ``double``) and the second backward's (0 when not ``double``)."""
+    import torch
+
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+    weights = [torch.randn_like(x) for x in leaves]
+
+    def call() -> tuple[float, float]:
+        y = attend(*leaves)
+        start = time.perf_counter()
+        first = torch.autograd.grad(y, leaves, g, create_graph=double)
+        middle = time.perf_counter()
+        if not double:
+            return middle - start, 0.0
+        total = sum((w * d).sum() for w, d in zip(weights, first))
+        torch.autograd.grad(total, leaves)
+        return middle - start, time.perf_counter() - middle
+
+    return call
+
+
+def second_order_case(shape: tuple[int, ...], dtype: str, repeats: int) -> list[dict[str, Any]]:
+    """One row per implementation: median seconds of the first backward, the double
+    backward (create_graph first + second) and its second part, and their ratios."""
+    q, k, v, g = _inputs(shape, dtype)
+    calls = {
+        (impl, double): _backward_call(_second_attend(impl), double, q, k, v, g)
+        for impl in SECOND_IMPLS
+        for double in (False, True)
+    }
+    for call in calls.values():
+        call()
+    samples: dict[Any, list[tuple[float, float]]] = {key: [] for key in calls}
+    for _ in range(repeats):
+        for key, call in calls.items():
+            samples[key].append(call())
+    rows = []
+    for impl in SECOND_IMPLS:
+        first = statistics.median(s[0] for s in samples[impl, False])
+        double = statistics.median(s[0] + s[1] for s in samples[impl, True])
+        second = statistics.median(s[1] for s in samples[impl, True])
+        rows.append({
+            "shape": "x".join(map(str, shape)), "impl": impl, "dtype": dtype,
+            "first_s": first, "double_s": double, "second_s": second,
+            "double_ratio": double / first, "second_ratio": second / first,
+        })  # fmt: skip
+    return rows
+
+
+def second_order_peak(impl: str, n: int, dtype: str) -> int:
+    """:func:`profiled_peak` of one forward + double backward at (1, 1, n, 64), one thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        q, k, v, g = _inputs((1, 1, n, 64), dtype)
+        return profiled_peak(_backward_call(_second_attend(impl), True, q, k, v, g))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def second_order_markdown(
+    rows: list[dict[str, Any]], peaks: dict[tuple[str, int], int], threads: int, repeats: int,
+    load: tuple[str, str],
+) -> str:  # fmt: skip
+    lines = [
+        f"Double backward: {rows[0]['dtype']}, torch threads = {threads}, median of {repeats} "
+        "interleaved calls; first = autograd.grad(Y, (q, k, v), G); double = the first with "
+        "create_graph=True, then the gradient of Σ W∘(dQ, dK, dV); load average before "
+        f"{load[0]}, after {load[1]}",
+        "",
+        "| shape | implementation | first s | double s | double / first | second s "
+        "| second / first |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['shape']} | {r['impl']} | {r['first_s']:.3f} | {r['double_s']:.3f} "
+            f"| {r['double_ratio']:.2f}x | {r['second_s']:.3f} | {r['second_ratio']:.2f}x |"
+        )
+    if peaks:
+        lines += [
+            "",
+            "Peak of one forward + double backward, (1, 1, n, 64), torch profiler, one thread:",
+            "",
+            "| n | " + " | ".join(f"{impl} MiB" for impl in SECOND_IMPLS) + " |",
+            "| ---: | " + " | ".join("---:" for _ in SECOND_IMPLS) + " |",
+        ]
+        for n in sorted({n for _, n in peaks}):
+            cells = " | ".join(f"{peaks[impl, n] / 2**20:.1f}" for impl in SECOND_IMPLS)
+            lines.append(f"| {n} | {cells} |")
+    return "\n".join(lines)
+
+
 # --- the command -------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -323,6 +453,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-large", action="store_true", help="skip the large cases")
     parser.add_argument("--small", action="store_true", help="add the small-call section")
     parser.add_argument("--small-repeats", type=int, default=200)
+    parser.add_argument(
+        "--second-order", action="store_true", help="add the double-backward section"
+    )
+    parser.add_argument("--second-shape", type=int, nargs=4, action="append", default=None,
+                        metavar=("B", "H", "N", "D"),
+                        help="a double-backward case (default: 1 8 1024 64)")  # fmt: skip
     parser.add_argument("--md", default=None, help="also write the tables to this file")
     parser.add_argument("--csv", default=None, help="also write the large cases' rows here")
     return parser
@@ -347,6 +483,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.small:
         small = [r for case in SMALL_CASES for r in small_case(case, args.small_repeats)]
         tables.append(small_markdown(small, threads, args.small_repeats))
+    if args.second_order:
+        before = _load()
+        shapes = [tuple(s) for s in args.second_shape] if args.second_shape else SECOND_SHAPES
+        second = [r for s in shapes for r in second_order_case(s, args.dtype, args.repeats)]
+        peaks = {} if args.no_memory else {
+            (impl, n): second_order_peak(impl, n, args.dtype)
+            for impl in SECOND_IMPLS for n in MEMORY_NS
+        }  # fmt: skip
+        tables.append(
+            second_order_markdown(second, peaks, threads, args.repeats, (before, _load()))
+        )
     text = "\n\n".join(tables)
     print(text)
     if args.md:

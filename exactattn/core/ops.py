@@ -125,16 +125,24 @@ class Dual:
         return abs(self)
 
     def __lt__(self, other: Any) -> Any:
-        return _compare(operator.lt, self.value, self.lift(other).value)
+        return _compare(operator.lt, *_comparable(self, other))
 
     def __le__(self, other: Any) -> Any:
-        return _compare(operator.le, self.value, self.lift(other).value)
+        return _compare(operator.le, *_comparable(self, other))
 
     def __gt__(self, other: Any) -> Any:
-        return _compare(operator.gt, self.value, self.lift(other).value)
+        return _compare(operator.gt, *_comparable(self, other))
 
     def __ge__(self, other: Any) -> Any:
-        return _compare(operator.ge, self.value, self.lift(other).value)
+        return _compare(operator.ge, *_comparable(self, other))
+
+
+def primal(x: Any) -> Any:
+    """The value of ``x`` with every tangent dropped (a nested :class:`Dual` — the
+    second-order reverse's ``(s + ε₁) + ε₂`` — unwrapped to its innermost value)."""
+    while isinstance(x, Dual):
+        x = x.value
+    return x
 
 
 def _sum(a: Any, b: Any) -> Any:
@@ -247,7 +255,7 @@ def sqrt(x: Any) -> Any:
 def abs(x: Any) -> Any:  # the name torch and NumPy use
     """``|x|``; derivative ``sign x`` (0 at 0, as torch's)."""
     if isinstance(x, Dual):
-        return Dual(x.ctx, abs(x.value), _times(x.tangent, _apply("sign", x.value)))
+        return Dual(x.ctx, abs(x.value), _times(x.tangent, _apply("sign", primal(x.value))))
     return _apply("abs", x)
 
 
@@ -314,16 +322,23 @@ def where(cond: Any, a: Any, b: Any) -> Any:
     tangent = None
     if a.tangent is not None or b.tangent is not None:
         zero = a.ctx.scalar(0)
-        tangent = _select(
+        tangent = _either(
             cond, zero if a.tangent is None else a.tangent, zero if b.tangent is None else b.tangent
         )
-    return Dual(a.ctx, _select(cond, a.value, b.value), tangent)
+    return Dual(a.ctx, _either(cond, a.value, b.value), tangent)
+
+
+def _either(cond: np.ndarray, a: Any, b: Any) -> Any:
+    """:func:`_select`, or :func:`where` again when a side is itself a :class:`Dual`."""
+    if isinstance(a, Dual) or isinstance(b, Dual):
+        return where(cond, a, b)
+    return _select(cond, a, b)
 
 
 def _comparable(a: Any, b: Any) -> tuple[Any, Any]:
     """The values to compare: a :class:`Dual`'s value, constants in its context."""
     dual = a if isinstance(a, Dual) else b if isinstance(b, Dual) else None
-    return (a, b) if dual is None else (dual.lift(a).value, dual.lift(b).value)
+    return (a, b) if dual is None else (primal(dual.lift(a)), primal(dual.lift(b)))
 
 
 def minimum(a: Any, b: Any) -> Any:

@@ -107,6 +107,21 @@ class TileMod:
         """Boolean tile of the pairs this modification sends to −∞, or None."""
         return None
 
+    def apply_tangent(self, s: Any, s_dot: Any, tangents: dict[str, Any]) -> tuple[Any, Any]:
+        """``(mod(s), ṡ′)`` with ``ṡ′ = mod′(s)·ṡ`` (plus the tangents of the parameters
+        named in ``tangents``, ``Ḃ`` of a bias); records what :meth:`pullback_tangent` needs."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no second derivative; the second-order reverse "
+            "(exactattn.attention_hvp, create_graph=True) takes softcap, bias and score_mod"
+        )
+
+    def pullback_tangent(
+        self, gamma: Any, gamma_dot: Any, grad_tangents: dict[str, Any]
+    ) -> tuple[Any, Any]:
+        """``(γ·mod′, γ̇·mod′ + γ·mod″·ṡ)`` after :meth:`apply_tangent` (``ṡ`` the tangent it
+        was given); adds the parameters' gradient tangents to ``grad_tangents``."""
+        raise NotImplementedError(f"{type(self).__name__} has no second derivative")
+
 
 # --- soft-capping --------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -133,6 +148,19 @@ class _SoftcapTile(TileMod):
     def pullback(self, gamma: Any, grads: dict[str, Any]) -> Any:
         one = self.ctx.scalar(1)
         return gamma * (one - self.t * self.t)
+
+    def apply_tangent(self, s: Any, s_dot: Any, tangents: dict[str, Any]) -> tuple[Any, Any]:
+        out = self.apply(s)
+        self.s_dot = s_dot
+        return out, s_dot * (self.ctx.scalar(1) - self.t * self.t)
+
+    def pullback_tangent(
+        self, gamma: Any, gamma_dot: Any, grad_tangents: dict[str, Any]
+    ) -> tuple[Any, Any]:
+        """``mod′ = 1 − t²`` and ``mod″ = −2t(1 − t²)/cap``, ``t = tanh(s/cap)``."""
+        d1 = self.ctx.scalar(1) - self.t * self.t
+        d2 = self.ctx.scalar(-2) * self.t * d1 / self.cap
+        return gamma * d1, gamma_dot * d1 + gamma * d2 * self.s_dot
 
 
 # --- additive bias ---------------------------------------------------------------------------
@@ -188,6 +216,20 @@ class _BiasTile(TileMod):
     def excluded(self) -> Any:
         return self.ctx.is_neg_inf(self.tile)
 
+    def apply_tangent(self, s: Any, s_dot: Any, tangents: dict[str, Any]) -> tuple[Any, Any]:
+        """``(s + B, ṡ + Ḃ)``: ``Ḃ`` sliced like ``B`` when ``tangents`` has one."""
+        b_dot = tangents.get("bias")
+        if b_dot is not None:
+            s_dot = s_dot + self.geometry.split_heads(b_dot[..., self.rows, self.cols])
+        return self.apply(s), s_dot
+
+    def pullback_tangent(
+        self, gamma: Any, gamma_dot: Any, grad_tangents: dict[str, Any]
+    ) -> tuple[Any, Any]:
+        """``mod′ = 1``, ``mod″ = 0``; ``dḂ = γ̇`` (summed as ``dB`` is)."""
+        self.pullback(gamma_dot, grad_tangents)
+        return gamma, gamma_dot
+
 
 @dataclass(frozen=True, eq=False)
 class BiasFn(ScoreMod):
@@ -216,6 +258,14 @@ class _BiasFnTile(TileMod):
 
     def excluded(self) -> Any:
         return self.ctx.is_neg_inf(self.tile)
+
+    def apply_tangent(self, s: Any, s_dot: Any, tangents: dict[str, Any]) -> tuple[Any, Any]:
+        return self.apply(s), s_dot
+
+    def pullback_tangent(
+        self, gamma: Any, gamma_dot: Any, grad_tangents: dict[str, Any]
+    ) -> tuple[Any, Any]:
+        return gamma, gamma_dot
 
 
 # --- FlexAttention's score_mod ---------------------------------------------------------------
@@ -356,6 +406,51 @@ class _ScoreFnTile(TileMod):
                 grads[name] += grad.to(grads[name].dtype)
         return torch.zeros_like(gamma) if found[0] is None else found[0].to(gamma.dtype)
 
+    def apply_tangent(self, s: Any, s_dot: Any, tangents: dict[str, Any]) -> tuple[Any, Any]:
+        out = self.apply(s)
+        self.s_dot = s_dot
+        self.d1, self.d2 = self._derivatives(s)
+        return out, s_dot * self.d1
+
+    def pullback_tangent(
+        self, gamma: Any, gamma_dot: Any, grad_tangents: dict[str, Any]
+    ) -> tuple[Any, Any]:
+        """``(γ·mod′, γ̇·mod′ + γ·mod″·ṡ)``; the parameters' gradients have no tangent here."""
+        return gamma * self.d1, gamma_dot * self.d1 + gamma * self.d2 * self.s_dot
+
+    def _derivatives(self, s: Any) -> tuple[Any, Any]:
+        """``(mod′(s), mod″(s))`` on the tile: by torch autograd twice on torch, else one
+        evaluation on a nested :class:`Dual` ``(s + ε₁) + ε₂`` with ``ε₁² = ε₂² = 0``,
+        whose ``ε₂`` part is ``mod′(s + ε₁) = mod′(s) + ε₁·mod″(s)``."""
+        if _torch_tensor(s):
+            return self._torch_derivatives(s)
+        ones = self.ctx.zeros(tuple(s.shape)) + self.ctx.scalar(1)
+        score = Dual(self.ctx, Dual(self.ctx, s, ones), Dual(self.ctx, ones))
+        out = self._checked(self._call(score), s)
+        zero = self.ctx.zeros(tuple(s.shape))
+        first = out.tangent
+        if first is None:  # the mod does not depend on the score
+            return zero, zero
+        if not isinstance(first, Dual):
+            return first, zero
+        return first.value, zero if first.tangent is None else first.tangent
+
+    def _torch_derivatives(self, s: Any) -> tuple[Any, Any]:
+        torch = sys.modules["torch"]
+        with torch.enable_grad():
+            x = s.detach().requires_grad_(True)
+            out = torch.broadcast_to(self._evaluate(x), x.shape)
+            zero = torch.zeros_like(s)
+            if not out.requires_grad:
+                return zero, zero
+            (d1,) = torch.autograd.grad(out.sum(), x, create_graph=True, allow_unused=True)
+            if d1 is None:
+                return zero, zero
+            if not d1.requires_grad:
+                return d1.detach(), zero
+            (d2,) = torch.autograd.grad(d1.sum(), x, allow_unused=True)
+        return d1.detach(), zero if d2 is None else d2.detach()
+
     def excluded(self) -> Any:
         shape = (*self.geometry.tile_batch, len(self.index.rows), len(self.index.cols))
         out = self._evaluate(self.ctx.zeros(shape))
@@ -413,6 +508,18 @@ class _ChainTile(TileMod):
         for tile in reversed(self.tiles):
             gamma = tile.pullback(gamma, grads)
         return gamma
+
+    def apply_tangent(self, s: Any, s_dot: Any, tangents: dict[str, Any]) -> tuple[Any, Any]:
+        for tile in self.tiles:
+            s, s_dot = tile.apply_tangent(s, s_dot, tangents)
+        return s, s_dot
+
+    def pullback_tangent(
+        self, gamma: Any, gamma_dot: Any, grad_tangents: dict[str, Any]
+    ) -> tuple[Any, Any]:
+        for tile in reversed(self.tiles):
+            gamma, gamma_dot = tile.pullback_tangent(gamma, gamma_dot, grad_tangents)
+        return gamma, gamma_dot
 
     def excluded(self) -> Any:
         out = None

@@ -44,6 +44,7 @@ import torch
 from ..core import algorithm, calls
 from ..core.scores import ScoreFn, param_name, score_fn
 from . import passes
+from .function import TiledBackward, first_order_only
 
 # How deep captured_tensors follows functions that a score_mod calls or closes over.
 CAPTURE_DEPTH = 4
@@ -116,15 +117,26 @@ class FlexFunction(torch.autograd.Function):
         ctx.mark_non_differentiable(*(x for x in (lse, m) if x is not None))
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_y: torch.Tensor, grad_lse: Any, grad_m: Any):
         q, k, v, y, lse = ctx.saved_tensors
         plan = ctx.plan
         params = plan.score_mod.params if isinstance(plan.score_mod, ScoreFn) else ()
         wanted = [n for n in range(len(params)) if ctx.needs_input_grad[5 + n]]
-        if not wanted:
-            dq, dk, dv, _ = passes.backward(plan, q, k, v, y, lse, grad_y, False)
+        if not wanted:  # differentiable once more: the tiled second-order reverse
+            y, lse = y.detach(), lse.detach()  # constants of the second order
+            dq, dk, dv, _ = TiledBackward.apply(grad_y, q, k, v, y, lse, None, plan, False)
             return dq, dk, dv, None, None, *(None,) * len(params)
+        return first_order_only(
+            "flex_attention with score_mod parameters that require grad",
+            FlexFunction.parameter_backward(ctx, grad_y, wanted, params),
+            (*ctx.saved_tensors[:3], *params),
+        )
+
+    @staticmethod
+    def parameter_backward(ctx: Any, grad_y: torch.Tensor, wanted: list, params: tuple) -> tuple:
+        """The reverse with the gradients of the score_mod's parameters ``wanted``."""
+        q, k, v, y, lse = ctx.saved_tensors
+        plan = ctx.plan
         grads = {param_name(n): plan.ctx.zeros(tuple(params[n].shape)) for n in wanted}
         with torch.no_grad():
             one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse.shape)

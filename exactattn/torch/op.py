@@ -7,6 +7,10 @@ Two custom operators (:func:`torch.library.custom_op`), opaque to ``torch.compil
   alignment, dropout_p, softcap, enable_gqa, block_size, impl) -> (Y, lse)``
 * ``exactattn::attention_backward(G, q, k, v, Y, lse, <the same>, bias_grad)
   -> (dQ, dK, dV, dB)``
+* ``exactattn::attention_hvp(G, q, k, v, Y, lse, Q̄, K̄, V̄, B̄, <the same>, bias_grad)
+  -> (Ẏ, dQ̇, dK̇, dV̇, dḂ)``: the backward's own reverse (the tiled second-order pass of
+  :mod:`exactattn.core.hvp`), registered as ``attention_backward``'s autograd formula, so
+  ``create_graph=True`` gives exact second derivatives (a third derivative is refused).
 
 An operator's schema takes tensors and plain scalars, so the mask crosses it lowered: the
 window of a :class:`~exactattn.core.masks.Band` (``left``, ``right``, ``alignment``: causal is
@@ -40,6 +44,7 @@ from torch import Tensor
 from ..backends.torch_backend import HALF_DTYPES
 from ..core import calls
 from ..core.dropout import Dropout
+from ..core.hvp import Tangents
 from ..core.masks import And, Band, Dense, Geometry, KeyPadding, Mask, SlidingWindow
 from ..core.scores import Bias, Softcap, chain
 from . import passes
@@ -125,6 +130,55 @@ def _attention_backward_fake(grad_y, q, k, v, y, lse, allowed, bias, kv_lengths,
     bias_grad = rest[-1]
     dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty(0)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+
+
+@torch.library.custom_op("exactattn::attention_hvp", mutates_args=())
+def attention_hvp_op(
+    grad_y: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    y: Tensor,
+    lse: Tensor,
+    bar_q: Tensor | None,
+    bar_k: Tensor | None,
+    bar_v: Tensor | None,
+    bar_bias: Tensor | None,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    kv_lengths: Tensor | None,
+    seed: Tensor | None,
+    scale: float | None,
+    left: int | None,
+    right: int | None,
+    alignment: str,
+    dropout_p: float,
+    softcap: float | None,
+    enable_gqa: bool,
+    block_size: int | None,
+    impl: str,
+    bias_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(Ẏ, dQ̇, dK̇, dV̇, dḂ)`` along the tangents ``(Q̄, K̄, V̄, B̄)`` (None: zero; ``dḂ``
+    empty unless ``bias_grad``): the reverse of ``attention_backward`` at those cotangents."""
+    plan = plan_of(
+        q, k, v, allowed, bias, kv_lengths, seed,
+        scale, left, right, alignment, dropout_p, softcap, enable_gqa, block_size, impl,
+    )  # fmt: skip
+    tangents = Tangents(bar_q, bar_k, bar_v, None, bar_bias)
+    y_dot, dq, dk, dv, dbias = passes.second_order(
+        plan, q, k, v, y, lse, grad_y, tangents, bias_grad
+    )
+    dbias = q.new_empty(0) if dbias is None else dbias.to(bias.dtype)
+    return y_dot, dq, dk, dv, dbias
+
+
+@attention_hvp_op.register_fake
+def _attention_hvp_fake(grad_y, q, k, v, y, lse, bar_q, bar_k, bar_v, bar_bias, allowed, bias,
+                        *rest):  # fmt: skip
+    dbias = bias.new_empty(bias.shape) if rest[-1] else q.new_empty(0)
+    return y.new_empty(y.shape), q.new_empty(q.shape), k.new_empty(k.shape), \
+        v.new_empty(v.shape), dbias  # fmt: skip
 
 
 # --- the plan inside the operators -----------------------------------------------------------
@@ -218,14 +272,58 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 def _backward(ctx: Any, grad_y: Tensor, grad_lse: Tensor | None) -> tuple:
     q, k, v, y, lse, allowed, bias, kv_lengths, seed = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[4]
-    with torch.no_grad():  # once differentiable: the reverse records no graph of its own
-        dq, dk, dv, dbias = attention_backward_op(
-            grad_y, q, k, v, y, lse, allowed, bias, kv_lengths, seed, *ctx.options, bias_grad
-        )
+    # Y and lse enter the second-order pass as constants (it differentiates through them):
+    # detached, so that autograd does not run this formula again with a zero cotangent.
+    y, lse = y.detach(), lse.detach()
+    args = (grad_y, q, k, v, y, lse, allowed, bias, kv_lengths, seed, *ctx.options, bias_grad)
+    if needs_grad(grad_y, q, k, v, bias):  # create_graph=True: recorded, with _second_order
+        dq, dk, dv, dbias = AttentionBackwardFunction.apply(*args)
+    else:
+        dq, dk, dv, dbias = attention_backward_op(*args)
     return (dq, dk, dv, None, dbias if bias_grad else None, None, None) + (None,) * len(OPTIONS)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+BACKWARD_TENSORS = 10  # grad_y, q, k, v, y, lse, allowed, bias, kv_lengths, seed
+
+
+def _setup_second_order(ctx: Any, inputs: tuple, output: tuple) -> None:
+    ctx.save_for_backward(*inputs[:BACKWARD_TENSORS])
+    ctx.options = tuple(inputs[BACKWARD_TENSORS:-1])  # the operator's options, not bias_grad
+    ctx.bias_grad = inputs[-1]
+
+
+def _second_order(ctx: Any, bar_q, bar_k, bar_v, bar_bias) -> tuple:
+    """The reverse of ``attention_backward``: the tiled second-order pass along its
+    cotangents (``Ẏ`` for G, ``dQ̇, dK̇, dV̇, dḂ`` for q, k, v and the bias)."""
+    grad_y, q, k, v, y, lse, allowed, bias, kv_lengths, seed = ctx.saved_tensors
+    wants_bias = bias is not None and ctx.needs_input_grad[7]
+    bar_bias = bar_bias if ctx.bias_grad and bar_bias is not None and bar_bias.numel() else None
+    y_dot, dq, dk, dv, dbias = attention_hvp_op(
+        grad_y, q, k, v, y, lse, bar_q, bar_k, bar_v, bar_bias,
+        allowed, bias, kv_lengths, seed, *ctx.options, wants_bias,
+    )  # fmt: skip
+    return (y_dot, dq, dk, dv, None, None, None, dbias if wants_bias else None) + (None,) * (
+        2 + len(OPTIONS) + 1
+    )
+
+
+attention_backward_op.register_autograd(_second_order, setup_context=_setup_second_order)
+
+
+class AttentionBackwardFunction(torch.autograd.Function):
+    """``exactattn::attention_backward`` with its registered formula, as a Function (the
+    backward's own reverse under torch.func, as :class:`AttentionFunction` is the forward's)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*args: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return attention_backward_op(*args)
+
+    setup_context = staticmethod(_setup_second_order)
+    backward = staticmethod(_second_order)
 
 
 class AttentionFunction(torch.autograd.Function):

@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import api
 from ..core.merge import merge_partials
+from .function import first_order_only
 
 __all__ = ["attention_with_lse", "merge_partials"]
 
@@ -43,7 +43,6 @@ class _AttentionWithLse(torch.autograd.Function):
         ctx.mark_non_differentiable(m, l)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad_y: Any, grad_lse: Any, _grad_m: Any, _grad_l: Any):
         q, k, v, sinks, y, lse, m, l = ctx.saved_tensors
         if grad_y is None:
@@ -53,7 +52,12 @@ class _AttentionWithLse(torch.autograd.Function):
             grad_lse=grad_lse, sinks=sinks, **ctx.keywords,
         )  # fmt: skip
         dsinks = grads[3].to(sinks.dtype) if sinks is not None else None
-        return grads[0], grads[1], grads[2], dsinks, None
+        out = first_order_only(
+            "attention_with_lse (and the sinks path of attention / the SDPA drop-in)",
+            (grads[0], grads[1], grads[2], dsinks),
+            (q, k, v, sinks),
+        )
+        return *out, None
 
 
 def attention_with_lse(

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..backends.torch_backend import TorchContext
-from ..core import algorithm
+from ..core import algorithm, hvp
 from ..core.calls import Call
 from ..core.dropout import Dropout
 from ..core.masks import Band, Geometry, Mask
@@ -73,6 +73,7 @@ class Plan:
     dropout: Dropout | None
     drop_all: bool  # dropout_p = 1: every weight dropped, Y = 0 and every gradient 0
     kernel: Kernel | None  # None: the generic path
+    impl: str = "auto"  # what the caller asked for (dispatch.IMPLS)
 
     def kernel_keywords(self) -> dict[str, Any]:
         """The Triton kernels' keywords for :attr:`kernel`: mask, softcap and bias."""
@@ -132,6 +133,7 @@ def plan_for(call: Call, band: Band | None, *, impl: str, drop_all: bool = False
         dropout=call.dropout,
         drop_all=drop_all,
         kernel=kernel,
+        impl=impl,
     )
 
 
@@ -407,3 +409,73 @@ def _generic_backward(plan: Plan, q, k, v, y, lse, g, mod_grads: dict[str, torch
 
     run_pieces(work, parts, threads)
     return dq, dk, dv
+
+
+# --- the second-order reverse ------------------------------------------------------------------
+def second_order(
+    plan: Plan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    y: torch.Tensor,
+    lse: torch.Tensor,
+    g: torch.Tensor,
+    tangents: hvp.Tangents,
+    bias_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(Ẏ, dQ̇, dK̇, dV̇, dḂ)`` along ``tangents`` (:func:`exactattn.core.hvp.hvp`, frozen
+    ``m = lse, ℓ = 1``), ``dḂ`` None unless ``bias_grad``: the reverse of :func:`backward`.
+
+    Always the generic tiled pass (whole, not in pieces): the Triton kernels have no second
+    derivative, but their ``Y`` and ``lse`` are the generic pass's, so a call that ran them
+    (``impl='auto'``) differentiates its backward here; ``impl='triton'`` insists on the
+    kernels and is refused.
+    """
+    if plan.impl == "triton":
+        raise NotImplementedError(
+            "impl='triton' has no double backward: the Triton kernels' backward is not "
+            "differentiable. Pass impl='auto' or impl='generic' (the second-order reverse "
+            "then runs the generic tiled pass, exactattn.core.hvp)"
+        )
+    ctx = plan.ctx
+    mod_grads = {"bias": ctx.zeros(plan.score_mod.gradients()["bias"])} if bias_grad else {}
+    if plan.drop_all:
+        zeros = (torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (y, q, k, v))
+        return (*zeros, mod_grads.get("bias"))
+    mod_tangents = {} if tangents.bias is None else {"bias": ctx.compute(tangents.bias)}
+    with torch.no_grad():
+        out = _generic_second_order(plan, q, k, v, y, lse, g, tangents, mod_tangents, mod_grads)
+    return (*(ctx.output(x).contiguous() for x in out), mod_grads.get("bias"))
+
+
+def _generic_second_order(plan: Plan, q, k, v, y, lse, g, tangents, mod_tangents, mod_grads):
+    """``(Ẏ, dQ̇, dK̇, dV̇)`` with ``m = lse, ℓ = 1``, whole or in :func:`pieces` (as the
+    reverse: whole heads on single-threaded workers, cache-sized tiles)."""
+    ctx, threads = plan.ctx, torch.get_num_threads()
+    parts = pieces(plan, q, k, v, threads)
+
+    def run(qp, kp, vp, yp, lse_p, gp, tp, keywords):
+        one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse_p.shape)
+        return hvp.hvp(
+            ctx, qp, kp, vp, yp, lse_p, one, gp, tp, mod_tangents=mod_tangents,
+            mod_grad_tangents=mod_grads, **keywords,
+        )  # fmt: skip
+
+    if parts == [WHOLE]:
+        return run(q, k, v, y, lse, g, tangents, _generic_keywords(plan, plan.geometry))
+    out = [torch.empty(x.shape, dtype=ctx.compute_dtype, device=x.device) for x in (y, q, k, v)]
+
+    def work(part: Piece) -> None:
+        qp, kp, vp = q[part.q], k[part.kv], v[part.kv]
+        tp = hvp.Tangents(*(
+            None if x is None else x[at]
+            for x, at in zip(tangents[:4], (part.q, part.kv, part.kv, part.q))
+        ))  # fmt: skip
+        got = run(
+            qp, kp, vp, y[part.q], lse[part.q], g[part.q], tp, _piece_keywords(plan, qp, kp, vp)
+        )
+        for x, at, value in zip(out, (part.q, part.q, part.kv, part.kv), got):
+            x[at] = value
+
+    run_pieces(work, parts, threads)
+    return tuple(out)

@@ -423,7 +423,7 @@ def visit_any_width() -> str:
 
 
 # --- b is read only through tiles() ----------------------------------------------------------
-def _block_size_uses(fn: object) -> list[str]:
+def block_size_uses(fn: object) -> list[str]:
     """Every read of the parameter ``block_size`` in ``fn``'s source that is not an argument
     of a call of ``tiles`` (described by its line)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
@@ -446,7 +446,7 @@ def b_through_tiles() -> str:
     enumerated families check one ``b`` of each distinct tiling and this carries the
     verdict to the others (:func:`proofs.inputs.distinct`)."""
     for fn in (algorithm.forward, algorithm.backward):
-        other = _block_size_uses(fn)
+        other = block_size_uses(fn)
         if other or "block_size" not in inspect.signature(fn).parameters:
             raise Undecided(f"{fn.__name__} reads block_size outside tiles(): {other}")
     return "2 functions"

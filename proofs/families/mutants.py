@@ -512,6 +512,18 @@ def _last_block_dropped(original: Callable) -> Callable:
     return broken
 
 
+def _first_block_second_order_dropped(original: Callable) -> Callable:
+    """The second pass adds nothing for the first key block (its visit's terms dropped)."""
+
+    def broken(ctx, x, r, *rest, **kw):
+        out = original(ctx, x, r, *rest, **kw)
+        tile = sys._getframe(1).f_locals.get("tile")
+        cols = getattr(tile, "cols", None)
+        return tuple(t * 0 for t in out) if cols is not None and cols.start == 0 else out
+
+    return broken
+
+
 def _sink_value_one(original: Callable) -> Callable:
     """The sink's summary ``(σ, 1, 1)``: ``e^σ`` enters the numerator."""
 
@@ -525,6 +537,7 @@ def _sink_value_one(original: Callable) -> Callable:
 FWD, REV, GEN, OVF, TIL, DRP = "forward", "reverse", "general", "overflow", "tiles", "dropout"
 SMT, SCO, PRG, IFC = "smt", "scores", "program", "interfaces"
 PAGED, MERGE, SINKS = "exactattn.layouts.paged", "exactattn.core.merge", "exactattn.core.sinks"
+HVP, SEC = "exactattn.core.hvp", "second_order"
 
 MUTANTS: list[Mutant] = [
     # the forward
@@ -702,6 +715,12 @@ MUTANTS: list[Mutant] = [
            (f"{DROPOUT}:Dropout.keep",), _keep_inverted, (DRP, FWD)),
     Mutant("Dropout.keep: batch·head index ignored", "Dropout.keep",
            (f"{DROPOUT}:Dropout.keep",), _keep_batch_ignored, (DRP, FWD)),
+    # the second-order reverse
+    Mutant("hvp.second_visit: the first key block's second-order terms dropped",
+           "second_visit (hvp)", (f"{HVP}:second_visit",), _first_block_second_order_dropped,
+           (f"{SEC}/(dQ̇", SEC)),
+    Mutant("hvp.delta_tangent: δ̇ = 0 (δ's derivative omitted)", "delta_tangent (hvp)",
+           (f"{HVP}:delta_tangent",), _times_zero, (f"{SEC}/δ̇ = Ġ·Y", SEC)),
 ]  # fmt: skip
 BY_NAME = {m.name: m for m in MUTANTS}
 
@@ -723,6 +742,7 @@ def probe_obligations(max_n: int) -> dict[str, list[ledger.Obligation]]:
         monoid,
         reverse,
         score_mods,
+        second_order,
         smt,
         tiles,
     )
@@ -730,7 +750,7 @@ def probe_obligations(max_n: int) -> dict[str, list[ledger.Obligation]]:
 
     families = {
         GEN: general, SMT: smt, TIL: tiles, FWD: forward, REV: reverse, SCO: score_mods,
-        OVF: overflow, DRP: dropout_bits, "monoid": monoid, IFC: interfaces,
+        OVF: overflow, DRP: dropout_bits, "monoid": monoid, IFC: interfaces, SEC: second_order,
     }  # fmt: skip
     probes = {name: module.obligations(max_n) for name, module in families.items()}
     return {**probes, PRG: example_obligations()}

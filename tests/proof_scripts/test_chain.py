@@ -6,9 +6,9 @@ from __future__ import annotations
 from exactattn.proofs import chain
 from exactattn.proofs.certificate import certificate
 from exactattn.proofs.engine import ledger
-from exactattn.proofs.families import blockmask, general, interfaces, smt
+from exactattn.proofs.families import blockmask, general, interfaces, second_order, smt
 
-FAMILIES = {"general": general, "smt": smt, "interfaces": interfaces}
+FAMILIES = {"general": general, "smt": smt, "interfaces": interfaces, "second_order": second_order}
 
 
 def _outcomes(status_of=lambda ob: ledger.PROVED) -> list[ledger.Outcome]:
@@ -25,8 +25,9 @@ def test_every_link_names_obligations_of_its_families():
 
 def test_the_chains_are_proved_when_their_obligations_are():
     text = "\n".join(chain.lines(_outcomes()))
-    assert text.count(": PROVED") == 3 and "NOT" not in text
+    assert text.count(": PROVED") == 4 and "NOT" not in text
     assert "reverse (dQ, dK, dV, dB)" in text and "forward (Y and lse)" in text
+    assert "second-order reverse (dQ̇, dK̇, dV̇)" in text
     assert "interfaces (varlen, paged, split-KV merge, sinks)" in text
 
 
@@ -68,3 +69,13 @@ def test_the_certificate_lists_the_chains_the_trusted_base_and_what_is_enumerate
     assert "What remains enumerated" in text and "Python's semantics" in text
     # verdicts that carry no record of their deciders: one decider each is assumed
     assert "z3's `unsat` alone (no record" in text and "sympy's zero test alone" in text
+
+
+def test_a_second_order_visit_not_proved_leaves_its_chain_unproved():
+    def status_of(ob: ledger.Obligation) -> str:
+        return ledger.UNKNOWN if ob.name == second_order.SECOND_VISIT else ledger.PROVED
+
+    text = chain.lines(_outcomes(status_of))
+    (theorem,) = [line for line in text if line.startswith("all-n theorem, second-order")]
+    assert theorem.endswith("NOT PROVED")
+    assert [line for line in text if line.startswith("all-n theorem")][1].endswith(": PROVED")

@@ -1,0 +1,390 @@
+"""The tiled second-order reverse: the directional derivative of the VJP (a Hessian-vector product).
+
+The reverse (:func:`exactattn.core.algorithm.backward`) maps ``(Q, K, V, G)`` to
+``(dQ, dK, dV)``, the gradient of ``L = Σ_ia G_ia Y_ia``. This module differentiates that map
+along tangents ``(Q̇, K̇, V̇, Ġ)`` (and ``Ḃ`` of a bias array): it returns ``Ẏ`` and
+
+    (dQ̇, dK̇, dV̇) = d/dε (dQ, dK, dV)(Q + εQ̇, K + εK̇, V + εV̇, G + εĠ) at ε = 0,
+
+which is ``H·(Q̇, K̇, V̇) + Jᵀ Ġ``: ``H`` the Hessian of ``L`` in ``(Q, K, V)``, ``Jᵀ Ġ`` the
+first reverse at ``Ġ``. Since ``H`` is symmetric, the reverse of the reverse (what
+``create_graph=True`` needs) is this same map with the cotangents as the tangents and ``Ġ = 0``,
+plus ``Ẏ`` for the cotangent of ``G``.
+
+The maths, per tile, with ``u_ij = c·q_i·k_j``, ``s = mod(u)`` (then −∞ off ``A_i``) and the
+frozen statistics ``m, ℓ`` of the forward (``p_ij = e^{s_ij − m_i}/ℓ_i``, a function of the
+inputs whose derivative is the softmax's: the frozen max cancels):
+
+    u̇_ij = c(q̇_i·k_j + q_i·k̇_j),      ṡ_ij = mod′(u_ij)·u̇_ij (+ Ḃ_ij for a bias),
+    ṗ_ij = p_ij (ṡ_ij − σ_i),           σ_i = Σ_j p_ij ṡ_ij,
+    Ẏ_i = Σ_j ρ_ij (ṗ_ij V_j + p_ij V̇_j) = Σ_j p_ij ρ_ij (ṡ_ij V_j + V̇_j) − σ_i Y_i,
+    δ_i = G_i·Y_i (− ∂L/∂lse_i),        δ̇_i = Ġ_i·Y_i + G_i·Ẏ_i,
+    dP_ij = ρ_ij G_i·V_j,               dṖ_ij = ρ_ij (Ġ_i·V_j + G_i·V̇_j),
+    γ_ij = p_ij (dP_ij − δ_i),          γ̇_ij = ṗ_ij (dP_ij − δ_i) + p_ij (dṖ_ij − δ̇_i),
+    γᵘ = γ·mod′(u),                     γ̇ᵘ = γ̇·mod′(u) + γ·mod″(u)·u̇,
+    dQ̇_i = c Σ_j (γ̇ᵘ_ij K_j + γᵘ_ij K̇_j),   dK̇_j = c Σ_i (γ̇ᵘ_ij Q_i + γᵘ_ij Q̇_i),
+    dV̇_j = Σ_i ρ_ij (ṗ_ij G_i + p_ij Ġ_i),  dḂ_ij = γ̇_ij (a bias array's gradient).
+
+``σ`` and ``Ẏ`` (hence ``δ̇``) are sums over all of a row's keys: like ``δ`` for the first
+reverse they are frozen per-row statistics, gathered by a first pass over the tiles
+(:func:`row_tangents`); the second pass (:func:`hvp`) recomputes each tile from ``Q, K, V``,
+``m, ℓ, σ, δ, δ̇`` and accumulates. Both passes visit the tiles of
+:func:`exactattn.core.algorithm.tiles`, so no ``(n_q, n_k)`` array exists and the extra
+memory is that of the first reverse plus the per-row ``σ, δ̇`` and ``Ẏ``. Dropout replays the
+same ``ρ_ij``; GQA sums the group's dK̇, dV̇ into its key/value head as the reverse does.
+
+Each step is a module-level function, so the proofs can substitute a broken step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ..backends.protocol import Array, ArrayContext
+from .algorithm import (
+    geometry_of,
+    grouped,
+    logical_layout,
+    softmax_delta,
+    tile_gamma,
+    tile_layout,
+    tile_probabilities,
+    tile_scores,
+    tiles,
+)
+from .masks import Mask
+from .scores import ScoreMod
+
+
+class Tangents(NamedTuple):
+    """The direction of a second-order product: ``(Q̇, K̇, V̇, Ġ)``, None for a zero tangent.
+
+    Each is shaped like its primal (``q``, ``k``, ``v``, ``grad_y``). ``bias`` is ``Ḃ``, the
+    tangent of a bias array (shaped like it), for callers that differentiate in the bias too.
+    """
+
+    q: Any = None
+    k: Any = None
+    v: Any = None
+    grad_y: Any = None
+    bias: Any = None
+
+
+class SecondOrder(NamedTuple):
+    """``Ẏ`` and ``(dQ̇, dK̇, dV̇)``, in the compute type, shaped like y, q, k, v."""
+
+    y: Array
+    q: Array
+    k: Array
+    v: Array
+
+
+# --- the pieces of one step -----------------------------------------------------------------
+def score_tangent(
+    ctx: ArrayContext, q: Array, k: Array, q_dot: Array | None, k_dot: Array | None, scale: Any
+) -> Array:
+    """``u̇_ij = c(q̇_i·k_j + q_i·k̇_j)`` on the tile (0 where both tangents are zero)."""
+    parts = []
+    if q_dot is not None:
+        parts.append(ctx.matmul(q_dot, ctx.transpose(k)))
+    if k_dot is not None:
+        parts.append(ctx.matmul(q, ctx.transpose(k_dot)))
+    if not parts:
+        return ctx.zeros((*q.shape[:-1], k.shape[-2])) * scale
+    out = parts[0] if len(parts) == 1 else parts[0] + parts[1]
+    return out * scale
+
+
+def tile_sigma(ctx: ArrayContext, p: Array, s_dot: Array) -> Array:
+    """This tile's part of ``σ_i = Σ_j p_ij ṡ_ij``."""
+    return ctx.rowsum(p * s_dot)
+
+
+def output_tangent_part(
+    ctx: ArrayContext, weights: Array, s_dot: Array, v: Array, v_dot: Array | None
+) -> Array:
+    """This tile's part of ``Σ_j p_ij ρ_ij (ṡ_ij V_j + V̇_j)`` (``weights = p∘ρ``)."""
+    out = ctx.matmul(weights * s_dot, v)
+    return out if v_dot is None else out + ctx.matmul(weights, v_dot)
+
+
+def output_tangent(ctx: ArrayContext, w: Array, sigma: Array, y: Array) -> Array:
+    """``Ẏ_i = Σ_j p_ij ρ_ij (ṡ_ij V_j + V̇_j) − σ_i Y_i`` from the first pass's sums ``w, σ``."""
+    return w - sigma[..., None] * y
+
+
+def delta_tangent(
+    ctx: ArrayContext, g: Array, y: Array, g_dot: Array | None, y_dot: Array
+) -> Array:
+    """``δ̇_i = Ġ_i·Y_i + G_i·Ẏ_i`` (the derivative of ``δ_i = G_i·Y_i``)."""
+    out = softmax_delta(ctx, g, y_dot)
+    return out if g_dot is None else out + softmax_delta(ctx, g_dot, y)
+
+
+def probability_tangent(ctx: ArrayContext, p: Array, s_dot: Array, sigma: Array) -> Array:
+    """``ṗ_ij = p_ij (ṡ_ij − σ_i)``: the softmax's derivative along ``ṡ``."""
+    return p * (s_dot - sigma[..., None])
+
+
+def gamma_tangent(
+    ctx: ArrayContext,
+    p: Array,
+    p_dot: Array,
+    dp: Array,
+    dp_dot: Array,
+    delta: Array,
+    delta_dot: Array,
+) -> Array:
+    """``γ̇_ij = ṗ_ij (dP_ij − δ_i) + p_ij (dṖ_ij − δ̇_i)``."""
+    return p_dot * (dp - delta[..., None]) + p * (dp_dot - delta_dot[..., None])
+
+
+def query_gradient_tangent(
+    ctx: ArrayContext, gamma: Array, gamma_dot: Array, k: Array, k_dot: Array | None, scale: Any
+) -> Array:
+    """This tile's ``dQ̇_i = c Σ_j (γ̇_ij k_j + γ_ij k̇_j)``."""
+    out = ctx.matmul(gamma_dot, k)
+    if k_dot is not None:
+        out = out + ctx.matmul(gamma, k_dot)
+    return out * scale
+
+
+def key_gradient_tangent(
+    ctx: ArrayContext, gamma: Array, gamma_dot: Array, q: Array, q_dot: Array | None, scale: Any
+) -> Array:
+    """This tile's ``dK̇_j = c Σ_i (γ̇_ij q_i + γ_ij q̇_i)``."""
+    out = ctx.matmul(ctx.transpose(gamma_dot), q)
+    if q_dot is not None:
+        out = out + ctx.matmul(ctx.transpose(gamma), q_dot)
+    return out * scale
+
+
+def value_gradient_tangent(
+    ctx: ArrayContext, weights: Array, weights_dot: Array, g: Array, g_dot: Array | None
+) -> Array:
+    """This tile's ``dV̇_j = Σ_i (ṗ_ij ρ_ij G_i + p_ij ρ_ij Ġ_i)``."""
+    out = ctx.matmul(ctx.transpose(weights_dot), g)
+    if g_dot is not None:
+        out = out + ctx.matmul(ctx.transpose(weights), g_dot)
+    return out
+
+
+# --- one tile's visit in each pass ------------------------------------------------------------
+class TileOperands(NamedTuple):
+    """One tile's operands: q, q̇ (rows), k, k̇, v, v̇ (keys), G, Ġ (rows); None: zero."""
+
+    q: Array
+    q_dot: Array | None
+    k: Array
+    k_dot: Array | None
+    v: Array
+    v_dot: Array | None
+    g: Array
+    g_dot: Array | None
+
+
+class Recomputed(NamedTuple):
+    """A tile's ``p_ij`` (from the frozen ``m, ℓ``), ``ṡ_ij`` and ``ρ_ij`` (None: no dropout)."""
+
+    p: Array
+    s_dot: Array
+    rho: Any
+
+
+def recompute(
+    ctx: ArrayContext,
+    x: TileOperands,
+    allowed: Any,
+    scale: Any,
+    m: Array,
+    l: Array,
+    mod: Any = None,
+    mod_tangents: dict[str, Array] | None = None,
+    rho: Any = None,
+) -> Recomputed:
+    """``s = mod(c·q·k)`` (−∞ off ``A_i``, the mask last as in ``tile_scores``), ``ṡ`` and
+    ``p = e^{s − m}/ℓ``; ``mod`` records what its :meth:`pullback_tangent` needs."""
+    u_dot = score_tangent(ctx, x.q, x.k, x.q_dot, x.k_dot, scale)
+    s = tile_scores(ctx, x.q, x.k, scale, None)
+    s_dot = u_dot
+    if mod is not None:
+        s, s_dot = mod.apply_tangent(s, u_dot, {} if mod_tangents is None else mod_tangents)
+    if allowed is not None:
+        s = ctx.where(allowed, s, ctx.neg_inf)
+    return Recomputed(tile_probabilities(ctx, s, m, l), s_dot, rho)
+
+
+def _weights(r: Recomputed, p: Array) -> Array:
+    return p if r.rho is None else p * r.rho
+
+
+def first_visit(ctx: ArrayContext, x: TileOperands, r: Recomputed) -> tuple[Array, Array]:
+    """The tile's terms of the row sums: ``(Σ_j p ṡ, Σ_j pρ(ṡ V_j + V̇_j))``."""
+    sigma = tile_sigma(ctx, r.p, r.s_dot)
+    return sigma, output_tangent_part(ctx, _weights(r, r.p), r.s_dot, x.v, x.v_dot)
+
+
+def second_visit(
+    ctx: ArrayContext,
+    x: TileOperands,
+    r: Recomputed,
+    sigma: Array,
+    delta: Array,
+    delta_dot: Array,
+    scale: Any,
+    mod: Any = None,
+    grad_tangents: dict[str, Array] | None = None,
+) -> tuple[Array, Array, Array]:
+    """The tile's terms ``(dQ̇_i, dK̇_j, dV̇_j)`` from the rows' ``σ, δ, δ̇`` (module docstring)."""
+    p_dot = probability_tangent(ctx, r.p, r.s_dot, sigma)
+    dp = ctx.matmul(x.g, ctx.transpose(x.v))
+    dp_dot = None if x.v_dot is None else ctx.matmul(x.g, ctx.transpose(x.v_dot))
+    if x.g_dot is not None:
+        part = ctx.matmul(x.g_dot, ctx.transpose(x.v))
+        dp_dot = part if dp_dot is None else dp_dot + part
+    if dp_dot is None:
+        dp_dot = dp * ctx.scalar(0)
+    if r.rho is not None:
+        dp, dp_dot = dp * r.rho, dp_dot * r.rho
+    gamma_dot = gamma_tangent(ctx, r.p, p_dot, dp, dp_dot, delta, delta_dot)
+    gamma = tile_gamma(ctx, r.p, dp, delta)  # consumes dp
+    if mod is not None:
+        grads = {} if grad_tangents is None else grad_tangents
+        gamma, gamma_dot = mod.pullback_tangent(gamma, gamma_dot, grads)
+    return (
+        query_gradient_tangent(ctx, gamma, gamma_dot, x.k, x.k_dot, scale),
+        key_gradient_tangent(ctx, gamma, gamma_dot, x.q, x.q_dot, scale),
+        value_gradient_tangent(ctx, _weights(r, r.p), _weights(r, p_dot), x.g, x.g_dot),
+    )
+
+
+# --- the two passes -----------------------------------------------------------------------
+class _Operands(NamedTuple):
+    q: Array
+    k: Array
+    v: Array
+
+
+def _tangent_operands(ctx, geometry, t: Tangents) -> Tangents:
+    """The tangents in the compute type and the tile layout (None stays None)."""
+    q_dot, k_dot, v_dot = (None if x is None else ctx.compute(x) for x in t[:3])
+    if geometry.group != 1:  # the layout of algorithm.grouped
+        q_dot = None if q_dot is None else grouped(geometry, q_dot, q_dot, q_dot)[0]
+        k_dot, v_dot = (None if x is None else x[..., None, :, :] for x in (k_dot, v_dot))
+    g_dot = None if t.grad_y is None else tile_layout(geometry, ctx.compute(t.grad_y))
+    return Tangents(q_dot, k_dot, v_dot, g_dot, t.bias)
+
+
+def _slice(x: Array | None, at: slice) -> Array | None:
+    return None if x is None else x[..., at, :]
+
+
+class _Visits:
+    """A call's arrays, and one tile read from them: its operands, ``p, ṡ, ρ`` and mod."""
+
+    def __init__(self, ctx, geometry, a, t, g, m, l, *, scale, dropout, score_mod, mod_t):
+        self.ctx, self.geometry, self.a, self.t, self.g = ctx, geometry, a, t, g
+        self.m, self.l, self.scale, self.dropout = m, l, scale, dropout
+        self.score_mod, self.mod_t = score_mod, mod_t
+        self.flat = geometry.flat_index(ctx) if dropout is not None else None
+
+    def read(self, tile: Any) -> tuple[TileOperands, Recomputed, Any]:
+        ctx, a, t, rows, cols = self.ctx, self.a, self.t, tile.rows, tile.cols
+        x = TileOperands(
+            a.q[..., rows, :], _slice(t.q, rows), a.k[..., cols, :], _slice(t.k, cols),
+            a.v[..., cols, :], _slice(t.v, cols), self.g[..., rows, :], _slice(t.grad_y, rows),
+        )  # fmt: skip
+        mod = None
+        if self.score_mod is not None:
+            mod = self.score_mod.at(ctx, tile.index, self.geometry)
+        rho = None
+        if self.dropout is not None:
+            rho = self.dropout.factors(ctx, self.flat, tile.index.i, tile.index.j)
+        m, l = self.m[..., rows], self.l[..., rows]
+        return x, recompute(ctx, x, tile.allowed, self.scale, m, l, mod, self.mod_t, rho), mod
+
+
+def row_tangents(
+    ctx: ArrayContext, visits: _Visits, every_tile: Any, y: Array
+) -> tuple[Array, Array]:
+    """The first pass: ``(σ, Ẏ)`` per row, in the tile layout (``y`` the forward's Y)."""
+    geometry = visits.geometry
+    rows_shape = (*geometry.tile_batch, geometry.n_q)
+    sigma = ctx.zeros(rows_shape)
+    w = ctx.zeros((*rows_shape, visits.a.v.shape[-1]))
+    for tile in every_tile():
+        sigma_t, w_t = first_visit(ctx, *visits.read(tile)[:2])
+        sigma[..., tile.rows] += sigma_t
+        w[..., tile.rows, :] += w_t
+    return sigma, output_tangent(ctx, w, sigma, y)
+
+
+def hvp(
+    ctx: ArrayContext,
+    q: Array,
+    k: Array,
+    v: Array,
+    y: Array,
+    m: Array,
+    l: Array,
+    g: Array,
+    tangents: Tangents,
+    *,
+    scale: Any,
+    block_size: int,
+    mask: Mask | None = None,
+    dropout: Any = None,
+    row_block: int | None = None,
+    score_mod: ScoreMod | None = None,
+    enable_gqa: bool = False,
+    grad_lse: Array | None = None,
+    mod_tangents: dict[str, Array] | None = None,
+    mod_grad_tangents: dict[str, Array] | None = None,
+) -> SecondOrder:
+    """``Ẏ`` and ``(dQ̇, dK̇, dV̇)`` along ``tangents`` (module docstring), tiled.
+
+    Arguments as :func:`~exactattn.core.algorithm.backward`'s; ``tangents`` a
+    :class:`Tangents` of arrays shaped like q, k, v, g (None: zero). ``grad_lse``: an
+    upstream gradient of lse, held fixed (``δ_i = G_i·Y_i − ∂L/∂lse_i``, its tangent 0).
+    ``mod_tangents``: the tangents of the score modifications' parameters (``{"bias": Ḃ}``);
+    ``mod_grad_tangents``: arrays into which their gradients' tangents (``dḂ = γ̇``) are
+    added, by name, when given. Both passes visit the tiles of the one ``tiles()`` call in
+    ``every_tile`` (``b`` is read there only).
+    """
+    geometry = geometry_of(q, k, v, enable_gqa)
+    q_shape, k_shape, v_shape = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+    a = _Operands(*grouped(geometry, ctx.compute(q), ctx.compute(k), ctx.compute(v)))
+    t = _tangent_operands(ctx, geometry, tangents)
+    g, y, m, l = (tile_layout(geometry, x) for x in (ctx.compute(g), ctx.compute(y), m, l))
+    grads_dot = {} if mod_grad_tangents is None else mod_grad_tangents
+    visits = _Visits(
+        ctx, geometry, a, t, g, m, l, scale=scale, dropout=dropout, score_mod=score_mod,
+        mod_t={} if mod_tangents is None else mod_tangents,
+    )  # fmt: skip
+
+    def every_tile() -> Any:
+        return tiles(ctx, mask, geometry, block_size, row_block)
+
+    sigma, y_dot = row_tangents(ctx, visits, every_tile, y)
+    delta = softmax_delta(ctx, g, y)
+    if grad_lse is not None:
+        delta = delta - tile_layout(geometry, ctx.compute(grad_lse))
+    delta_dot = delta_tangent(ctx, g, y, t.grad_y, y_dot)
+    dq = ctx.zeros((*geometry.tile_batch, geometry.n_q, a.q.shape[-1]))
+    dk, dv = ctx.zeros(tuple(a.k.shape)), ctx.zeros(tuple(a.v.shape))
+    for tile in every_tile():
+        rows, cols = tile.rows, tile.cols
+        x, r, mod = visits.read(tile)
+        dq_t, dk_t, dv_t = second_visit(
+            ctx, x, r, sigma[..., rows], delta[..., rows], delta_dot[..., rows], scale, mod,
+            grads_dot,
+        )  # fmt: skip
+        dq[..., rows, :] += dq_t
+        dk[..., cols, :] += ctx.sum_to(dk_t, dk[..., cols, :].shape)
+        dv[..., cols, :] += ctx.sum_to(dv_t, dv[..., cols, :].shape)
+    y_dot = logical_layout(geometry, y_dot)
+    if geometry.group != 1:
+        dq, dk, dv = logical_layout(geometry, dq), dk[..., 0, :, :], dv[..., 0, :, :]
+    return SecondOrder(
+        y_dot, ctx.sum_to(dq, q_shape), ctx.sum_to(dk, k_shape), ctx.sum_to(dv, v_shape)
+    )
