@@ -213,8 +213,9 @@ def sample(grid: dict, count: int, seed: int) -> list[dict]:
 
 
 def judge(row: Row, peer: str, count: int, seed: int = 0) -> dict:
-    """``row``'s kernel at ``count`` points of ``peer``'s grid: caught when any applicable
-    point fails the rule (a kernel error counts as a failure, as in the peer's test)."""
+    """``row``'s kernel at ``count`` points of ``peer``'s grid: caught when an applicable
+    point fails the rule (a kernel error counts as a failure, as in the peer's test); the
+    points are judged in the sample's order up to the first failure."""
     from side_by_side_rows import kernel_of
 
     if not row.kind.startswith("dense"):
@@ -231,6 +232,8 @@ def judge(row: Row, peer: str, count: int, seed: int = 0) -> dict:
             continue
         run += 1
         failed += not ok
+        if failed:  # caught: the peer's test run fails at its first failing point
+            break
     verdict = "caught" if failed else ("missed" if run else "n/a")
     return {"verdict": verdict, "run": run, "failed": failed, "errors": errors}
 
