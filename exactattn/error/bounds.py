@@ -1082,7 +1082,8 @@ def merge_bounds(
     exact normalised weights, ``β̂ = max_t β_t``; the division's rounding last) and
     ``|Δlse| ≤ β̂ + funcs·ū·|log ℓ| + ū|lse|`` (``ℓ`` perturbed by at most ``e^{±β̂}``, the
     log and the sum ``M + log ℓ`` rounded once each). Parts at ``lse = −∞`` contribute
-    nothing; a row with every part empty has bound 0 (the merge returns exactly ``(0, −∞)``).
+    nothing; a row with every part empty has bound 0 (the merge returns exactly ``(0, −∞)``);
+    a row whose budget ``β̂`` reaches ``ln 2`` has no bound on ``y`` (``∞``: vacuous).
     ``steps`` (default: the number of parts) is ``S``, the ⋆ steps a term is carried
     through; ``extra`` adds a further budget per part (arrays broadcastable to ``lse_t``) to
     its ``β_t`` (:func:`sink_bounds`).
@@ -1108,7 +1109,10 @@ def merge_bounds(
     worst = np.where(norm > 0, beta, 0.0).max(axis=0)
     grow = np.expm1(beta)[..., None] * (np.abs(ys) + np.abs(y))
     denominator = 1 - np.expm1(worst)[..., None]
-    dy = (norm[..., None] * grow).sum(axis=0) / denominator + ub * np.abs(y)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a budget of ln 2 or more: vacuous
+        dy = np.where(
+            denominator > 0, (norm[..., None] * grow).sum(axis=0) / denominator, np.inf
+        ) + ub * np.abs(y)
     log_l = np.log(np.where(empty, 1.0, total))
     lse = shift + log_l
     dlse = worst + funcs * ub * np.abs(log_l) + ub * np.abs(lse)

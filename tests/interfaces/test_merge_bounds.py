@@ -3,6 +3,8 @@ that forgets the max breaks them."""
 
 from __future__ import annotations
 
+import math
+
 import mpmath
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 import exactattn
 from exactattn.backends import NumpyContext
 from exactattn.error import bounds
+from tests.optional import requires
 
 U = {"float32": 2.0**-24, "float16": 2.0**-11}
 
@@ -79,3 +82,23 @@ def test_the_sink_term_is_within_its_bound():
     bound = bounds.sink_bounds(y, lse, sinks, U["float32"])
     assert bounds.ratio(y_m - y_ref, bound["y"]) <= 1
     assert bounds.ratio(lse_m - lse_ref, bound["lse"]) <= 1
+
+
+def test_a_budget_past_ln2_leaves_y_unbounded_never_negative():
+    """``1 − (e^{β̂} − 1) ≤ 0``: the merge's bound on ``y`` is vacuous (∞), not a negative
+    number that fails every result (a sink case at scale 1e4 whose claimed lse bound is 2.5:
+    ``tests/regressions/sinks_budget_past_ln2.json``, now ok)."""
+    y, lse = np.ones((1, 2)), np.zeros(1)
+    for budget, finite in ((0.1, True), (math.log(2) + 1e-9, False), (2.5, False)):
+        bound = bounds.merge_bounds([(y, lse), (0 * y, lse - 1)], 2.0**-53, extra=[budget, 0.0])
+        assert (bound["y"] > 0).all() and np.isfinite(bound["y"]).all() == finite, budget
+
+
+def test_the_sink_case_past_ln2_replays_ok():
+    from pathlib import Path
+
+    requires("torch")
+    from exactattn.commands.check import main
+
+    path = Path(__file__).resolve().parents[1] / "regressions" / "sinks_budget_past_ln2.json"
+    assert main(["--replay", str(path), "--no-probes"]) == 0
