@@ -13,7 +13,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
+
+from tests.optional import requires
+
+torch = requires("torch")
+
 import torch.nn.functional as F
 from torch.autograd import gradgradcheck
 from torch.nn.attention import SDPBackend, sdpa_kernel
