@@ -10,6 +10,9 @@ import pytest
 from exactattn.cases import Case
 from exactattn.cases.exact import fast
 from exactattn.testing import group_sums
+from tests.optional import requires
+
+requires("flint")  # the certified references
 
 
 def _case(seed: int = 0) -> Case:

@@ -29,6 +29,9 @@ from exactattn.testing import assert_attention_close
 from exactattn.testing.case_check import Options, check_case
 from tests.optional import requires
 
+requires("flint")  # the certified references
+from tests.optional import requires
+
 NO_GRADS = Options(grads=False)
 
 
