@@ -87,7 +87,7 @@ def test_the_sink_term_is_within_its_bound():
 def test_a_budget_past_ln2_leaves_y_unbounded_never_negative():
     """``1 − (e^{β̂} − 1) ≤ 0``: the merge's bound on ``y`` is vacuous (∞), not a negative
     number that fails every result (a sink case at scale 1e4 whose claimed lse bound is 2.5:
-    ``tests/regressions/sinks_budget_past_ln2.json``, now ok)."""
+    ``tests/interfaces/sinks_budget_past_ln2.json``, now ok)."""
     y, lse = np.ones((1, 2)), np.zeros(1)
     for budget, finite in ((0.1, True), (math.log(2) + 1e-9, False), (2.5, False)):
         bound = bounds.merge_bounds([(y, lse), (0 * y, lse - 1)], 2.0**-53, extra=[budget, 0.0])
@@ -100,5 +100,5 @@ def test_the_sink_case_past_ln2_replays_ok():
     requires("torch")
     from exactattn.commands.check import main
 
-    path = Path(__file__).resolve().parents[1] / "regressions" / "sinks_budget_past_ln2.json"
+    path = Path(__file__).resolve().parent / "sinks_budget_past_ln2.json"
     assert main(["--replay", str(path), "--no-probes"]) == 0
