@@ -151,8 +151,9 @@ SECOND_ORDER = Theorem(
     "d/dε ∂(Σ G∘Y)/∂(Q, K, V) along (Q̇, K̇, V̇, Ġ)",
     (
         Link(
-            "both passes visit tiles() (b read there only): every allowed pair exactly once",
-            (*ITERATOR, (_SEC, second_order.B_THROUGH_TILES)),
+            "both visits read tiles() (b read there only): every allowed pair exactly once, "
+            "each tile's second visit after its rows are complete",
+            (*ITERATOR, (_SEC, second_order.B_THROUGH_TILES), (_SEC, second_order.SCHEDULE)),
         ),
         Link(
             "the frozen statistics give p_ij = e^{s_ij}/e^{lse_i} (the forward's lse)",

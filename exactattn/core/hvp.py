@@ -26,18 +26,25 @@ inputs whose derivative is the softmax's: the frozen max cancels):
     dV̇_j = Σ_i ρ_ij (ṗ_ij G_i + p_ij Ġ_i),  dḂ_ij = γ̇_ij (a bias array's gradient).
 
 ``σ`` and ``Ẏ`` (hence ``δ̇``) are sums over all of a row's keys: like ``δ`` for the first
-reverse they are frozen per-row statistics, gathered by a first pass over the tiles
-(:func:`row_tangents`); the second pass (:func:`hvp`) recomputes each tile from ``Q, K, V``,
-``m, ℓ, σ, δ, δ̇`` and accumulates. Both passes visit the tiles of
-:func:`exactattn.core.algorithm.tiles`, so no ``(n_q, n_k)`` array exists and the extra
-memory is that of the first reverse plus the per-row ``σ, δ̇`` and ``Ẏ``. Dropout replays the
-same ``ρ_ij``; GQA sums the group's dK̇, dV̇ into its key/value head as the reverse does.
+reverse they are per-row statistics, complete once every tile holding the row has been
+visited. Each tile of :func:`exactattn.core.algorithm.tiles` is visited twice: its first
+visit recomputes ``p, ṡ`` from ``Q, K`` and the frozen ``m, ℓ`` and adds its terms of ``σ``
+and ``Ẏ`` (:func:`first_visit`); its second visit (:func:`second_visit`) reads the same
+``p, ṡ`` and the rows' ``σ, δ, δ̇`` and accumulates ``dQ̇, dK̇, dV̇``. The visits run in the
+order of :func:`row_schedule`: tiles by their first row, and a tile's second visit as soon
+as every row it holds is complete, so only the tiles that straddle the frontier of complete
+rows keep their ``p, ṡ`` — about two runs of rows against all keys (``row_block`` rows, or
+:data:`BAND_ROWS` when the rows are whole), never an ``(n_q, n_k)`` array, and no tile's
+scores are computed twice. Dropout replays the same ``ρ_ij``; GQA sums the group's dK̇, dV̇
+into its key/value head as the reverse does.
 
 Each step is a module-level function, so the proofs can substitute a broken step.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ..backends.protocol import Array, ArrayContext
@@ -54,6 +61,8 @@ from .algorithm import (
 )
 from .masks import Mask
 from .scores import ScoreMod
+
+BAND_ROWS = 128  # rows per run where the caller keeps rows whole (row_block=None)
 
 
 class Tangents(NamedTuple):
@@ -84,28 +93,32 @@ def score_tangent(
     ctx: ArrayContext, q: Array, k: Array, q_dot: Array | None, k_dot: Array | None, scale: Any
 ) -> Array:
     """``u̇_ij = c(q̇_i·k_j + q_i·k̇_j)`` on the tile (0 where both tangents are zero)."""
-    parts = []
-    if q_dot is not None:
-        parts.append(ctx.matmul(q_dot, ctx.transpose(k)))
+    out = None if q_dot is None else ctx.matmul(q_dot, ctx.transpose(k))
     if k_dot is not None:
-        parts.append(ctx.matmul(q, ctx.transpose(k_dot)))
-    if not parts:
+        part = ctx.matmul(q, ctx.transpose(k_dot))
+        if out is None:
+            out = part
+        else:
+            out += part  # in place: out is a fresh tile
+    if out is None:
         return ctx.zeros((*q.shape[:-1], k.shape[-2])) * scale
-    out = parts[0] if len(parts) == 1 else parts[0] + parts[1]
-    return out * scale
+    out *= scale
+    return out
 
 
-def tile_sigma(ctx: ArrayContext, p: Array, s_dot: Array) -> Array:
-    """This tile's part of ``σ_i = Σ_j p_ij ṡ_ij``."""
-    return ctx.rowsum(p * s_dot)
+def tile_sigma(ctx: ArrayContext, p_s_dot: Array) -> Array:
+    """This tile's part of ``σ_i = Σ_j p_ij ṡ_ij`` (from ``p∘ṡ``)."""
+    return ctx.rowsum(p_s_dot)
 
 
 def output_tangent_part(
-    ctx: ArrayContext, weights: Array, s_dot: Array, v: Array, v_dot: Array | None
+    ctx: ArrayContext, p_s_dot: Array, weights: Array, rho: Any, v: Array, v_dot: Array | None
 ) -> Array:
-    """This tile's part of ``Σ_j p_ij ρ_ij (ṡ_ij V_j + V̇_j)`` (``weights = p∘ρ``)."""
-    out = ctx.matmul(weights * s_dot, v)
-    return out if v_dot is None else out + ctx.matmul(weights, v_dot)
+    """This tile's part of ``Σ_j p_ij ρ_ij (ṡ_ij V_j + V̇_j)`` (``p∘ṡ``, ``weights = p∘ρ``)."""
+    out = ctx.matmul(p_s_dot if rho is None else p_s_dot * rho, v)
+    if v_dot is not None:
+        out += ctx.matmul(weights, v_dot)  # in place: out is a fresh (r, d) block
+    return out
 
 
 def output_tangent(ctx: ArrayContext, w: Array, sigma: Array, y: Array) -> Array:
@@ -122,8 +135,13 @@ def delta_tangent(
 
 
 def probability_tangent(ctx: ArrayContext, p: Array, s_dot: Array, sigma: Array) -> Array:
-    """``ṗ_ij = p_ij (ṡ_ij − σ_i)``: the softmax's derivative along ``ṡ``."""
-    return p * (s_dot - sigma[..., None])
+    """``ṗ_ij = p_ij (ṡ_ij − σ_i)``: the softmax's derivative along ``ṡ``.
+
+    Computed in ``s_dot``'s storage: the caller hands over a tile it no longer reads.
+    """
+    s_dot -= sigma[..., None]
+    s_dot *= p
+    return s_dot
 
 
 def gamma_tangent(
@@ -135,8 +153,16 @@ def gamma_tangent(
     delta: Array,
     delta_dot: Array,
 ) -> Array:
-    """``γ̇_ij = ṗ_ij (dP_ij − δ_i) + p_ij (dṖ_ij − δ̇_i)``."""
-    return p_dot * (dp - delta[..., None]) + p * (dp_dot - delta_dot[..., None])
+    """``γ̇_ij = ṗ_ij (dP_ij − δ_i) + p_ij (dṖ_ij − δ̇_i)``.
+
+    Computed in ``dp_dot``'s storage (consumed, as :func:`tile_gamma` consumes ``dp``).
+    """
+    out = dp - delta[..., None]
+    out *= p_dot
+    dp_dot -= delta_dot[..., None]
+    dp_dot *= p
+    dp_dot += out
+    return dp_dot
 
 
 def query_gradient_tangent(
@@ -220,8 +246,9 @@ def _weights(r: Recomputed, p: Array) -> Array:
 
 def first_visit(ctx: ArrayContext, x: TileOperands, r: Recomputed) -> tuple[Array, Array]:
     """The tile's terms of the row sums: ``(Σ_j p ṡ, Σ_j pρ(ṡ V_j + V̇_j))``."""
-    sigma = tile_sigma(ctx, r.p, r.s_dot)
-    return sigma, output_tangent_part(ctx, _weights(r, r.p), r.s_dot, x.v, x.v_dot)
+    p_s_dot = r.p * r.s_dot
+    sigma = tile_sigma(ctx, p_s_dot)
+    return sigma, output_tangent_part(ctx, p_s_dot, _weights(r, r.p), r.rho, x.v, x.v_dot)
 
 
 def second_visit(
@@ -241,11 +268,15 @@ def second_visit(
     dp_dot = None if x.v_dot is None else ctx.matmul(x.g, ctx.transpose(x.v_dot))
     if x.g_dot is not None:
         part = ctx.matmul(x.g_dot, ctx.transpose(x.v))
-        dp_dot = part if dp_dot is None else dp_dot + part
+        if dp_dot is None:
+            dp_dot = part
+        else:
+            dp_dot += part  # in place: fresh tiles, as below
     if dp_dot is None:
         dp_dot = dp * ctx.scalar(0)
     if r.rho is not None:
-        dp, dp_dot = dp * r.rho, dp_dot * r.rho
+        dp *= r.rho
+        dp_dot *= r.rho
     gamma_dot = gamma_tangent(ctx, r.p, p_dot, dp, dp_dot, delta, delta_dot)
     gamma = tile_gamma(ctx, r.p, dp, delta)  # consumes dp
     if mod is not None:
@@ -304,19 +335,59 @@ class _Visits:
         return x, recompute(ctx, x, tile.allowed, self.scale, m, l, mod, self.mod_t, rho), mod
 
 
-def row_tangents(
-    ctx: ArrayContext, visits: _Visits, every_tile: Any, y: Array
-) -> tuple[Array, Array]:
-    """The first pass: ``(σ, Ẏ)`` per row, in the tile layout (``y`` the forward's Y)."""
-    geometry = visits.geometry
-    rows_shape = (*geometry.tile_batch, geometry.n_q)
-    sigma = ctx.zeros(rows_shape)
-    w = ctx.zeros((*rows_shape, visits.a.v.shape[-1]))
-    for tile in every_tile():
-        sigma_t, w_t = first_visit(ctx, *visits.read(tile)[:2])
-        sigma[..., tile.rows] += sigma_t
-        w[..., tile.rows, :] += w_t
-    return sigma, output_tangent(ctx, w, sigma, y)
+def row_schedule(rows: Sequence[range]) -> list[tuple[list[int], list[int]]]:
+    """The visit order of tiles whose query rows are ``rows``: steps ``(firsts, seconds)``.
+
+    Tiles are first-visited by their first row (stably, so a row's key blocks stay in
+    order). Once every tile starting before row ``f`` has had its first visit, the rows
+    ``< f`` are complete (a tile holding row ``r`` starts at most at ``r``); each step then
+    second-visits the tiles that end at the new frontier ``f`` or before it, in order of
+    their last row. So every tile is first-visited once and second-visited once, after the
+    first visit of every tile that shares a row with it.
+    """
+    order = sorted(range(len(rows)), key=lambda t: rows[t].start)
+    steps, waiting, at = [], [], 0
+    while at < len(order):
+        first_row, firsts = rows[order[at]].start, []
+        while at < len(order) and rows[order[at]].start == first_row:
+            firsts.append(order[at])
+            heapq.heappush(waiting, (rows[order[at]].stop, order[at]))
+            at += 1
+        frontier = rows[order[at]].start if at < len(order) else None
+        seconds = []
+        while waiting and (frontier is None or waiting[0][0] <= frontier):
+            seconds.append(heapq.heappop(waiting)[1])
+        steps.append((firsts, seconds))
+    return steps
+
+
+class _RowTotals:
+    """The per-row sums of the first visits (``σ``, ``w``) and, for the complete rows (a
+    prefix ``[0, done)``), ``Ẏ`` and ``δ̇``."""
+
+    def __init__(self, ctx, geometry, g, y, g_dot, delta) -> None:
+        rows_shape = (*geometry.tile_batch, geometry.n_q)
+        self.ctx, self.g, self.y, self.g_dot, self.delta = ctx, g, y, g_dot, delta
+        self.sigma = ctx.zeros(rows_shape)
+        self.w = ctx.zeros((*rows_shape, y.shape[-1]))
+        self.y_dot, self.delta_dot = ctx.zeros(tuple(self.w.shape)), ctx.zeros(rows_shape)
+        self.done, self.n = 0, geometry.n_q
+
+    def add(self, rows: slice, sigma_t: Array, w_t: Array) -> None:
+        self.sigma[..., rows] += sigma_t
+        self.w[..., rows, :] += w_t
+
+    def complete(self, upto: int | None) -> None:
+        """Rows ``[done, upto)`` have all their terms (None: every row)."""
+        upto = self.n if upto is None else min(upto, self.n)
+        if upto <= self.done:
+            return
+        at, ctx = slice(self.done, upto), self.ctx
+        y, g = self.y[..., at, :], self.g[..., at, :]
+        y_dot = output_tangent(ctx, self.w[..., at, :], self.sigma[..., at], y)
+        self.y_dot[..., at, :] = y_dot
+        self.delta_dot[..., at] = delta_tangent(ctx, g, y, _slice(self.g_dot, at), y_dot)
+        self.done = upto
 
 
 def hvp(
@@ -348,8 +419,8 @@ def hvp(
     upstream gradient of lse, held fixed (``δ_i = G_i·Y_i − ∂L/∂lse_i``, its tangent 0).
     ``mod_tangents``: the tangents of the score modifications' parameters (``{"bias": Ḃ}``);
     ``mod_grad_tangents``: arrays into which their gradients' tangents (``dḂ = γ̇``) are
-    added, by name, when given. Both passes visit the tiles of the one ``tiles()`` call in
-    ``every_tile`` (``b`` is read there only).
+    added, by name, when given. Both visits are of the tiles of the one ``tiles()`` call
+    (``b`` is read there only), in the order of :func:`row_schedule`.
     """
     geometry = geometry_of(q, k, v, enable_gqa)
     q_shape, k_shape, v_shape = tuple(q.shape), tuple(k.shape), tuple(v.shape)
@@ -362,27 +433,40 @@ def hvp(
         mod_t={} if mod_tangents is None else mod_tangents,
     )  # fmt: skip
 
-    def every_tile() -> Any:
-        return tiles(ctx, mask, geometry, block_size, row_block)
-
-    sigma, y_dot = row_tangents(ctx, visits, every_tile, y)
     delta = softmax_delta(ctx, g, y)
     if grad_lse is not None:
         delta = delta - tile_layout(geometry, ctx.compute(grad_lse))
-    delta_dot = delta_tangent(ctx, g, y, t.grad_y, y_dot)
+    totals = _RowTotals(ctx, geometry, g, y, t.grad_y, delta)
     dq = ctx.zeros((*geometry.tile_batch, geometry.n_q, a.q.shape[-1]))
     dk, dv = ctx.zeros(tuple(a.k.shape)), ctx.zeros(tuple(a.v.shape))
-    for tile in every_tile():
-        rows, cols = tile.rows, tile.cols
-        x, r, mod = visits.read(tile)
-        dq_t, dk_t, dv_t = second_visit(
-            ctx, x, r, sigma[..., rows], delta[..., rows], delta_dot[..., rows], scale, mod,
-            grads_dot,
-        )  # fmt: skip
-        dq[..., rows, :] += dq_t
-        dk[..., cols, :] += ctx.sum_to(dk_t, dk[..., cols, :].shape)
-        dv[..., cols, :] += ctx.sum_to(dv_t, dv[..., cols, :].shape)
-    y_dot = logical_layout(geometry, y_dot)
+    runs = BAND_ROWS if row_block is None else row_block
+    every_tile, partial = [], []
+    for tile in tiles(ctx, mask, geometry, block_size, runs):
+        every_tile.append(tile)  # a PARTIAL tile's allowed pairs are formed again at its
+        partial.append(tile.allowed is not None)  # first visit: never all of them at once
+        tile.allowed = None
+    read: dict[int, Any] = {}  # the tiles between their two visits: operands, p, ṡ, ρ, mod
+    for firsts, seconds in row_schedule([range(x.rows.start, x.rows.stop) for x in every_tile]):
+        for at in firsts:
+            tile = every_tile[at]
+            if partial[at]:
+                tile.allowed = mask.allowed(tile.index, geometry)
+            read[at] = visits.read(tile)
+            tile.allowed = None  # p is 0 off A_i from here on
+            totals.add(tile.rows, *first_visit(ctx, *read[at][:2]))
+        for at in seconds:
+            tile, (x, r, mod) = every_tile[at], read.pop(at)
+            totals.complete(tile.rows.stop)
+            rows, cols = tile.rows, tile.cols
+            dq_t, dk_t, dv_t = second_visit(
+                ctx, x, r, totals.sigma[..., rows], delta[..., rows],
+                totals.delta_dot[..., rows], scale, mod, grads_dot,
+            )  # fmt: skip
+            dq[..., rows, :] += dq_t
+            dk[..., cols, :] += ctx.sum_to(dk_t, dk[..., cols, :].shape)
+            dv[..., cols, :] += ctx.sum_to(dv_t, dv[..., cols, :].shape)
+    totals.complete(None)
+    y_dot = logical_layout(geometry, totals.y_dot)
     if geometry.group != 1:
         dq, dk, dv = logical_layout(geometry, dq), dk[..., 0, :, :], dv[..., 0, :, :]
     return SecondOrder(

@@ -524,6 +524,15 @@ def _first_block_second_order_dropped(original: Callable) -> Callable:
     return broken
 
 
+def _second_visits_at_once(original: Callable) -> Callable:
+    """Each step second-visits the tiles it has just first-visited, complete rows or not."""
+
+    def broken(rows):
+        return [(firsts, firsts) for firsts, _ in original(rows)]
+
+    return broken
+
+
 def _sink_value_one(original: Callable) -> Callable:
     """The sink's summary ``(σ, 1, 1)``: ``e^σ`` enters the numerator."""
 
@@ -719,6 +728,9 @@ MUTANTS: list[Mutant] = [
     Mutant("hvp.second_visit: the first key block's second-order terms dropped",
            "second_visit (hvp)", (f"{HVP}:second_visit",), _first_block_second_order_dropped,
            (f"{SEC}/(dQ̇", SEC)),
+    Mutant("hvp.row_schedule: a tile's second visit before its rows are complete",
+           "row_schedule (hvp)", (f"{HVP}:row_schedule",), _second_visits_at_once,
+           (f"{SEC}/row_schedule", SEC)),
     Mutant("hvp.delta_tangent: δ̇ = 0 (δ's derivative omitted)", "delta_tangent (hvp)",
            (f"{HVP}:delta_tangent",), _times_zero, (f"{SEC}/δ̇ = Ġ·Y", SEC)),
 ]  # fmt: skip

@@ -23,10 +23,13 @@ dropout and batch broadcasting; dropout with symbolic ``ρ_ij`` and through the 
 ``Dropout``; soft-cap (symbolic cap), a free-symbol bias with its tangent and ``dḂ``, and
 soft-cap then bias under a bottom-right causal mask.
 
-For every n (the all-n chain, :mod:`proofs.chain`): each pass reads ``b`` only in the one
-``tiles()`` call both iterate; one visit of a tile of symbolic width ``w`` in the first pass
-adds the definition's terms ``p_j ṡ_j`` and ``p_j ρ_j (ṡ_j V_j + V̇_j)`` to the rows' sums,
-and in the second the definition's terms of ``d/dε ∂L`` given the rows' ``σ, δ, δ̇``; and
+For every n (the all-n chain, :mod:`proofs.chain`): ``b`` is read only in the one
+``tiles()`` call whose tiles both visits read, in the order of ``row_schedule`` (each tile
+once per visit, the second after its rows are complete: an argument for any list of runs,
+checked exhaustively on small ones and on ``tiles()``' runs); one visit of a tile of
+symbolic width ``w`` in the first pass adds the definition's terms ``p_j ṡ_j`` and
+``p_j ρ_j (ṡ_j V_j + V̇_j)`` to the rows' sums, and in the second the definition's terms of
+``d/dε ∂L`` given the rows' ``σ, δ, δ̇``; and
 ``Ẏ = w − σY``, ``δ̇ = Ġ·Y + G·Ẏ`` are the derivatives of ``Y`` and ``δ``. With the ``smt``
 family's theorem that ``tiles()`` visits every allowed pair exactly once, these give the
 second-order reverse exact for all n.
@@ -41,13 +44,14 @@ import numpy as np
 import sympy
 
 import exactattn
-from exactattn.core import hvp, masks
+from exactattn.core import algorithm, hvp, masks
 from exactattn.core.dropout import make_dropout
 
 from ..engine import batched, symbolic_spec, width
 from ..engine.batched import row_runs
 from ..engine.checks import Problem, library_forward, tiling
-from ..engine.ledger import Obligation, Undecided, check_equal
+from ..engine.counterexamples import Counterexample
+from ..engine.ledger import Obligation, Refuted, Undecided, check_equal
 from ..engine.mask_grid import BY_NAME, CASES, CAUSAL, full_problem, symbolic_dropout_problem
 from ..engine.symbols import C, every_block_size, every_mask_check, matrix, tensor, upstream
 from ..engine.terms import TermContext
@@ -272,6 +276,56 @@ FIRST_VISIT = "first pass, tile of symbolic width w: the terms of σ and Ẏ"
 SECOND_VISIT = "second pass, tile of symbolic width w: the terms of d/dε ∂L"
 ANY_WIDTH = "any width w, any allowed keys, ρ"
 ROW_IDENTITIES = "Ẏ = w − σY and δ̇ = Ġ·Y + G·Ẏ are the derivatives of Y and δ"
+SCHEDULE = "row_schedule: each tile visited once per pass, the second after its rows complete"
+SCHEDULE_SIZES = "every list of ≤ 3 runs in 6 rows; tiles()' runs, n ≤ 6, causal and window"
+
+
+def schedule_is_sound(rows: list[range]) -> None:
+    """The lemma of :func:`hvp.row_schedule` on one list of row runs: the first visits and
+    the second visits are each every tile once, and a tile's second visit comes after the
+    first visit of every tile sharing a row with it (so its rows' σ, δ̇ are complete)."""
+    firsts: list[int] = []
+    seconds: list[int] = []
+    for step_firsts, step_seconds in hvp.row_schedule(rows):
+        firsts += step_firsts
+        visited = set(firsts)
+        for tile in step_seconds:
+            early = [u for u in range(len(rows)) if set(rows[u]) & set(rows[tile])]
+            if not set(early) <= visited:
+                raise Refuted(Counterexample(
+                    f"tile {tile}'s second visit", {"runs": str(rows)}, f"tiles {early}",
+                    f"the first-visited {sorted(visited)}", "⊄",
+                ))  # fmt: skip
+        seconds += step_seconds
+    if sorted(firsts) != list(range(len(rows))) or sorted(seconds) != list(range(len(rows))):
+        raise Refuted(Counterexample(
+            "each tile once per visit", {"runs": str(rows)}, f"first visits {firsts}",
+            f"second visits {seconds}", "vs",
+        ))  # fmt: skip
+
+
+def schedule() -> str:
+    """:func:`hvp.row_schedule` is sound (:func:`schedule_is_sound`) on every list of up to
+    three nonempty runs within six rows (the argument of its docstring holds for any list:
+    a tile holding row ``r`` starts at most at ``r``, and the tiles are first-visited by
+    their first row) and on the runs of ``tiles()`` for n_q, n_k ≤ 6, every b and
+    row_block under a causal mask and a window."""
+    runs = [range(a, b) for a in range(6) for b in range(a + 1, 7)]
+    lists = [[x] for x in runs]
+    lists += [[x, y] for x in runs for y in runs]
+    lists += [[x, y, z] for x in runs for y in runs for z in runs]
+    ctx = TermContext()
+    for n_q in range(1, 7):
+        for n_k in range(1, 7):
+            geometry = algorithm.geometry_of(*(np.zeros((n, 1)) for n in (n_q, n_k, n_k)))
+            for mask in (masks.causal(), masks.causal("bottom-right"), masks.SlidingWindow(2, 0)):
+                for b in range(1, n_k + 1):
+                    for row_block in range(1, n_q + 1):
+                        tiling = algorithm.tiles(ctx, mask, geometry, b, row_block)
+                        lists.append([range(x.rows.start, x.rows.stop) for x in tiling])
+    for rows in lists:
+        schedule_is_sound(rows)
+    return f"{len(lists)} lists of runs"
 
 
 def b_through_tiles() -> str:
@@ -416,5 +470,6 @@ def obligations(max_n: int = 4) -> list[Obligation]:
         Obligation(FAMILY, FIRST_VISIT, ANY_WIDTH, first_visit_any_width),
         Obligation(FAMILY, SECOND_VISIT, ANY_WIDTH, second_visit_any_width),
         Obligation(FAMILY, ROW_IDENTITIES, "any number of keys", row_identities),
+        Obligation(FAMILY, SCHEDULE, SCHEDULE_SIZES, schedule),
     ]  # fmt: skip
     return out

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import exactattn as ea
+from exactattn.backends import NumpyContext
 from exactattn.core import hvp, masks, ops
 from tests.optional import requires
 
@@ -278,6 +279,53 @@ def test_peak_memory_grows_linearly_in_n():
     assert large < 2.6 * small, f"peak {small} B at n = 256, {large} B at n = 512"
 
 
+@pytest.mark.parametrize("row_block", [1, 2, 3])
+def test_row_runs_finish_in_any_order_under_every_mask(row_block):
+    """Rows split into runs that do not line up across key blocks (causal spans start at
+    each block's first key; runs of 1–3 rows against blocks of 2 and 3, n_q ≠ n_k): each
+    tile's second visit waits for its rows' σ, δ̇ (:func:`hvp.row_schedule`)."""
+    rng = np.random.default_rng(20 + row_block)
+    n_q, n_k = 7, 9
+    q, k, v = inputs(rng, (2,), n_q, n_k, 3, 2)
+    g = rng.standard_normal((2, n_q, 2))
+    t = random_tangents(rng, q, k, v, g)
+    ctx = NumpyContext("float64")
+    for name, mask in every_mask(rng, (2,), n_q, n_k).items():
+        allowed = dense_of(mask, (2,), n_q, n_k)
+        want = reference_hvp(q, k, v, g, t, 0.7, allowed=allowed)
+        for b in (2, 3):
+            y, stats = ea.attention(q, k, v, return_stats=True, scale=0.7, mask=mask, block_size=b)
+            out = hvp.hvp(
+                ctx, q, k, v, y, stats.m, stats.l, g, hvp.Tangents(*t), scale=0.7,
+                block_size=b, mask=masks.as_mask(mask), row_block=row_block,
+            )  # fmt: skip
+            assert_hvp([out.q, out.k, out.v], want, f"mask {name}, b={b}, rows {row_block}")
+
+
+def _runs(draw_starts: list[int], widths: list[int]) -> list[range]:
+    return [range(s, s + w) for s, w in zip(draw_starts, widths)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_schedule_visits_each_tile_twice_and_waits_for_its_rows(seed):
+    """Each tile is first-visited once and second-visited once, after the first visit of
+    every tile that shares a row with it (random runs of rows, in a random order)."""
+    rng = np.random.default_rng(seed)
+    count = int(rng.integers(1, 30))
+    rows = _runs(list(rng.integers(0, 12, count)), list(rng.integers(1, 6, count)))
+    firsts, seconds, seen = [], [], set()
+    for step_firsts, step_seconds in hvp.row_schedule(rows):
+        firsts += step_firsts
+        seen |= set(step_firsts)
+        for tile in step_seconds:
+            sharing = [u for u in range(count) if set(rows[u]) & set(rows[tile])]
+            assert set(sharing) <= seen, (rows, tile)
+        seconds += step_seconds
+    assert sorted(firsts) == sorted(seconds) == list(range(count))
+    held_rows = [rows[t].start for t in firsts]
+    assert held_rows == sorted(held_rows)  # by first row, stably: a row's blocks in order
+
+
 # --- bad input ------------------------------------------------------------------------------
 def test_bad_tangents_are_refused_by_name():
     rng = np.random.default_rng(9)
@@ -333,11 +381,12 @@ def test_broken_twins_are_caught(monkeypatch, twin):
 
 
 def test_a_materialising_twin_fails_the_memory_check(monkeypatch):
-    """The same passes over one (n_q, n_k) tile (b = n_k): the peak quadruples with 2n."""
+    """The same visits over one (n_q, n_k) tile (b = n_k, rows whole): the peak quadruples
+    with 2n."""
     original = hvp.tiles
 
     def whole(ctx, mask, geometry, block_size, row_block=None):
-        return original(ctx, mask, geometry, geometry.n_k, row_block)
+        return original(ctx, mask, geometry, geometry.n_k, None)
 
     monkeypatch.setattr(hvp, "tiles", whole)
     with pytest.raises(AssertionError, match="peak"):
