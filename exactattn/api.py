@@ -376,7 +376,7 @@ def attention_hvp(
         out = hvp.hvp(
             ctx, a["q"], a["k"], a["v"], a["y"], m, l, a["grad_y"], tangents,
             block_size=call.block_size, grad_lse=grad_lse, mod_tangents=mod_tangents,
-            mod_grad_tangents=grad_tangents, **call.keywords(),
+            mod_grad_tangents=grad_tangents, output_tangent=False, **call.keywords(),
         )  # fmt: skip
         return _finish_backward(call, {"dq": out.q, "dk": out.k, "dv": out.v, **grad_tangents})
 

@@ -160,7 +160,7 @@ SECOND_ORDER = Theorem(
             REVERSE.links[1].needs,
         ),
         Link(
-            "the first pass's visits add the terms of σ_i and Ẏ_i; Ẏ, δ̇ are derivatives",
+            "the first visits add the terms of σ_i, δ̇_i and Ẏ_i; Ẏ, δ̇ are derivatives",
             (
                 (_SEC, second_order.FIRST_VISIT),
                 (_SEC, second_order.ROW_IDENTITIES),
@@ -168,7 +168,7 @@ SECOND_ORDER = Theorem(
             ),
         ),
         Link(
-            "a second-pass visit of a tile of any width adds its pairs' terms of d/dε ∂L",
+            "a second visit of a tile of any width adds its pairs' terms of d/dε ∂L",
             (
                 (_SEC, second_order.SECOND_VISIT),
                 ("general", "Lemma R: steps are row-local; dK, dV add per row"),

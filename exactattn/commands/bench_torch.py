@@ -337,11 +337,15 @@ def _second_attend(impl: str) -> Callable[..., Any]:
     return math_sdpa
 
 
-def _backward_call(attend: Callable[..., Any], double: bool, q, k, v, g) -> Callable[[], Any]:
+def _backward_call(
+    attend: Callable[..., Any], double: bool, q, k, v, g, g_of_y: bool = False
+) -> Callable[[], Any]:
     """A forward with a graph, then the timed part: the first backward, or the double one.
 
-    Returns ``(first_s, second_s)``: the first backward's seconds (with ``create_graph``
-    when ``double``) and the second backward's (0 when not ``double``)."""
+    The first backward is at ``G`` (a constant), or, when ``g_of_y``, of ``Σ G∘Y²/2`` (its
+    ``G∘Y`` depends on the inputs, so the double backward also forms ``Ẏ``). Returns
+    ``(first_s, second_s)``: the first backward's seconds (with ``create_graph`` when
+    ``double``) and the second backward's (0 when not ``double``)."""
     import torch
 
     leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
@@ -350,7 +354,10 @@ def _backward_call(attend: Callable[..., Any], double: bool, q, k, v, g) -> Call
     def call() -> tuple[float, float]:
         y = attend(*leaves)
         start = time.perf_counter()
-        first = torch.autograd.grad(y, leaves, g, create_graph=double)
+        if g_of_y:
+            first = torch.autograd.grad((g * y * y).sum() / 2, leaves, create_graph=double)
+        else:
+            first = torch.autograd.grad(y, leaves, g, create_graph=double)
         middle = time.perf_counter()
         if not double:
             return middle - start, 0.0
@@ -362,12 +369,14 @@ def _backward_call(attend: Callable[..., Any], double: bool, q, k, v, g) -> Call
 
 
 def second_order_case(shape: tuple[int, ...], dtype: str, repeats: int) -> list[dict[str, Any]]:
-    """One row per implementation: median seconds of the first backward, the double
-    backward (create_graph first + second) and its second part, and their ratios."""
+    """One row per implementation and upstream gradient (``G`` constant, ``G∘Y``): median
+    seconds of the first backward, the double backward (create_graph first + second) and
+    its second part, and their ratios."""
     q, k, v, g = _inputs(shape, dtype)
     calls = {
-        (impl, double): _backward_call(_second_attend(impl), double, q, k, v, g)
+        (impl, g_of_y, double): _backward_call(_second_attend(impl), double, q, k, v, g, g_of_y)
         for impl in SECOND_IMPLS
+        for g_of_y in (False, True)
         for double in (False, True)
     }
     for call in calls.values():
@@ -377,12 +386,13 @@ def second_order_case(shape: tuple[int, ...], dtype: str, repeats: int) -> list[
         for key, call in calls.items():
             samples[key].append(call())
     rows = []
-    for impl in SECOND_IMPLS:
-        first = statistics.median(s[0] for s in samples[impl, False])
-        double = statistics.median(s[0] + s[1] for s in samples[impl, True])
-        second = statistics.median(s[1] for s in samples[impl, True])
+    for impl, g_of_y in ((impl, g_of_y) for impl in SECOND_IMPLS for g_of_y in (False, True)):
+        first = statistics.median(s[0] for s in samples[impl, g_of_y, False])
+        double = statistics.median(s[0] + s[1] for s in samples[impl, g_of_y, True])
+        second = statistics.median(s[1] for s in samples[impl, g_of_y, True])
         rows.append({
             "shape": "x".join(map(str, shape)), "impl": impl, "dtype": dtype,
+            "upstream": "G∘Y" if g_of_y else "G",
             "first_s": first, "double_s": double, "second_s": second,
             "double_ratio": double / first, "second_ratio": second / first,
         })  # fmt: skip
@@ -408,17 +418,19 @@ def second_order_markdown(
 ) -> str:  # fmt: skip
     lines = [
         f"Double backward: {rows[0]['dtype']}, torch threads = {threads}, median of {repeats} "
-        "interleaved calls; first = autograd.grad(Y, (q, k, v), G); double = the first with "
-        "create_graph=True, then the gradient of Σ W∘(dQ, dK, dV); load average before "
-        f"{load[0]}, after {load[1]}",
+        "interleaved calls; first = autograd.grad(Y, (q, k, v), G) (upstream G, a constant) "
+        "or of Σ G∘Y²/2 (upstream G∘Y, which depends on the inputs: the double backward also "
+        "forms Ẏ); double = the first with create_graph=True, then the gradient of "
+        f"Σ W∘(dQ, dK, dV); load average before {load[0]}, after {load[1]}",
         "",
-        "| shape | implementation | first s | double s | double / first | second s "
+        "| shape | implementation | upstream | first s | double s | double / first | second s "
         "| second / first |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['shape']} | {r['impl']} | {r['first_s']:.3f} | {r['double_s']:.3f} "
+            f"| {r['shape']} | {r['impl']} | {r['upstream']} | {r['first_s']:.3f} "
+            f"| {r['double_s']:.3f} "
             f"| {r['double_ratio']:.2f}x | {r['second_s']:.3f} | {r['second_ratio']:.2f}x |"
         )
     if peaks:

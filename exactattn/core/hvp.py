@@ -18,25 +18,29 @@ inputs whose derivative is the softmax's: the frozen max cancels):
     u̇_ij = c(q̇_i·k_j + q_i·k̇_j),      ṡ_ij = mod′(u_ij)·u̇_ij (+ Ḃ_ij for a bias),
     ṗ_ij = p_ij (ṡ_ij − σ_i),           σ_i = Σ_j p_ij ṡ_ij,
     Ẏ_i = Σ_j ρ_ij (ṗ_ij V_j + p_ij V̇_j) = Σ_j p_ij ρ_ij (ṡ_ij V_j + V̇_j) − σ_i Y_i,
-    δ_i = G_i·Y_i (− ∂L/∂lse_i),        δ̇_i = Ġ_i·Y_i + G_i·Ẏ_i,
     dP_ij = ρ_ij G_i·V_j,               dṖ_ij = ρ_ij (Ġ_i·V_j + G_i·V̇_j),
+    δ_i = G_i·Y_i (− ∂L/∂lse_i),        δ̇_i = Ġ_i·Y_i + G_i·Ẏ_i
+                                            = Σ_j p_ij (ṡ_ij dP_ij + dṖ_ij) − σ_i Σ_j p_ij dP_ij,
     γ_ij = p_ij (dP_ij − δ_i),          γ̇_ij = ṗ_ij (dP_ij − δ_i) + p_ij (dṖ_ij − δ̇_i),
     γᵘ = γ·mod′(u),                     γ̇ᵘ = γ̇·mod′(u) + γ·mod″(u)·u̇,
     dQ̇_i = c Σ_j (γ̇ᵘ_ij K_j + γᵘ_ij K̇_j),   dK̇_j = c Σ_i (γ̇ᵘ_ij Q_i + γᵘ_ij Q̇_i),
     dV̇_j = Σ_i ρ_ij (ṗ_ij G_i + p_ij Ġ_i),  dḂ_ij = γ̇_ij (a bias array's gradient).
 
-``σ`` and ``Ẏ`` (hence ``δ̇``) are sums over all of a row's keys: like ``δ`` for the first
-reverse they are per-row statistics, complete once every tile holding the row has been
-visited. Each tile of :func:`exactattn.core.algorithm.tiles` is visited twice: its first
-visit recomputes ``p, ṡ`` from ``Q, K`` and the frozen ``m, ℓ`` and adds its terms of ``σ``
-and ``Ẏ`` (:func:`first_visit`); its second visit (:func:`second_visit`) reads the same
-``p, ṡ`` and the rows' ``σ, δ, δ̇`` and accumulates ``dQ̇, dK̇, dV̇``. The visits run in the
-order of :func:`row_schedule`: tiles by their first row, and a tile's second visit as soon
-as every row it holds is complete, so only the tiles that straddle the frontier of complete
-rows keep their ``p, ṡ`` — about two runs of rows against all keys (``row_block`` rows, or
-:data:`BAND_ROWS` when the rows are whole), never an ``(n_q, n_k)`` array, and no tile's
-scores are computed twice. Dropout replays the same ``ρ_ij``; GQA sums the group's dK̇, dV̇
-into its key/value head as the reverse does.
+``σ``, ``δ̇`` and ``Ẏ`` are sums over all of a row's keys: like ``δ`` for the first reverse
+they are per-row statistics, complete once every tile holding the row has been visited
+(``δ̇`` from the row sums above, so it needs no ``Ẏ``; ``Ẏ`` itself, two more tile
+products, only where asked for: the reverse of the reverse needs it as ``G``'s cotangent).
+Each tile of :func:`exactattn.core.algorithm.tiles` is visited twice: its first visit
+recomputes ``p, ṡ`` from ``Q, K`` and the frozen ``m, ℓ``, forms ``dP, dṖ`` and adds its
+terms of the row sums (:func:`first_visit`); its second visit (:func:`second_visit`) reads
+the same ``p, ṡ, dP, dṖ`` and the rows' ``σ, δ, δ̇`` and accumulates ``dQ̇, dK̇, dV̇``. The
+visits run in the order of :func:`row_schedule`: tiles by their first row, and a tile's
+second visit as soon as every row it holds is complete, so only the tiles that straddle the
+frontier of complete rows are kept — about two runs of rows against all keys (``row_block``
+rows, or :data:`BAND_ROWS` when the rows are whole), never an ``(n_q, n_k)`` array — and no
+tile product is computed twice: 10 per tile (``s``, ``ṡ`` (2), ``dP``, ``dṖ``, ``dQ̇`` (2),
+``dK̇`` (2), ``dV̇``), 12 with ``Ẏ``, against the first reverse's 5. Dropout replays the
+same ``ρ_ij``; GQA sums the group's dK̇, dV̇ into its key/value head as the reverse does.
 
 Each step is a module-level function, so the proofs can substitute a broken step.
 """
@@ -80,9 +84,10 @@ class Tangents(NamedTuple):
 
 
 class SecondOrder(NamedTuple):
-    """``Ẏ`` and ``(dQ̇, dK̇, dV̇)``, in the compute type, shaped like y, q, k, v."""
+    """``Ẏ`` (None when not asked for) and ``(dQ̇, dK̇, dV̇)``, in the compute type, shaped
+    like y, q, k, v."""
 
-    y: Array
+    y: Array | None
     q: Array
     k: Array
     v: Array
@@ -121,17 +126,17 @@ def output_tangent_part(
     return out
 
 
-def output_tangent(ctx: ArrayContext, w: Array, sigma: Array, y: Array) -> Array:
+def output_tangent_of(ctx: ArrayContext, w: Array, sigma: Array, y: Array) -> Array:
     """``Ẏ_i = Σ_j p_ij ρ_ij (ṡ_ij V_j + V̇_j) − σ_i Y_i`` from the first pass's sums ``w, σ``."""
     return w - sigma[..., None] * y
 
 
-def delta_tangent(
-    ctx: ArrayContext, g: Array, y: Array, g_dot: Array | None, y_dot: Array
-) -> Array:
-    """``δ̇_i = Ġ_i·Y_i + G_i·Ẏ_i`` (the derivative of ``δ_i = G_i·Y_i``)."""
-    out = softmax_delta(ctx, g, y_dot)
-    return out if g_dot is None else out + softmax_delta(ctx, g_dot, y)
+def delta_tangent(ctx: ArrayContext, sigma: Array, p_dp: Array, p_ds: Array) -> Array:
+    """``δ̇_i = Σ_j p_ij (ṡ_ij dP_ij + dṖ_ij) − σ_i Σ_j p_ij dP_ij``, the derivative of
+    ``δ_i = G_i·Y_i``: ``Ġ_i·Y_i + G_i·Ẏ_i = Σ_j ρ_ij (p_ij Ġ_i·V_j + ṗ_ij G_i·V_j + p_ij
+    G_i·V̇_j)``, with ``ṗ = p(ṡ − σ)`` (from the row sums ``p_dp = Σ_j p dP``,
+    ``p_ds = Σ_j p(ṡ dP + dṖ)``, without ``Ẏ``)."""
+    return p_ds - sigma * p_dp
 
 
 def probability_tangent(ctx: ArrayContext, p: Array, s_dot: Array, sigma: Array) -> Array:
@@ -244,26 +249,8 @@ def _weights(r: Recomputed, p: Array) -> Array:
     return p if r.rho is None else p * r.rho
 
 
-def first_visit(ctx: ArrayContext, x: TileOperands, r: Recomputed) -> tuple[Array, Array]:
-    """The tile's terms of the row sums: ``(Σ_j p ṡ, Σ_j pρ(ṡ V_j + V̇_j))``."""
-    p_s_dot = r.p * r.s_dot
-    sigma = tile_sigma(ctx, p_s_dot)
-    return sigma, output_tangent_part(ctx, p_s_dot, _weights(r, r.p), r.rho, x.v, x.v_dot)
-
-
-def second_visit(
-    ctx: ArrayContext,
-    x: TileOperands,
-    r: Recomputed,
-    sigma: Array,
-    delta: Array,
-    delta_dot: Array,
-    scale: Any,
-    mod: Any = None,
-    grad_tangents: dict[str, Array] | None = None,
-) -> tuple[Array, Array, Array]:
-    """The tile's terms ``(dQ̇_i, dK̇_j, dV̇_j)`` from the rows' ``σ, δ, δ̇`` (module docstring)."""
-    p_dot = probability_tangent(ctx, r.p, r.s_dot, sigma)
+def tile_products(ctx: ArrayContext, x: TileOperands, rho: Any) -> tuple[Array, Array]:
+    """``dP_ij = ρ_ij G_i·V_j`` and ``dṖ_ij = ρ_ij (Ġ_i·V_j + G_i·V̇_j)`` on the tile."""
     dp = ctx.matmul(x.g, ctx.transpose(x.v))
     dp_dot = None if x.v_dot is None else ctx.matmul(x.g, ctx.transpose(x.v_dot))
     if x.g_dot is not None:
@@ -274,9 +261,58 @@ def second_visit(
             dp_dot += part  # in place: fresh tiles, as below
     if dp_dot is None:
         dp_dot = dp * ctx.scalar(0)
-    if r.rho is not None:
-        dp *= r.rho
-        dp_dot *= r.rho
+    if rho is not None:
+        dp *= rho
+        dp_dot *= rho
+    return dp, dp_dot
+
+
+class FirstTerms(NamedTuple):
+    """A tile's first visit: its terms of the row sums ``σ = Σ_j p ṡ``, ``Σ_j p dP``,
+    ``Σ_j p(ṡ dP + dṖ)`` and (when ``Ẏ`` is formed) ``w = Σ_j pρ(ṡ V_j + V̇_j)``; and its
+    ``dP, dṖ``, kept for its second visit."""
+
+    sigma: Array
+    p_dp: Array
+    p_ds: Array
+    w: Array | None
+    dp: Array
+    dp_dot: Array
+
+
+def first_visit(
+    ctx: ArrayContext, x: TileOperands, r: Recomputed, output_tangent: bool = True
+) -> FirstTerms:
+    """The tile's terms of the row sums (:class:`FirstTerms`); ``w`` None unless
+    ``output_tangent`` (its two tile products are for ``Ẏ`` alone: ``δ̇`` does not need it)."""
+    p_s_dot = r.p * r.s_dot
+    dp, dp_dot = tile_products(ctx, x, r.rho)
+    w = None
+    if output_tangent:
+        w = output_tangent_part(ctx, p_s_dot, _weights(r, r.p), r.rho, x.v, x.v_dot)
+    p_ds = p_s_dot * dp
+    p_ds += r.p * dp_dot
+    return FirstTerms(
+        tile_sigma(ctx, p_s_dot), ctx.rowsum(r.p * dp), ctx.rowsum(p_ds), w, dp, dp_dot
+    )
+
+
+def second_visit(
+    ctx: ArrayContext,
+    x: TileOperands,
+    r: Recomputed,
+    dp: Array,
+    dp_dot: Array,
+    sigma: Array,
+    delta: Array,
+    delta_dot: Array,
+    scale: Any,
+    mod: Any = None,
+    grad_tangents: dict[str, Array] | None = None,
+) -> tuple[Array, Array, Array]:
+    """The tile's terms ``(dQ̇_i, dK̇_j, dV̇_j)`` from its first visit's ``dP, dṖ``
+    (:func:`tile_products`, consumed) and the rows' ``σ, δ, δ̇`` (module docstring)."""
+    p_dot = probability_tangent(ctx, r.p, r.s_dot, sigma)
     gamma_dot = gamma_tangent(ctx, r.p, p_dot, dp, dp_dot, delta, delta_dot)
     gamma = tile_gamma(ctx, r.p, dp, delta)  # consumes dp
     if mod is not None:
@@ -362,32 +398,20 @@ def row_schedule(rows: Sequence[range]) -> list[tuple[list[int], list[int]]]:
 
 
 class _RowTotals:
-    """The per-row sums of the first visits (``σ``, ``w``) and, for the complete rows (a
-    prefix ``[0, done)``), ``Ẏ`` and ``δ̇``."""
+    """The per-row sums of the first visits: ``σ``, ``Σ_j p dP``, ``Σ_j p(ṡ dP + dṖ)`` and
+    ``w`` (None when ``Ẏ`` is not formed)."""
 
-    def __init__(self, ctx, geometry, g, y, g_dot, delta) -> None:
+    def __init__(self, ctx: ArrayContext, geometry: Any, v_dim: int, output_tangent: bool):
         rows_shape = (*geometry.tile_batch, geometry.n_q)
-        self.ctx, self.g, self.y, self.g_dot, self.delta = ctx, g, y, g_dot, delta
-        self.sigma = ctx.zeros(rows_shape)
-        self.w = ctx.zeros((*rows_shape, y.shape[-1]))
-        self.y_dot, self.delta_dot = ctx.zeros(tuple(self.w.shape)), ctx.zeros(rows_shape)
-        self.done, self.n = 0, geometry.n_q
+        self.sigma, self.p_dp, self.p_ds = (ctx.zeros(rows_shape) for _ in range(3))
+        self.w = ctx.zeros((*rows_shape, v_dim)) if output_tangent else None
 
-    def add(self, rows: slice, sigma_t: Array, w_t: Array) -> None:
-        self.sigma[..., rows] += sigma_t
-        self.w[..., rows, :] += w_t
-
-    def complete(self, upto: int | None) -> None:
-        """Rows ``[done, upto)`` have all their terms (None: every row)."""
-        upto = self.n if upto is None else min(upto, self.n)
-        if upto <= self.done:
-            return
-        at, ctx = slice(self.done, upto), self.ctx
-        y, g = self.y[..., at, :], self.g[..., at, :]
-        y_dot = output_tangent(ctx, self.w[..., at, :], self.sigma[..., at], y)
-        self.y_dot[..., at, :] = y_dot
-        self.delta_dot[..., at] = delta_tangent(ctx, g, y, _slice(self.g_dot, at), y_dot)
-        self.done = upto
+    def add(self, rows: slice, terms: FirstTerms) -> None:
+        self.sigma[..., rows] += terms.sigma
+        self.p_dp[..., rows] += terms.p_dp
+        self.p_ds[..., rows] += terms.p_ds
+        if self.w is not None:
+            self.w[..., rows, :] += terms.w
 
 
 def hvp(
@@ -411,6 +435,7 @@ def hvp(
     grad_lse: Array | None = None,
     mod_tangents: dict[str, Array] | None = None,
     mod_grad_tangents: dict[str, Array] | None = None,
+    output_tangent: bool = True,
 ) -> SecondOrder:
     """``Ẏ`` and ``(dQ̇, dK̇, dV̇)`` along ``tangents`` (module docstring), tiled.
 
@@ -419,8 +444,9 @@ def hvp(
     upstream gradient of lse, held fixed (``δ_i = G_i·Y_i − ∂L/∂lse_i``, its tangent 0).
     ``mod_tangents``: the tangents of the score modifications' parameters (``{"bias": Ḃ}``);
     ``mod_grad_tangents``: arrays into which their gradients' tangents (``dḂ = γ̇``) are
-    added, by name, when given. Both visits are of the tiles of the one ``tiles()`` call
-    (``b`` is read there only), in the order of :func:`row_schedule`.
+    added, by name, when given. ``output_tangent=False``: ``Ẏ`` is not formed (returned
+    as None; two fewer tile products per tile). Both visits are of the tiles of the one
+    ``tiles()`` call (``b`` is read there only), in the order of :func:`row_schedule`.
     """
     geometry = geometry_of(q, k, v, enable_gqa)
     q_shape, k_shape, v_shape = tuple(q.shape), tuple(k.shape), tuple(v.shape)
@@ -436,7 +462,7 @@ def hvp(
     delta = softmax_delta(ctx, g, y)
     if grad_lse is not None:
         delta = delta - tile_layout(geometry, ctx.compute(grad_lse))
-    totals = _RowTotals(ctx, geometry, g, y, t.grad_y, delta)
+    totals = _RowTotals(ctx, geometry, a.v.shape[-1], output_tangent)
     dq = ctx.zeros((*geometry.tile_batch, geometry.n_q, a.q.shape[-1]))
     dk, dv = ctx.zeros(tuple(a.k.shape)), ctx.zeros(tuple(a.v.shape))
     runs = BAND_ROWS if row_block is None else row_block
@@ -445,28 +471,31 @@ def hvp(
         every_tile.append(tile)  # a PARTIAL tile's allowed pairs are formed again at its
         partial.append(tile.allowed is not None)  # first visit: never all of them at once
         tile.allowed = None
-    read: dict[int, Any] = {}  # the tiles between their two visits: operands, p, ṡ, ρ, mod
+    kept: dict[int, Any] = {}  # the tiles between their visits: operands, p, ṡ, ρ, mod, dP, dṖ
     for firsts, seconds in row_schedule([range(x.rows.start, x.rows.stop) for x in every_tile]):
         for at in firsts:
             tile = every_tile[at]
             if partial[at]:
                 tile.allowed = mask.allowed(tile.index, geometry)
-            read[at] = visits.read(tile)
+            x, r, mod = visits.read(tile)
             tile.allowed = None  # p is 0 off A_i from here on
-            totals.add(tile.rows, *first_visit(ctx, *read[at][:2]))
-        for at in seconds:
-            tile, (x, r, mod) = every_tile[at], read.pop(at)
-            totals.complete(tile.rows.stop)
+            terms = first_visit(ctx, x, r, output_tangent)
+            totals.add(tile.rows, terms)
+            kept[at] = (x, r, mod, terms.dp, terms.dp_dot)
+        for at in seconds:  # every row of these tiles is complete: σ, δ̇ are final
+            tile, (x, r, mod, dp, dp_dot) = every_tile[at], kept.pop(at)
             rows, cols = tile.rows, tile.cols
+            sigma = totals.sigma[..., rows]
+            delta_dot = delta_tangent(ctx, sigma, totals.p_dp[..., rows], totals.p_ds[..., rows])
             dq_t, dk_t, dv_t = second_visit(
-                ctx, x, r, totals.sigma[..., rows], delta[..., rows],
-                totals.delta_dot[..., rows], scale, mod, grads_dot,
-            )  # fmt: skip
+                ctx, x, r, dp, dp_dot, sigma, delta[..., rows], delta_dot, scale, mod, grads_dot
+            )
             dq[..., rows, :] += dq_t
             dk[..., cols, :] += ctx.sum_to(dk_t, dk[..., cols, :].shape)
             dv[..., cols, :] += ctx.sum_to(dv_t, dv[..., cols, :].shape)
-    totals.complete(None)
-    y_dot = logical_layout(geometry, totals.y_dot)
+    y_dot = None
+    if output_tangent:
+        y_dot = logical_layout(geometry, output_tangent_of(ctx, totals.w, totals.sigma, y))
     if geometry.group != 1:
         dq, dk, dv = logical_layout(geometry, dq), dk[..., 0, :, :], dv[..., 0, :, :]
     return SecondOrder(

@@ -81,8 +81,9 @@ class TiledBackward(torch.autograd.Function):
         tangents = Tangents(bar_q, bar_k, bar_v, None, bar_bias if ctx.bias_grad else None)
         wants_bias = ctx.bias_dtype is not None and ctx.needs_input_grad[6]
         y_dot, dq, dk, dv, dbias = passes.second_order(
-            ctx.plan, q, k, v, y, lse, grad_y, tangents, bias_grad=wants_bias
-        )
+            ctx.plan, q, k, v, y, lse, grad_y, tangents, bias_grad=wants_bias,
+            output_tangent=ctx.needs_input_grad[0],
+        )  # fmt: skip
         dbias = dbias.to(ctx.bias_dtype) if wants_bias else None
         return y_dot, dq, dk, dv, None, None, dbias, None, None
 

@@ -7,8 +7,9 @@ Two custom operators (:func:`torch.library.custom_op`), opaque to ``torch.compil
   alignment, dropout_p, softcap, enable_gqa, block_size, impl) -> (Y, lse)``
 * ``exactattn::attention_backward(G, q, k, v, Y, lse, <the same>, bias_grad)
   -> (dQ, dK, dV, dB)``
-* ``exactattn::attention_hvp(G, q, k, v, Y, lse, Q̄, K̄, V̄, B̄, <the same>, bias_grad)
-  -> (Ẏ, dQ̇, dK̇, dV̇, dḂ)``: the backward's own reverse (the tiled second-order pass of
+* ``exactattn::attention_hvp(G, q, k, v, Y, lse, Q̄, K̄, V̄, B̄, <the same>, bias_grad,
+  output_tangent) -> (Ẏ, dQ̇, dK̇, dV̇, dḂ)`` (``Ẏ`` zeros unless ``output_tangent``, asked
+  for when G requires grad): the backward's own reverse (the tiled second-order pass of
   :mod:`exactattn.core.hvp`), registered as ``attention_backward``'s autograd formula, so
   ``create_graph=True`` gives exact second derivatives (a third derivative is refused).
 
@@ -158,25 +159,27 @@ def attention_hvp_op(
     block_size: int | None,
     impl: str,
     bias_grad: bool,
+    output_tangent: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(Ẏ, dQ̇, dK̇, dV̇, dḂ)`` along the tangents ``(Q̄, K̄, V̄, B̄)`` (None: zero; ``dḂ``
-    empty unless ``bias_grad``): the reverse of ``attention_backward`` at those cotangents."""
+    empty unless ``bias_grad``; ``Ẏ`` zeros unless ``output_tangent``, which saves two tile
+    products per tile): the reverse of ``attention_backward`` at those cotangents."""
     plan = plan_of(
         q, k, v, allowed, bias, kv_lengths, seed,
         scale, left, right, alignment, dropout_p, softcap, enable_gqa, block_size, impl,
     )  # fmt: skip
     tangents = Tangents(bar_q, bar_k, bar_v, None, bar_bias)
     y_dot, dq, dk, dv, dbias = passes.second_order(
-        plan, q, k, v, y, lse, grad_y, tangents, bias_grad
+        plan, q, k, v, y, lse, grad_y, tangents, bias_grad, output_tangent
     )
     dbias = q.new_empty(0) if dbias is None else dbias.to(bias.dtype)
-    return y_dot, dq, dk, dv, dbias
+    return (torch.zeros_like(y) if y_dot is None else y_dot), dq, dk, dv, dbias
 
 
 @attention_hvp_op.register_fake
 def _attention_hvp_fake(grad_y, q, k, v, y, lse, bar_q, bar_k, bar_v, bar_bias, allowed, bias,
                         *rest):  # fmt: skip
-    dbias = bias.new_empty(bias.shape) if rest[-1] else q.new_empty(0)
+    dbias = bias.new_empty(bias.shape) if rest[-2] else q.new_empty(0)  # rest[-2]: bias_grad
     return y.new_empty(y.shape), q.new_empty(q.shape), k.new_empty(k.shape), \
         v.new_empty(v.shape), dbias  # fmt: skip
 
@@ -302,8 +305,9 @@ def _second_order(ctx: Any, bar_q, bar_k, bar_v, bar_bias) -> tuple:
     bar_bias = bar_bias if ctx.bias_grad and bar_bias is not None and bar_bias.numel() else None
     y_dot, dq, dk, dv, dbias = attention_hvp_op(
         grad_y, q, k, v, y, lse, bar_q, bar_k, bar_v, bar_bias,
-        allowed, bias, kv_lengths, seed, *ctx.options, wants_bias,
+        allowed, bias, kv_lengths, seed, *ctx.options, wants_bias, ctx.needs_input_grad[0],
     )  # fmt: skip
+    y_dot = y_dot if ctx.needs_input_grad[0] else None
     return (y_dot, dq, dk, dv, None, None, None, dbias if wants_bias else None) + (None,) * (
         2 + len(OPTIONS) + 1
     )

@@ -422,9 +422,12 @@ def second_order(
     g: torch.Tensor,
     tangents: hvp.Tangents,
     bias_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    output_tangent: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(Ẏ, dQ̇, dK̇, dV̇, dḂ)`` along ``tangents`` (:func:`exactattn.core.hvp.hvp`, frozen
-    ``m = lse, ℓ = 1``), ``dḂ`` None unless ``bias_grad``: the reverse of :func:`backward`.
+    ``m = lse, ℓ = 1``), ``dḂ`` None unless ``bias_grad``, ``Ẏ`` None unless
+    ``output_tangent`` (G's cotangent: wanted only where G requires grad; it costs two tile
+    products per tile): the reverse of :func:`backward`.
 
     Always the generic tiled pass (whole, not in pieces): the Triton kernels have no second
     derivative, but their ``Y`` and ``lse`` are the generic pass's, so a call that ran them
@@ -440,15 +443,22 @@ def second_order(
     ctx = plan.ctx
     mod_grads = {"bias": ctx.zeros(plan.score_mod.gradients()["bias"])} if bias_grad else {}
     if plan.drop_all:
-        zeros = (torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (y, q, k, v))
-        return (*zeros, mod_grads.get("bias"))
+        zeros = [torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (y, q, k, v)]
+        return (zeros[0] if output_tangent else None, *zeros[1:], mod_grads.get("bias"))
     mod_tangents = {} if tangents.bias is None else {"bias": ctx.compute(tangents.bias)}
     with torch.no_grad():
-        out = _generic_second_order(plan, q, k, v, y, lse, g, tangents, mod_tangents, mod_grads)
-    return (*(ctx.output(x).contiguous() for x in out), mod_grads.get("bias"))
+        out = _generic_second_order(
+            plan, q, k, v, y, lse, g, tangents, mod_tangents, mod_grads, output_tangent
+        )
+    return (
+        *(None if x is None else ctx.output(x).contiguous() for x in out),
+        mod_grads.get("bias"),
+    )
 
 
-def _generic_second_order(plan: Plan, q, k, v, y, lse, g, tangents, mod_tangents, mod_grads):
+def _generic_second_order(
+    plan: Plan, q, k, v, y, lse, g, tangents, mod_tangents, mod_grads, output_tangent: bool
+):
     """``(Ẏ, dQ̇, dK̇, dV̇)`` with ``m = lse, ℓ = 1``, whole or in :func:`pieces` (as the
     reverse: whole heads on single-threaded workers, cache-sized tiles)."""
     ctx, threads = plan.ctx, torch.get_num_threads()
@@ -458,12 +468,16 @@ def _generic_second_order(plan: Plan, q, k, v, y, lse, g, tangents, mod_tangents
         one = torch.ones((), dtype=lse.dtype, device=lse.device).expand(lse_p.shape)
         return hvp.hvp(
             ctx, qp, kp, vp, yp, lse_p, one, gp, tp, mod_tangents=mod_tangents,
-            mod_grad_tangents=mod_grads, **keywords,
+            mod_grad_tangents=mod_grads, output_tangent=output_tangent, **keywords,
         )  # fmt: skip
 
     if parts == [WHOLE]:
         return run(q, k, v, y, lse, g, tangents, _generic_keywords(plan, plan.geometry))
-    out = [torch.empty(x.shape, dtype=ctx.compute_dtype, device=x.device) for x in (y, q, k, v)]
+    out: list[Any] = [
+        torch.empty(x.shape, dtype=ctx.compute_dtype, device=x.device) for x in (y, q, k, v)
+    ]
+    if not output_tangent:
+        out[0] = None
 
     def work(part: Piece) -> None:
         qp, kp, vp = q[part.q], k[part.kv], v[part.kv]
@@ -475,7 +489,8 @@ def _generic_second_order(plan: Plan, q, k, v, y, lse, g, tangents, mod_tangents
             qp, kp, vp, y[part.q], lse[part.q], g[part.q], tp, _piece_keywords(plan, qp, kp, vp)
         )
         for x, at, value in zip(out, (part.q, part.q, part.kv, part.kv), got):
-            x[at] = value
+            if x is not None:
+                x[at] = value
 
     run_pieces(work, parts, threads)
     return tuple(out)

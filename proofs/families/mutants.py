@@ -732,7 +732,7 @@ MUTANTS: list[Mutant] = [
            "row_schedule (hvp)", (f"{HVP}:row_schedule",), _second_visits_at_once,
            (f"{SEC}/row_schedule", SEC)),
     Mutant("hvp.delta_tangent: δ̇ = 0 (δ's derivative omitted)", "delta_tangent (hvp)",
-           (f"{HVP}:delta_tangent",), _times_zero, (f"{SEC}/δ̇ = Ġ·Y", SEC)),
+           (f"{HVP}:delta_tangent",), _times_zero, (f"{SEC}/Ẏ = w − σY", SEC)),
 ]  # fmt: skip
 BY_NAME = {m.name: m for m in MUTANTS}
 

@@ -1,8 +1,8 @@
 """Family — the second-order reverse is exact (``exactattn.attention_hvp``).
 
 Theorem. For every problem in the grid below and every block size ``b`` in ``1..n_k+1``,
-the library's second-order reverse (:mod:`exactattn.core.hvp`: a first pass gathering the
-rows' ``σ_i = Σ_j p_ij ṡ_ij`` and ``Ẏ_i``, then per tile ``ṗ = p(ṡ − σ)``,
+the library's second-order reverse (:mod:`exactattn.core.hvp`: first visits gathering the
+rows' ``σ_i = Σ_j p_ij ṡ_ij``, ``δ̇_i`` and ``Ẏ_i``, then per tile ``ṗ = p(ṡ − σ)``,
 ``γ̇ = ṗ(dP − δ) + p(dṖ − δ̇)``, ``dQ̇ += c(γ̇K + γK̇)``, ``dK̇ += c(γ̇ᵀQ + γᵀQ̇)``,
 ``dV̇ += (ṗ∘ρ)ᵀG + (p∘ρ)ᵀĠ``, through ``mod′`` and ``mod″`` of the score modifications)
 returns exactly
@@ -26,13 +26,13 @@ soft-cap then bias under a bottom-right causal mask.
 For every n (the all-n chain, :mod:`proofs.chain`): ``b`` is read only in the one
 ``tiles()`` call whose tiles both visits read, in the order of ``row_schedule`` (each tile
 once per visit, the second after its rows are complete: an argument for any list of runs,
-checked exhaustively on small ones and on ``tiles()``' runs); one visit of a tile of
-symbolic width ``w`` in the first pass adds the definition's terms ``p_j ṡ_j`` and
-``p_j ρ_j (ṡ_j V_j + V̇_j)`` to the rows' sums, and in the second the definition's terms of
-``d/dε ∂L`` given the rows' ``σ, δ, δ̇``; and
-``Ẏ = w − σY``, ``δ̇ = Ġ·Y + G·Ẏ`` are the derivatives of ``Y`` and ``δ``. With the ``smt``
-family's theorem that ``tiles()`` visits every allowed pair exactly once, these give the
-second-order reverse exact for all n.
+checked exhaustively on small ones and on ``tiles()``' runs); one first visit of a tile of
+symbolic width ``w`` adds the definition's terms ``p_j ṡ_j``, ``p_j dP_j``,
+``p_j (ṡ_j dP_j + dṖ_j)`` and ``p_j ρ_j (ṡ_j V_j + V̇_j)`` to the rows' sums and keeps the
+tile's ``dP, dṖ``; a second visit adds the definition's terms of ``d/dε ∂L`` given them
+and the rows' ``σ, δ, δ̇``; and ``Ẏ = w − σY``, ``δ̇ = Σ_j p(ṡ dP + dṖ) − σ Σ_j p dP`` are
+the derivatives of ``Y`` and ``δ``. With the ``smt`` family's theorem that ``tiles()``
+visits every allowed pair exactly once, these give the second-order reverse exact for all n.
 """
 
 from __future__ import annotations
@@ -272,10 +272,10 @@ def softcap_then_bias(n: int = 2) -> Obligation:
 
 # --- for every n: b through tiles(), and the visits of a tile of symbolic width ------------------
 B_THROUGH_TILES = "the second-order passes read b only through tiles()"
-FIRST_VISIT = "first pass, tile of symbolic width w: the terms of σ and Ẏ"
-SECOND_VISIT = "second pass, tile of symbolic width w: the terms of d/dε ∂L"
+FIRST_VISIT = "first visit, tile of symbolic width w: the terms of σ, δ̇ and Ẏ; dP, dṖ"
+SECOND_VISIT = "second visit, tile of symbolic width w: the terms of d/dε ∂L"
 ANY_WIDTH = "any width w, any allowed keys, ρ"
-ROW_IDENTITIES = "Ẏ = w − σY and δ̇ = Ġ·Y + G·Ẏ are the derivatives of Y and δ"
+ROW_IDENTITIES = "Ẏ = w − σY and δ̇ = Σ p(ṡ dP + dṖ) − σ Σ p dP: the derivatives of Y, δ"
 SCHEDULE = "row_schedule: each tile visited once per pass, the second after its rows complete"
 SCHEDULE_SIZES = "every list of ≤ 3 runs in 6 rows; tiles()' runs, n ≤ 6, causal and window"
 
@@ -380,50 +380,71 @@ class _WidthTile:
         )  # fmt: skip
 
 
+def _products(tile: _WidthTile, x: hvp.TileOperands, rho: Any) -> tuple[Any, Any]:
+    """The definition's ``dP_j = ρ_j G·V_j`` and ``dṖ_j = ρ_j(Ġ·V_j + G·V̇_j)``."""
+    gv = sum(x.g[0, a] * x.v[0, a] for a in range(2))
+    gv_dot = sum(x.g_dot[0, a] * x.v[0, a] + x.g[0, a] * x.v_dot[0, a] for a in range(2))
+    return rho * gv, rho * gv_dot
+
+
 def first_visit_any_width() -> str:
-    """The first pass's visit adds ``Σ_j P_j ṡ_j`` to σ_i and ``Σ_j P_j ρ_j (ṡ_j V_j + V̇_j)``
-    to the sum that gives Ẏ_i, ``P_j = α_j e^{s_j}/(ℓ e^m)`` for the frozen ``m, ℓ``."""
+    """The first visit adds ``Σ_j P_j ṡ_j`` to σ_i, ``Σ_j P_j dP_j`` and
+    ``Σ_j P_j (ṡ_j dP_j + dṖ_j)`` to the rows' sums for δ̇, and ``Σ_j P_j ρ_j (ṡ_j V_j +
+    V̇_j)`` to the sum that gives Ẏ_i, ``P_j = α_j e^{s_j}/(ℓ e^m)`` for the frozen ``m, ℓ``,
+    ``dP_j = ρ_j G·V_j``, ``dṖ_j = ρ_j(Ġ·V_j + G·V̇_j)``; and keeps the tile's own dP, dṖ."""
     runs = 0
     for dropout in (False, True):
         tile, ctx = _WidthTile(), width.WidthContext(_sym("M_t"))
         x = tile.operands()
-        sigma, w = hvp.first_visit(ctx, x, tile.recompute(ctx, dropout))
+        terms = hvp.first_visit(ctx, x, tile.recompute(ctx, dropout))
         factor = tile.rho[0, 0] if dropout else 1
+        dp, dp_dot = _products(tile, x, factor)
         what = f"ρ={dropout}"
-        width.check_equal(f"{what}: σ term vs Σ_j P_j ṡ_j", sigma, [
-            width.sum_over_keys(tile.big_p * tile.s_dot)
+        big_p, s_dot = tile.big_p, tile.s_dot
+        width.check_equal(f"{what}: σ term vs Σ_j P_j ṡ_j", terms.sigma, [
+            width.sum_over_keys(big_p * s_dot)
+        ])  # fmt: skip
+        width.check_equal(f"{what}: Σ_j P_j dP_j term", terms.p_dp, [
+            width.sum_over_keys(big_p * dp)
+        ])  # fmt: skip
+        width.check_equal(f"{what}: Σ_j P_j (ṡ_j dP_j + dṖ_j) term", terms.p_ds, [
+            width.sum_over_keys(big_p * (s_dot * dp + dp_dot))
         ])  # fmt: skip
         want = [
-            width.sum_over_keys(tile.big_p * factor * (tile.s_dot * x.v[0, a] + x.v_dot[0, a]))
+            width.sum_over_keys(big_p * factor * (s_dot * x.v[0, a] + x.v_dot[0, a]))
             for a in range(2)
         ]
-        width.check_equal(f"{what}: Ẏ's term vs Σ_j P_j ρ_j (ṡ_j V_j + V̇_j)", w[0], want)
+        width.check_equal(f"{what}: Ẏ's term vs Σ_j P_j ρ_j (ṡ_j V_j + V̇_j)", terms.w[0], want)
+        width.check_equal(f"{what}: the tile's dP", terms.dp[0], [dp])
+        width.check_equal(f"{what}: the tile's dṖ", terms.dp_dot[0], [dp_dot])
         runs += 1
     return f"{runs} visits, any w"
 
 
 def second_visit_any_width() -> str:
-    """The second pass's visit adds the definition's terms of ``d/dε (dQ_i, dK_j, dV_j)``:
-    with ``∂L/∂s_j = P_j(ρ_j G·V_j − δ)``, its derivative ``Ṗ_j(ρ_j G·V_j − δ) +
-    P_j(ρ_j(Ġ·V_j + G·V̇_j) − δ̇)``, ``Ṗ_j = P_j(ṡ_j − σ)``, for free row totals ``σ, δ, δ̇``
-    (what the first pass and Lemma F give): ``Σ_j c(d/dε ∂L/∂s_j K_j + ∂L/∂s_j K̇_j)`` to
-    dQ̇_i, ``c(d/dε ∂L/∂s_j q_i + ∂L/∂s_j q̇_i)`` to dK̇_j, ``ρ_j(Ṗ_j G_i + P_j Ġ_i)`` to dV̇_j."""
+    """The second visit, given the tile's dP, dṖ, adds the definition's terms of
+    ``d/dε (dQ_i, dK_j, dV_j)``: with ``∂L/∂s_j = P_j(ρ_j G·V_j − δ)``, its derivative
+    ``Ṗ_j(ρ_j G·V_j − δ) + P_j(ρ_j(Ġ·V_j + G·V̇_j) − δ̇)``, ``Ṗ_j = P_j(ṡ_j − σ)``, for free row
+    totals ``σ, δ, δ̇`` (what the first visits and Lemma F give): ``Σ_j c(d/dε ∂L/∂s_j K_j +
+    ∂L/∂s_j K̇_j)`` to dQ̇_i, ``c(d/dε ∂L/∂s_j q_i + ∂L/∂s_j q̇_i)`` to dK̇_j,
+    ``ρ_j(Ṗ_j G_i + P_j Ġ_i)`` to dV̇_j."""
     runs = 0
     sigma, delta, delta_dot = _sym("sigma"), _sym("delta"), _sym("delta_dot")
     for dropout in (False, True):
         tile, ctx = _WidthTile(), width.WidthContext(_sym("M_t"))
         x = tile.operands()
+        r = tile.recompute(ctx, dropout)
+        kept = hvp.first_visit(ctx, x, r, output_tangent=False)
         dq, dk, dv = hvp.second_visit(
-            ctx, x, tile.recompute(ctx, dropout), _arr([sigma]), _arr([delta]),
-            _arr([delta_dot]), tile.c,
+            ctx, x, r, kept.dp, kept.dp_dot, _arr([sigma]), _arr([delta]), _arr([delta_dot]),
+            tile.c,
         )  # fmt: skip
         rho = tile.rho[0, 0] if dropout else 1
         big_p, c = tile.big_p, tile.c
-        gv = sum(x.g[0, a] * x.v[0, a] for a in range(2))
-        gv_dot = sum(x.g_dot[0, a] * x.v[0, a] + x.g[0, a] * x.v_dot[0, a] for a in range(2))
+        dp, dp_dot = _products(tile, x, rho)
         p_dot = big_p * (tile.s_dot - sigma)
-        ds = big_p * (rho * gv - delta)
-        ds_dot = p_dot * (rho * gv - delta) + big_p * (rho * gv_dot - delta_dot)
+        ds = big_p * (dp - delta)
+        ds_dot = p_dot * (dp - delta) + big_p * (dp_dot - delta_dot)
         what = f"ρ={dropout}"
         want_dq = [
             width.sum_over_keys(c * (ds_dot * x.k[0, r] + ds * x.k_dot[0, r])) for r in range(2)
@@ -439,22 +460,31 @@ def second_visit_any_width() -> str:
 
 def row_identities() -> str:
     """With ``Y_a = Σ_j P_j ρ_j V_ja`` (any number of keys: ``A_a = Σ_j P_j ρ_j ṡ_j V_ja`` and
-    ``B_a = Σ_j P_j ρ_j V̇_ja`` lumped, ``σ = Σ_j P_j ṡ_j``): ``output_tangent(A + B, σ, Y)``
-    is ``Ẏ = Σ_j ρ_j (Ṗ_j V_j + P_j V̇_j)`` with ``Ṗ_j = P_j(ṡ_j − σ)``, by linearity; and
-    ``delta_tangent`` is the derivative of ``δ = G·Y`` along ``(Ġ, Ẏ)``."""
+    ``B_a = Σ_j P_j ρ_j V̇_ja`` lumped, ``σ = Σ_j P_j ṡ_j``): ``output_tangent_of(A + B, σ,
+    Y)`` is ``Ẏ = Σ_j ρ_j (Ṗ_j V_j + P_j V̇_j)`` with ``Ṗ_j = P_j(ṡ_j − σ)``, by linearity;
+    and ``delta_tangent(σ, Σ_j P_j dP_j, Σ_j P_j(ṡ_j dP_j + dṖ_j))`` is the derivative of
+    ``δ = G·Y``, ``Ġ·Y + G·Ẏ``: both are sums over keys, so it is checked key by key (one
+    key's terms, ``σ`` a free row total), and holds for any number of keys."""
     ctx = width.WidthContext(_sym("M_t"))
     y = _arr([[_sym(f"Y{a}") for a in range(2)]])
     lumped = _arr([[_sym(f"A{a}") + _sym(f"B{a}") for a in range(2)]])
     sigma = _sym("sigma")
-    got = hvp.output_tangent(ctx, lumped, _arr([sigma]), y)
+    got = hvp.output_tangent_of(ctx, lumped, _arr([sigma]), y)
     # Σ_j ρ P (ṡ − σ) V + Σ_j ρ P V̇ = A − σ Y + B, since Σ_j ρ P V = Y
     check_equal("Ẏ vs A + B − σ·Y", got, _arr([[lumped[0, a] - sigma * y[0, a] for a in range(2)]]))
-    g, g_dot = _arr([[_sym("g0"), _sym("g1")]]), _arr([[_sym("gd0"), _sym("gd1")]])
-    y_dot = _arr([[_sym("Yd0"), _sym("Yd1")]])
-    got = hvp.delta_tangent(ctx, g, y, g_dot, y_dot)
-    eps = _sym("eps")
-    delta = sum((g[0, a] + eps * g_dot[0, a]) * (y[0, a] + eps * y_dot[0, a]) for a in range(2))
-    check_equal("δ̇ vs d/dε (G + εĠ)·(Y + εẎ)", got, _arr([sympy.diff(delta, eps).subs(eps, 0)]))
+    g, g_dot = [_sym("g0"), _sym("g1")], [_sym("gd0"), _sym("gd1")]
+    v, v_dot = [_sym("v0"), _sym("v1")], [_sym("vd0"), _sym("vd1")]
+    big_p, s_dot, rho = _sym("P", positive=True), _sym("s_dot"), _sym("rho")
+    dp = rho * sum(a * b for a, b in zip(g, v))
+    dp_dot = rho * sum(a * b + c * d for a, b, c, d in zip(g_dot, v, g, v_dot))
+    got = hvp.delta_tangent(
+        ctx, _arr([sigma]), _arr([big_p * dp]), _arr([big_p * (s_dot * dp + dp_dot)])
+    )
+    # one key's terms of Ġ·Y + G·Ẏ: Y's term P ρ V, Ẏ's term ρ (P (ṡ − σ) V + P V̇)
+    y_key = [big_p * rho * x for x in v]
+    y_dot_key = [rho * (big_p * (s_dot - sigma) * x + big_p * xd) for x, xd in zip(v, v_dot)]
+    want = sum(a * b for a, b in zip(g_dot, y_key)) + sum(a * b for a, b in zip(g, y_dot_key))
+    check_equal("δ̇'s key term vs that of Ġ·Y + G·Ẏ", got, _arr([want]))
     return "2 identities"
 
 

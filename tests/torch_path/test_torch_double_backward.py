@@ -99,13 +99,14 @@ def test_gradgradcheck_grid(block_size, mask, gqa):
 
 
 # --- parity with the math SDPA's double backward ------------------------------------------------
-def _second_order(attend, q, k, v, bias=None):
+def _second_order(attend, q, k, v, bias=None, linear=False):
     """Gradients of ``Σ W∘(dQ, dK, dV[, dB])`` where the first loss is ``Σ C∘Y²`` (so that
-    ``G = 2C∘Y`` depends on the inputs too and ``Ẏ`` is exercised)."""
+    ``G = 2C∘Y`` depends on the inputs too and ``Ẏ`` is exercised), or ``Σ C∘Y`` when
+    ``linear`` (``G = C`` a constant: the second order forms no ``Ẏ``)."""
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v, bias) if x is not None]
     y = attend(*leaves)
     c = randn(*y.shape, seed=40)
-    first = torch.autograd.grad((c * y * y).sum(), leaves, create_graph=True)
+    first = torch.autograd.grad((c * y * (1 if linear else y)).sum(), leaves, create_graph=True)
     weights = [randn(*x.shape, seed=50 + n) for n, x in enumerate(first)]
     total = sum((w * f).sum() for w, f in zip(weights, first)) + (first[0] ** 2).sum()
     return torch.autograd.grad(total, leaves)
@@ -158,6 +159,20 @@ def test_parity_with_math_sdpa_double_backward(case):
     got, want = _second_order(ours, q, k, v, bias), _second_order(theirs, q, k, v, bias)
     for name, a, b in zip(("q", "k", "v", "bias"), got, want):
         assert_close(a, b, atol=1e-12, rtol=1e-12, what=f"{case}: d²/d{name}")
+
+
+@pytest.mark.parametrize("case", ["causal, b=3", "GQA, causal (the SDPA drop-in)",
+                                  "float bias that requires grad",
+                                  "predicate mask (the Function path), b=2"])  # fmt: skip
+def test_parity_when_g_is_a_constant(case):
+    """``G`` that requires no grad: the op and the Function skip ``Ẏ`` (``output_tangent``)."""
+    q_shape, k_shape, ours, theirs = PARITY[case]
+    q, k, v = (randn(*s, seed=n) for n, s in enumerate((q_shape, k_shape, k_shape)))
+    bias = randn(*q_shape[:-1], k_shape[-2], seed=9) if "bias" in case else None
+    got = _second_order(ours, q, k, v, bias, linear=True)
+    want = _second_order(theirs, q, k, v, bias, linear=True)
+    for name, a, b in zip(("q", "k", "v", "bias"), got, want):
+        assert_close(a, b, atol=1e-12, rtol=1e-12, what=f"{case}, G constant: d²/d{name}")
 
 
 def test_a_broken_twin_fails_parity(monkeypatch):
