@@ -290,8 +290,9 @@ def first_visit(
     w = None
     if output_tangent:
         w = output_tangent_part(ctx, p_s_dot, _weights(r, r.p), r.rho, x.v, x.v_dot)
-    p_ds = p_s_dot * dp
-    p_ds += r.p * dp_dot
+    p_ds = r.s_dot * dp  # p(ṡ dP + dṖ) in one fresh tile
+    p_ds += dp_dot
+    p_ds *= r.p
     return FirstTerms(
         tile_sigma(ctx, p_s_dot), ctx.rowsum(r.p * dp), ctx.rowsum(p_ds), w, dp, dp_dot
     )
