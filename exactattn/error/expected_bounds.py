@@ -75,7 +75,7 @@ zero``) makes every error one-signed; the expected error is then the rigorous bo
 claim. Nor in a row where a score's error may reach a unit and the gap to the row's maximum
 (``λ·σ_ij ≥ max(1, m_i − s_ij)``: FP8 or 4-bit inputs under large logits): the keys that
 carry the row may change places, which no first-order variance describes, so its expected
-error is infinite (no estimate). Docs: ``docs/error_bound.md`` §7.
+error is infinite (no estimate).
 """
 
 from __future__ import annotations
