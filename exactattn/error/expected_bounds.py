@@ -558,14 +558,16 @@ def _delta_of_gy(prob, un, f: _Parts, g, D, X, dlt, dvv) -> np.ndarray:
 
 def _copies(prob: Any, un: Any, name: str, var: np.ndarray, exact: np.ndarray) -> tuple:
     """A logical-batch variance and value summed into input ``name`` (broadcast copies, a
-    GQA group: their additions in compute, each copy's cast to the output as a backward
-    that rounds each head first does), then the output cast: ``(variance, value)``."""
+    GQA group: their additions in compute or in the output's format, each copy's cast to the
+    output, as a backward that rounds each head first and sums them in the input format
+    does), then the output cast: ``(variance, value)``."""
     var_in = rigorous.to_input(prob, name, var)
     value = rigorous.to_input(prob, name, exact)
     copies = prob.copies(name)
     if copies > 1:  # each copy perhaps rounded to the output first (a GQA kernel's heads)
         squares = rigorous.to_input(prob, name, exact * exact)
-        var_in = var_in + un.uc**2 * _random_order(copies, squares, value) + un.uo**2 * squares
+        u_sum = max(un.uc, un.uo)  # summed in compute, or in the output's format (torch's)
+        var_in = var_in + u_sum**2 * _random_order(copies, squares, value) + un.uo**2 * squares
     return var_in + un.uo**2 * value * value + un.mo**2 + un.mc**2, value
 
 

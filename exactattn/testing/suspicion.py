@@ -8,7 +8,10 @@ sums over thousands of rows). An ``ok`` finding whose Y error, or with gradients
 dK or dV error, exceeds :data:`FAR` times the expected error somewhere is marked
 suspicious, naming the output and the entry: a bug the worst case cannot see (a dV
 accumulated in bf16 where the claim says fp32), or rounding biased one way (truncation
-claimed as round to nearest). It is reported, never a failure: the exit code is unchanged.
+claimed as round to nearest). A claimed split of dK, dV's sums over blocks of query rows
+(``Claim.qsplit``, torch's CPU flash backward) adds its roundings to the expected error
+(:func:`.group_sums.split_variance`). It is reported, never a failure: the exit code is
+unchanged.
 
 ``FAR = 4`` (so an entry ``12σ`` away): over the sweep presets ``quick`` and ``full``
 (every NumPy, torch, FP8 and mpmath configuration, tiled and naive, 1510 runs, 40 million
@@ -25,6 +28,7 @@ import numpy as np
 
 from ..cases.exact import Reference
 from ..error.expected_bounds import CONFIDENCE, expected_bounds
+from . import group_sums
 from .judge import Finding, difference
 from .tolerance import claimed_bound
 
@@ -54,6 +58,12 @@ def mark(variant: Any, outputs: dict[str, Any], ref: Reference, finding: Finding
     expected = claimed_bound(
         single, ref.case, inputs, program_bias=ref.program_bias, bound=expected_bounds
     )
+    qsplit = variant.claim.qsplit
+    if grads and qsplit is not None:  # a claimed split of the reverse's sums (torch's CPU flash)
+        out = variant.arith(None).output
+        extra = group_sums.split_variance(ref.case, ref, out, qsplit, variant.bound_block(ref.case))
+        for name, var in extra.items():
+            expected[name] = np.sqrt(expected[name] ** 2 + CONFIDENCE**2 * var)
     worst = (-1.0, "", (), 0.0, 0.0)
     for name in ("y", *grads):
         out = outputs[name][0] if isinstance(outputs[name], tuple) else outputs[name]
