@@ -584,7 +584,7 @@ def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.sum(axis=axes, keepdims=True) if axes else x
 
 
-def _to_input(prob: Problem, name: str, x: np.ndarray) -> np.ndarray:
+def to_input(prob: Problem, name: str, x: np.ndarray) -> np.ndarray:
     """A logical-batch array (*B, n, ·) summed into the shape of input ``name`` (GQA too)."""
     if prob.group != 1 and name in ("k", "v"):
         x = x.reshape((*x.shape[:-3], x.shape[-3] // prob.group, prob.group, *x.shape[-2:]))
@@ -907,8 +907,8 @@ def _key_side(prob: Problem, un: Units, s: _Sums, row_block: int | None) -> dict
     dv = s.dv_err + s.dv_up * np.expm1(r_v)[..., None] + floor
     dv = dv + (2 * un.mc + un.mg + un.mx) * prob.rho_max * col_g
     return {
-        "dk": _cast_out(un, _to_input(prob, "k", dk), prob.c * _to_input(prob, "k", s.dk)),
-        "dv": _cast_out(un, _to_input(prob, "v", dv), _to_input(prob, "v", s.dv)),
+        "dk": _cast_out(un, to_input(prob, "k", dk), prob.c * to_input(prob, "k", s.dk)),
+        "dv": _cast_out(un, to_input(prob, "v", dv), to_input(prob, "v", s.dv)),
     }
 
 

@@ -259,24 +259,33 @@ def bound_summary(df: pd.DataFrame) -> str:
     return text
 
 
-def expected_summary(df: pd.DataFrame) -> str:
-    """One sentence: Y's measured error over its expected error
-    (:mod:`exactattn.error.expected_bounds`) — the median of the runs' medians, the share of
-    entries above 1 (pooled over every entry), the largest ratio; runs that claim directed
-    rounding (whose expected error is the rigorous bound) apart."""
-    ok = df[(df["status"] == "ok") & df["expected_median"].notna()]
+def expected_summary(df: pd.DataFrame, of: str = "y") -> str:
+    """One sentence: the measured error over the expected error
+    (:mod:`exactattn.error.expected_bounds`) of Y (``of="y"``: the ``expected_*`` columns)
+    or of the gradients (``of="grad"``: ``expected_grad_*``, dQ, dK, dV's entries together)
+    — the median of the runs' medians, the share of entries above 1 (pooled over every
+    entry), the largest ratio; runs that claim directed rounding (whose expected error is
+    the rigorous bound) apart. Empty when no run has the columns."""
+    if of not in ("y", "grad"):
+        raise ValueError(f"of must be 'y' or 'grad'; got {of!r}")
+    col = "expected_" if of == "y" else "expected_grad_"
+    if f"{col}median" not in df:  # results written before these columns existed
+        return ""
+    ok = df[(df["status"] == "ok") & df[f"{col}median"].notna()]
     nearest = ok[ok["rounding"] != "toward_zero"]
     if nearest.empty:
         return ""
-    entries = nearest["expected_entries"].sum()
-    exceed = (nearest["expected_exceed"] * nearest["expected_entries"]).sum() / entries
+    entries = nearest[f"{col}entries"].sum()
+    exceed = (nearest[f"{col}exceed"] * nearest[f"{col}entries"]).sum() / entries
+    medians = nearest[f"{col}median"]
+    label = "Y" if of == "y" else "dQ, dK, dV"
     return (
-        f"Expected error (Y, {len(nearest)} runs rounding to nearest, {int(entries)} "
-        f"entries): median measured/expected {nearest['expected_median'].median():.3g} "
-        f"(runs {nearest['expected_median'].min():.3g}–{nearest['expected_median'].max():.3g}), "
+        f"Expected error ({label}, {len(nearest)} runs rounding to nearest, {int(entries)} "
+        f"entries): median measured/expected {medians.median():.3g} "
+        f"(runs {medians.min():.3g}–{medians.max():.3g}), "
         f"{100 * exceed:.2g}% of entries above it (worst run "
-        f"{100 * nearest['expected_exceed'].max():.2g}%), "
-        f"largest ratio {nearest['expected_max'].max():.3g}."
+        f"{100 * nearest[f'{col}exceed'].max():.2g}%), "
+        f"largest ratio {nearest[f'{col}max'].max():.3g}."
     )
 
 
@@ -495,6 +504,9 @@ def write_report(
     lines += [bound_summary(df), ""]
     if "expected_median" in df:  # results written before the expected error had none
         lines += [expected_summary(df), ""]
+    grads = expected_summary(df, of="grad")
+    if grads:  # the gradients' (results written before them, or without gradients: none)
+        lines += [grads, ""]
     lines += _table(
         ["config", "runs", "Y worst", "Y median", "grad worst", "grad median", "vacuous share"],
         bound_table(df),

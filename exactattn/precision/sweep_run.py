@@ -28,7 +28,15 @@ from ..infra.executors import WorkerDied, make_executor
 from .configs import available
 from .grid import KNOBS, Point, expand, key_of
 from .presets import get_preset
-from .tasks import BOUND_COLUMNS, EXPECTED_COLUMNS, LOWBIT_COLUMNS, SWEPT, reference_task, run_task
+from .tasks import (
+    BOUND_COLUMNS,
+    EXPECTED_COLUMNS,
+    EXPECTED_GRAD_COLUMNS,
+    LOWBIT_COLUMNS,
+    SWEPT,
+    reference_task,
+    run_task,
+)
 
 PACKAGES = ("exactattn", "numpy", "mpmath", "python-flint", "torch")
 COLUMNS = (
@@ -49,6 +57,7 @@ COLUMNS = (
     *BOUND_COLUMNS,
     *LOWBIT_COLUMNS,
     *EXPECTED_COLUMNS,
+    *EXPECTED_GRAD_COLUMNS,
     "ref_radius",
     "ref_prec",
     "ref_seconds",

@@ -454,6 +454,8 @@ BOUND_COLUMNS = ("bound_ratio", "grad_bound_ratio", "bound_max", "bound_vacuous"
 # the low-bit papers' metrics of Y, and the share of p > 0 a low-bit cast sent to 0
 LOWBIT_COLUMNS = (*(f"y_{m}" for m in PAPER_METRICS), "p_underflow")
 EXPECTED_COLUMNS = ("expected_median", "expected_exceed", "expected_max", "expected_entries")
+# the same four figures over the entries of dQ, dK and dV together (runs with gradients)
+EXPECTED_GRAD_COLUMNS = tuple(x.replace("expected_", "expected_grad_") for x in EXPECTED_COLUMNS)
 GRADS = ("dq", "dk", "dv")
 
 
@@ -475,7 +477,7 @@ def _bound_columns(
     an entry far below the others, e.g. a gradient through weights ``e^{-700}``, has a bound
     far below the largest radius, and its own radius is as far below it).
     """
-    out = dict.fromkeys(BOUND_COLUMNS + EXPECTED_COLUMNS, math.nan)
+    out = dict.fromkeys(BOUND_COLUMNS + EXPECTED_COLUMNS + EXPECTED_GRAD_COLUMNS, math.nan)
     if mine is None:
         return out
     found = unit.bound(impl, case, grads)
@@ -493,15 +495,28 @@ def _bound_columns(
         sum(np.isinf(found[x]).sum() for x in names) / sum(found[x].size for x in names)
     )
     if isinstance(unit, (_Configured, _Foreign)):  # the expected error models no merge, no sink
-        error = np.abs((mine["y"] - reference.hi["y"]) - reference.lo["y"]) + reference.rad["y"]
-        out.update(expected_columns(error, unit.bound(impl, case, False, expected_bounds)["y"]))
+        expected = unit.bound(impl, case, len(names) > 1, expected_bounds)
+
+        def error(name: str) -> np.ndarray:
+            near = (mine[name] - reference.hi[name]) - reference.lo[name]
+            return np.abs(near) + reference.rad[name]
+
+        out.update(expected_columns(error("y"), expected["y"]))
+        if len(names) > 1:  # dQ, dK, dV together
+            errors = np.concatenate([error(x).ravel() for x in names[1:]])
+            limits = np.concatenate(
+                [np.broadcast_to(expected[x], mine[x].shape).ravel() for x in names[1:]]
+            )
+            found = expected_columns(errors, limits)
+            out.update({x.replace("expected_", "expected_grad_"): found[x] for x in found})
     return out
 
 
 def expected_columns(error: np.ndarray, expected: np.ndarray) -> dict[str, float]:
-    """Y's measured error over its expected error (:mod:`exactattn.error.expected_bounds`) per
-    entry: the median, the share of entries above 1, the largest, and how many entries
-    (``0/0`` counts as 0, as in :func:`exactattn.error.bounds.ratio`)."""
+    """A measured error over its expected error (:mod:`exactattn.error.expected_bounds`) per
+    entry (Y's; the ``expected_grad_*`` columns: dQ, dK, dV's entries together): the
+    median, the share of entries above 1, the largest, and how many entries (``0/0``
+    counts as 0, as in :func:`exactattn.error.bounds.ratio`)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(error == 0, 0.0, error / np.broadcast_to(expected, error.shape)).ravel()
     r = np.where(np.isnan(r), np.inf, r)

@@ -158,3 +158,66 @@ def widened(variant: Any, case: Case, ref: Reference, bound: dict[str, Any]) -> 
     for extra in extras:
         bound = {name: b + extra[name] if name in extra else b for name, b in bound.items()}
     return bound
+
+
+def split_variance(
+    case: Case, ref: Reference, out: Format, qsplit: int, block: int | None = None
+) -> dict[str, np.ndarray]:
+    """The variance the query-split parts add to the *expected* error of dK, dV (and dQ's
+    key-block parts), :mod:`exactattn.testing.suspicion`'s counterpart of
+    :func:`split_bound`: each of the ``P`` parts ``Z_t`` rounded to ``out`` and the parts
+    summed in it, every rounding an independent mean-zero variable of variance ``u_o²/3``:
+    ``u_o²/3·(Σ_t Z_t² + (P + 1)(Σ_t Z_t²/6 + (Σ_t Z_t)²/3))`` (the random-order partial
+    sums of :mod:`exactattn.error.expected_bounds`), the parts' exact values from the
+    definition (``p`` from the reference's lse, ``δ = G·Y`` from its Y), shaped like q, k, v
+    (a GQA group's heads summed)."""
+    held, g = ref.held, case.group
+    q, k, v, up = (held[x] for x in "qkvg")
+    if g > 1:
+        k, v = (np.repeat(x, g, axis=-3) for x in (k, v))
+    c = case.c()
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    rho = case.rho() if case.dropout_p else None
+    k_t, v_t = np.swapaxes(k, -1, -2), np.swapaxes(v, -1, -2)
+    keys = block if block else n_k
+    sums = {
+        "dq": [np.zeros((*batch, n_q, k.shape[-1])) for _ in range(2)],
+        "dk": [np.zeros((*batch, n_k, q.shape[-1])) for _ in range(2)],
+        "dv": [np.zeros((*batch, n_k, up.shape[-1])) for _ in range(2)],
+    }
+    for r0 in range(0, n_q, qsplit):  # one part of dK, dV per block of qsplit rows
+        r1 = min(r0 + qsplit, n_q)
+        strip = (..., slice(r0, r1), slice(None))
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = c * (q[strip] @ k_t)
+            if case.softcap is not None:
+                s = case.softcap * np.tanh(s / case.softcap)
+            for extra in (held.get("bias"), ref.program_bias):
+                if extra is not None:
+                    s = s + (extra if extra.shape[-2] == 1 else extra[strip])
+            s = np.where(case.allowed_rows(r0, r1), s, -np.inf)
+            lse = ref.near["lse"][..., r0:r1, None]
+            p = np.where(np.isfinite(lse), np.exp(np.minimum(s - lse, 0.0)), 0.0)
+        pr = p if rho is None else p * rho[strip]
+        delta = (up[strip] * ref.near["y"][strip]).sum(axis=-1)[..., None]
+        gam = p * ((up[strip] @ v_t) * (1.0 if rho is None else rho[strip]) - delta)
+        for name, part in (
+            ("dk", c * (np.swapaxes(gam, -1, -2) @ q[strip])),
+            ("dv", np.swapaxes(pr, -1, -2) @ up[strip]),
+        ):
+            sums[name][0] += part * part
+            sums[name][1] += part
+        for j0 in range(0, n_k, keys):  # dQ's parts: one per key block
+            part = c * (gam[..., j0 : j0 + keys] @ k[..., j0 : j0 + keys, :])
+            sums["dq"][0][strip] += part * part
+            sums["dq"][1][strip] += part
+    found = {}
+    for name, (squares, total) in sums.items():
+        parts = -(-n_k // keys) if name == "dq" else -(-n_q // qsplit)
+        var = out.u**2 / 3 * (squares + (parts + 1) * (squares / 6 + total * total / 3))
+        if g > 1 and name != "dq":
+            var = var.reshape((*var.shape[:-3], var.shape[-3] // g, g, *var.shape[-2:]))
+            var = var.sum(axis=-3)
+        found[name] = var
+    return found

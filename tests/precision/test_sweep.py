@@ -50,6 +50,11 @@ def test_tiny_sweep_writes_csv_plots_and_report(tiny_run):
         assert 0 < float(row["bound_ratio"]) <= 1
         assert 0 < float(row["grad_bound_ratio"]) <= 1
         assert float(row["bound_vacuous"]) == 0
+        if row["rounding"] == "nearest":  # every tiny point has gradients
+            assert (
+                0 < float(row["expected_grad_median"]) < 1 and float(row["expected_grad_max"]) < 3
+            )
+            assert float(row["expected_grad_entries"]) > float(row["expected_entries"])
     emulated = {row["config"]: (row["rounding"], row["granularity"]) for row in rows}
     assert emulated["emu8-rz"] == ("toward_zero", "op")
     assert emulated["emu8-rn"] == ("nearest", "op") and emulated["mp11"] == ("nearest", "scalar")
@@ -57,6 +62,7 @@ def test_tiny_sweep_writes_csv_plots_and_report(tiny_run):
     report = (tiny_run / "report.md").read_text()
     assert "What the numbers show" in report and "mp11" in report
     assert f"the bound held in {len(rows)} of {len(rows)} runs" in report
+    assert "Expected error (dQ, dK, dV, " in report and "Expected error (Y, " in report
     pngs = sorted(p.name for p in tiny_run.glob("*.png"))
     assert {"tiled_vs_naive.png", "bound_ratio.png", "bound_hist.png"} <= set(pngs)
     assert all((tiny_run / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
@@ -160,3 +166,31 @@ def test_every_preset_expands_to_known_knobs():
         assert points, name
         assert len({p.key for p in points}) == len(points)
         assert all(set(KNOBS) <= set(p.__dataclass_fields__) for p in points[:1])
+
+
+def test_the_gradient_summary_reads_results_without_its_columns():
+    """Results written before the gradients' columns (or without gradients) have no
+    gradient sentence; with them it pools the entries."""
+    from exactattn.precision.sweep_report import expected_summary
+
+    old = pd.DataFrame(
+        {
+            "status": ["ok"],
+            "rounding": ["nearest"],
+            "expected_median": [0.1],
+            "expected_exceed": [0.0],
+            "expected_max": [0.5],
+            "expected_entries": [8],
+        }
+    )
+    assert expected_summary(old, of="grad") == "" and expected_summary(old).startswith("Expected")
+    new = old.assign(
+        expected_grad_median=[0.2],
+        expected_grad_exceed=[0.5],
+        expected_grad_max=[1.5],
+        expected_grad_entries=[24],
+    )
+    line = expected_summary(pd.concat([new, new.assign(expected_grad_exceed=0.0)]), of="grad")
+    assert "(dQ, dK, dV, 2 runs rounding to nearest, 48 entries)" in line and "25% of" in line
+    with pytest.raises(ValueError, match="of must be 'y' or 'grad'"):
+        expected_summary(old, of="dq")
