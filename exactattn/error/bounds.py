@@ -961,6 +961,18 @@ def bounds(
     )  # fmt: skip
 
 
+def check_structure(stats: str, delta: str, row_block: int | None) -> None:
+    """A reverse's structure as :func:`bounds` takes it, or a ValueError naming the argument."""
+    if stats not in STATS:
+        raise ValueError(f"stats must be one of {STATS}; got {stats!r}")
+    if delta not in DELTAS:
+        raise ValueError(f"delta must be one of {DELTAS}; got {delta!r}")
+    if row_block is not None and (
+        isinstance(row_block, bool) or not isinstance(row_block, int) or row_block < 1
+    ):
+        raise ValueError(f"row_block must be an int >= 1 or None; got {row_block!r}")
+
+
 def bounds_max(
     arith: Arith,
     q: Any,
@@ -986,14 +998,7 @@ def bounds_max(
     if not reverses:
         raise ValueError("reverses must name at least one (stats, delta) structure")
     for stats, delta in reverses:
-        if stats not in STATS:
-            raise ValueError(f"stats must be one of {STATS}; got {stats!r}")
-        if delta not in DELTAS:
-            raise ValueError(f"delta must be one of {DELTAS}; got {delta!r}")
-    if row_block is not None and (
-        isinstance(row_block, bool) or not isinstance(row_block, int) or row_block < 1
-    ):
-        raise ValueError(f"row_block must be an int >= 1 or None; got {row_block!r}")
+        check_structure(stats, delta, row_block)
     if not isinstance(input_rounding, bool):
         raise TypeError(f"input_rounding must be a bool; got {input_rounding!r}")
     un = Units.of(arith, input_rounding)

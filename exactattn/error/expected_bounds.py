@@ -87,7 +87,7 @@ from typing import Any
 import numpy as np
 
 from . import bounds as rigorous
-from .bounds import DELTAS, EXP_ARG_ROUNDINGS, STATS, Arith
+from .bounds import EXP_ARG_ROUNDINGS, Arith
 
 CONFIDENCE = 3.0  # λ: the expected bound is λ standard deviations
 SHARED_SCALE_ROUNDINGS = 4  # ĉ = 1/sqrt(d) (two), log₂e and ĉ·log₂e (kernels using exp2)
@@ -136,14 +136,7 @@ def expected_bounds(
         raise ValueError(f"confidence must be a finite number > 0; got {confidence!r}")
     if not isinstance(arith, Arith):
         raise TypeError(f"arith must be an Arith; got {type(arith).__name__}")
-    if stats not in STATS:
-        raise ValueError(f"stats must be one of {STATS}; got {stats!r}")
-    if delta not in DELTAS:
-        raise ValueError(f"delta must be one of {DELTAS}; got {delta!r}")
-    if row_block is not None and (
-        isinstance(row_block, bool) or not isinstance(row_block, int) or row_block < 1
-    ):
-        raise ValueError(f"row_block must be an int >= 1 or None; got {row_block!r}")
+    rigorous.check_structure(stats, delta, row_block)
     keywords = dict(
         scale=scale,
         allowed=allowed,

@@ -41,6 +41,25 @@ MARGIN = 1 + 2.0**-30
 STRIP_ELEMENTS = 1 << 22  # score entries per strip of query rows (32 MB in float64)
 
 
+def strip_probabilities(
+    case: Case, ref: Reference, q: np.ndarray, k_t: np.ndarray, c: float, r0: int, r1: int
+) -> np.ndarray:
+    """``p_ij = e^{s_ij − lse_i}`` on query rows ``[r0, r1)`` from the definition: ``s = c·q·k``
+    (soft-capped, plus the bias and a program's bias, −∞ off ``A_i``) and the reference's
+    lse (0 on an empty row); ``k_t`` is ``kᵀ`` with the group's heads expanded."""
+    held, strip = ref.held, (..., slice(r0, r1), slice(None))
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = c * (q[strip] @ k_t)
+        if case.softcap is not None:
+            s = case.softcap * np.tanh(s / case.softcap)
+        for extra in (held.get("bias"), ref.program_bias):
+            if extra is not None:
+                s = s + (extra if extra.shape[-2] == 1 else extra[strip])
+        s = np.where(case.allowed_rows(r0, r1), s, -np.inf)
+        lse = ref.near["lse"][..., r0:r1, None]
+        return np.where(np.isfinite(lse), np.exp(np.minimum(s - lse, 0.0)), 0.0)
+
+
 def head_magnitudes(case: Case, ref: Reference) -> dict[str, np.ndarray]:
     """Upper bounds on ``|dQ|``, ``|dK_h|`` and ``|dV_h|`` per expanded head, ``(*batch, n, ·)``:
     ``|c|·Σ_j γ⁺_ij |k_j|``, ``|c|·Σ_i γ⁺_ij |q_i|`` and ``Σ_i p_ij |G_i|`` with ``p`` from the
@@ -62,16 +81,7 @@ def head_magnitudes(case: Case, ref: Reference) -> dict[str, np.ndarray]:
     for r0 in range(0, n_q, rows):
         r1 = min(r0 + rows, n_q)
         strip = (..., slice(r0, r1), slice(None))
-        with np.errstate(over="ignore", invalid="ignore"):
-            s = c * (q[strip] @ k_t)
-            if case.softcap is not None:
-                s = case.softcap * np.tanh(s / case.softcap)
-            for extra in (held.get("bias"), ref.program_bias):
-                if extra is not None:
-                    s = s + (extra if extra.shape[-2] == 1 else extra[strip])
-            s = np.where(case.allowed_rows(r0, r1), s, -np.inf)
-            lse = ref.near["lse"][..., r0:r1, None]
-            p = np.where(np.isfinite(lse), np.exp(np.minimum(s - lse, 0.0)), 0.0)
+        p = strip_probabilities(case, ref, q, k_t, c, r0, r1)
         if rho is not None:
             p = p * rho[strip]
         dp = np.abs(up[strip] @ v_t)
@@ -189,16 +199,7 @@ def split_variance(
     for r0 in range(0, n_q, qsplit):  # one part of dK, dV per block of qsplit rows
         r1 = min(r0 + qsplit, n_q)
         strip = (..., slice(r0, r1), slice(None))
-        with np.errstate(over="ignore", invalid="ignore"):
-            s = c * (q[strip] @ k_t)
-            if case.softcap is not None:
-                s = case.softcap * np.tanh(s / case.softcap)
-            for extra in (held.get("bias"), ref.program_bias):
-                if extra is not None:
-                    s = s + (extra if extra.shape[-2] == 1 else extra[strip])
-            s = np.where(case.allowed_rows(r0, r1), s, -np.inf)
-            lse = ref.near["lse"][..., r0:r1, None]
-            p = np.where(np.isfinite(lse), np.exp(np.minimum(s - lse, 0.0)), 0.0)
+        p = strip_probabilities(case, ref, q, k_t, c, r0, r1)
         pr = p if rho is None else p * rho[strip]
         delta = (up[strip] * ref.near["y"][strip]).sum(axis=-1)[..., None]
         gam = p * ((up[strip] @ v_t) * (1.0 if rho is None else rho[strip]) - delta)
