@@ -20,7 +20,8 @@ from exactattn.backends import NumpyContext
 from exactattn.core import hvp, masks, ops
 from tests.optional import requires
 
-from .helpers import dense_of, every_mask, inputs
+from . import definition
+from .helpers import inputs
 
 H = 1e-30  # the complex step
 ATOL = 1e-11
@@ -123,14 +124,53 @@ def library_hvp(q, k, v, g, tangents, **keywords):
 BATCH, N_Q, N_K = (2, 2), 5, 7
 
 
+def masks_with_definitions(rng, batch, n_q, n_k):
+    """Each mask kind beside its allowed set written from the definition
+    (:mod:`tests.core.definition`, not the library's masks), shaped ``(*batch, n_q, n_k)``;
+    kinds that leave a row with an empty ``A_i`` are dropped. ``batch`` is ``(B, H)``."""
+    i, j = definition.grid(n_q, n_k)
+    dense = rng.random((*batch, n_q, n_k)) < 0.5
+    dense[..., 0] = True
+    lengths = rng.integers(1, n_k + 1, size=batch[:1])
+    padded = definition.padding(n_q, n_k, lengths)
+    cases = {
+        "none": (None, np.ones((n_q, n_k), dtype=bool)),
+        "causal": (masks.causal(), definition.causal(n_q, n_k)),
+        "causal-bottom-right": (
+            masks.causal("bottom-right"), definition.causal(n_q, n_k, "bottom-right"),
+        ),
+        "window": (masks.sliding_window(left=2, right=1), definition.window(n_q, n_k, 2, 1)),
+        "window-bottom-right": (
+            masks.sliding_window(left=1, right=0, alignment="bottom-right"),
+            definition.window(n_q, n_k, 1, 0, "bottom-right"),
+        ),
+        "padding": (masks.key_padding(lengths), padded),
+        "dense": (dense, dense),
+        "predicate": (masks.predicate(lambda i, j: (i + j) % 3 != 1), (i + j) % 3 != 1),
+        "and": (
+            masks.and_masks(masks.key_padding(lengths), masks.causal()),
+            padded & definition.causal(n_q, n_k),
+        ),
+        "or": (
+            masks.or_masks(masks.sliding_window(0, 0), masks.predicate(lambda i, j: j == 0)),
+            definition.window(n_q, n_k, 0, 0) | (j == 0),
+        ),
+    }  # fmt: skip
+    out = {}
+    for name, (mask, allowed) in cases.items():
+        allowed = np.broadcast_to(allowed, (*batch, n_q, n_k))
+        if allowed.any(axis=-1).all():
+            out[name] = (mask, allowed)
+    return out
+
+
 @pytest.mark.parametrize("block_size", [1, 3, 8])
 def test_hvp_is_the_derivative_of_the_reverse_under_every_mask(block_size):
     rng = np.random.default_rng(block_size)
     q, k, v = inputs(rng, BATCH, N_Q, N_K, 3, 2)
     g = rng.standard_normal((*BATCH, N_Q, 2))
     t = random_tangents(rng, q, k, v, g)
-    for name, mask in every_mask(rng, BATCH, N_Q, N_K).items():
-        allowed = dense_of(mask, BATCH, N_Q, N_K)
+    for name, (mask, allowed) in masks_with_definitions(rng, BATCH, N_Q, N_K).items():
         want = reference_hvp(q, k, v, g, t, 0.7, allowed=allowed)
         got = library_hvp(q, k, v, g, t, scale=0.7, mask=mask, block_size=block_size)
         assert_hvp(got, want, f"mask {name}, b={block_size}")
@@ -143,7 +183,7 @@ def test_score_modifications_enter_with_their_second_derivative():
     t = random_tangents(rng, q, k, v, g)
     bias = rng.standard_normal((N_Q, N_K))
     mod = (lambda s: 3 * np.tanh(s / 3) + 0.1 * s * s, lambda s: 1 - np.tanh(s / 3) ** 2 + 0.2 * s)
-    causal = dense_of(masks.causal("bottom-right"), BATCH, N_Q, N_K)
+    causal = np.broadcast_to(definition.causal(N_Q, N_K, "bottom-right"), (*BATCH, N_Q, N_K))
 
     def score_mod(s, b, h, i, j):
         return ops.tanh(s / 3) * 3 + s * s * 0.1
@@ -207,7 +247,7 @@ def test_grouped_heads_broadcast_batch_and_zero_tangents():
     k, v = rng.standard_normal((2, 2, N_K, 3)), rng.standard_normal((2, 2, N_K, 2))
     g = rng.standard_normal((2, 4, N_Q, 2))
     t = (None, rng.standard_normal(k.shape), None, rng.standard_normal(g.shape))
-    causal = dense_of(masks.causal(), (2, 4), N_Q, N_K)
+    causal = np.broadcast_to(definition.causal(N_Q, N_K), (2, 4, N_Q, N_K))
     want = reference_hvp(q, k, v, g, t, 0.4, group=2, allowed=causal)
     keywords = dict(scale=0.4, mask=masks.causal(), enable_gqa=True)
     for b in (1, 4):
@@ -286,12 +326,11 @@ def test_row_runs_finish_in_any_order_under_every_mask(row_block):
     tile's second visit waits for its rows' σ, δ̇ (:func:`hvp.row_schedule`)."""
     rng = np.random.default_rng(20 + row_block)
     n_q, n_k = 7, 9
-    q, k, v = inputs(rng, (2,), n_q, n_k, 3, 2)
-    g = rng.standard_normal((2, n_q, 2))
+    q, k, v = inputs(rng, BATCH, n_q, n_k, 3, 2)
+    g = rng.standard_normal((*BATCH, n_q, 2))
     t = random_tangents(rng, q, k, v, g)
     ctx = NumpyContext("float64")
-    for name, mask in every_mask(rng, (2,), n_q, n_k).items():
-        allowed = dense_of(mask, (2,), n_q, n_k)
+    for name, (mask, allowed) in masks_with_definitions(rng, BATCH, n_q, n_k).items():
         want = reference_hvp(q, k, v, g, t, 0.7, allowed=allowed)
         for b in (2, 3):
             y, stats = ea.attention(q, k, v, return_stats=True, scale=0.7, mask=mask, block_size=b)
