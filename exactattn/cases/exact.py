@@ -40,7 +40,9 @@ REF_PREC = 160  # bits: far below the finest format judged (mpmath at 80 bits)
 class Reference:
     """The certified values of one case: per output the double-double midpoints ``hi + lo``
     and the radii ``rad`` (the exact value lies within ``rad`` of ``hi + lo``, entrywise),
-    the precision used, the time; ``case`` and ``held`` are the problem it answers."""
+    the precision used, the time; ``case`` and ``held`` are the problem it answers (``held``:
+    the inputs the variant judged received; a low-bit claim that states its quantiser is
+    answered at their quantisation, :meth:`exactattn.targets.Variant.reference_inputs`)."""
 
     enclosure: Any  # exactattn.oracle.certified.Enclosure (Ball.error, Ball.contains)
     case: Case

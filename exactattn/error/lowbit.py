@@ -94,6 +94,7 @@ class Scheme:
     pv_chunk: int | None = None
     reverse: bool = False
     running_max: bool = True
+    quantiser: str = "any"  # or "nearest": the rule of exactattn.error.nearest_quantiser
 
     def ctx(self) -> Any:
         from ..backends.lowbit_backend import LowbitContext
@@ -189,6 +190,14 @@ class Scheme:
         held_by = {x: getattr(self, x).number is not None for x in "qkv"}  # quantised or cast
         if not any(held_by.values()) and not (self.rotate or self.smooth_k or self.smooth_q):
             return base  # the inputs as given: nothing to charge
+        if self.exactly_quantised:
+            _, rels, each = self._nearest(inputs, base.compute.u)
+            return replace(
+                base,
+                quant_rel=max(rels.values()),
+                quant_abs=max(float(a.max(initial=0.0)) for a in each.values()),
+                quant_each=Entrywise(rels, each),
+            )
         held = self.hold(inputs)
         u = base.compute.u
         q, k = (np.abs(np.asarray(inputs[x], dtype=np.float64)) for x in "qk")
@@ -215,6 +224,64 @@ class Scheme:
             quant_abs=max(float(a.max(initial=0.0)) for a in each.values()),
             quant_each=Entrywise(rels, each),
         )
+
+    # --- the exact quantiser (quantiser="nearest") ------------------------------------------
+    @property
+    def exactly_quantised(self) -> bool:
+        """Whether this scheme states its quantiser (``nearest``) and quantises an input."""
+        return self.quantiser == "nearest" and any(getattr(self, x).number for x in "qkv")
+
+    def reference_inputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """The inputs exact attention is taken at when the quantiser is stated: ``x̃`` of
+        :mod:`exactattn.error.nearest_quantiser` for ``q, k, v`` (after the exact
+        transformations, keys in the case's order), the other entries of ``inputs`` as
+        given; None when it is not (the quantisation is then an error to bound)."""
+        if not self.exactly_quantised:
+            return None
+        values, _, _ = self._nearest(inputs, 2.0**-24)
+        if self.reverse:  # the reference reads the keys in the case's order
+            values = {**values, **{x: values[x][..., ::-1, :].copy() for x in "kv"}}
+        return {**inputs, **values}
+
+    def _nearest(
+        self, inputs: dict[str, np.ndarray], u: float
+    ) -> tuple[dict[str, np.ndarray], dict[str, float], dict[str, np.ndarray]]:
+        """``x̃`` per input and its error model against a kernel of unit roundoff ``u``
+        (:func:`exactattn.error.nearest_quantiser.hold`): the pre-quantisation values are
+        :meth:`exact`'s (float64); the kernel's own are within ``near`` of them: the
+        rotation in ``u`` and in float64 (:func:`_rotation_error`), K's mean in ``u`` and the
+        subtraction (``(n_k + 3)·u·r``, float64's too), Q's block mean and its subtraction
+        (``3u·r``), which the kernel adds back, so Q's values are off by it too, and
+        ``x̃ = fl(q̃ + q̄)`` by float64's ``u`` (``r``: the largest entry before smoothing,
+        rotated where the scheme rotates)."""
+        from . import nearest_quantiser
+
+        exact, _, rotation_64 = self.exact(inputs)
+        values, rels, each = {}, {}, {}
+        for name, operand in (("q", self.q), ("k", self.k), ("v", self.v)):
+            x, original = exact[name], np.asarray(inputs[name], dtype=np.float64)
+            near = 0.0
+            if self.rotate and name in "qk":
+                near += _rotation_error(np.abs(original), u) + rotation_64
+                original = original @ rotation(original.shape[-1])
+            top = float(np.abs(original).max(initial=0.0)) + near  # every entry before smoothing
+            if self.smooth_k and name == "k":
+                near += ((x.shape[-2] + 3) * (u + FLOAT64_U) * 1.01 + 2 * u) * 2 * top
+            mean, shift = None, 0.0
+            if self.smooth_q and name == "q":
+                mean = _block_mean(x, self.smooth_q)
+                shift = 3 * (u + FLOAT64_U) * top * 1.01
+                near += shift
+                x = x - mean
+            got = nearest_quantiser.hold(
+                operand.number, operand.granularity, operand.block, operand.scale, x, near, u
+            )
+            values[name], rels[name], each[name] = got.values, got.rel, got.each
+            if mean is not None:
+                values[name] = got.values + mean
+                rels[name] = got.rel + FLOAT64_U
+                each[name] = got.each + shift * (1 + got.rel)
+        return values, rels, each
 
     @property
     def ulp_format(self) -> str:
@@ -306,6 +373,7 @@ SCHEMES: dict[str, Scheme] = {
             "fa3-fp8-tensor",
             "FlashAttention-3 (arXiv:2407.08608) §4.3 'baseline FP8': per-tensor e4m3 Q, K, V, "
             "p cast to e4m3, fp32 accumulators",
+            quantiser="nearest",
             q=Operand("e4m3"),
             k=Operand("e4m3"),
             v=Operand("e4m3"),
@@ -314,6 +382,7 @@ SCHEMES: dict[str, Scheme] = {
         Scheme(
             "fa3-fp8-block",
             "FlashAttention-3 §3.3 block quantisation (one e4m3 scale per block of 128 rows)",
+            quantiser="nearest",
             q=Operand("e4m3", "block", FP8_BLOCK),
             k=Operand("e4m3", "block", FP8_BLOCK),
             v=Operand("e4m3", "block", FP8_BLOCK),
@@ -323,6 +392,7 @@ SCHEMES: dict[str, Scheme] = {
             "fa3-fp8-block-hadamard",
             "FlashAttention-3 §3.3 block quantisation + incoherent processing (random "
             "Hadamard rotation of Q and K)",
+            quantiser="nearest",
             q=Operand("e4m3", "block", FP8_BLOCK),
             k=Operand("e4m3", "block", FP8_BLOCK),
             v=Operand("e4m3", "block", FP8_BLOCK),
@@ -333,6 +403,7 @@ SCHEMES: dict[str, Scheme] = {
             "sage1",
             "SageAttention (arXiv:2410.02367) §4: INT8 Q, K per block (b_q = 128, b_kv = 64) "
             "with K smoothing; P and V in fp16 with an fp16 accumulator (§4.4)",
+            quantiser="nearest",
             q=Operand("int8", "block", SAGE_Q),
             k=Operand("int8", "block", SAGE_K),
             v=Operand("float16"),
@@ -345,6 +416,7 @@ SCHEMES: dict[str, Scheme] = {
             "SageAttention2 (arXiv:2411.10958) §3–4: INT8 Q, K per thread (groups of 16 rows) "
             "with Q (per 128-row block) and K smoothing; e4m3 V per channel, P scaled by 448 "
             "to e4m3; P·V in FP22 per 32 keys into an FP32 buffer (two-level, §4.4)",
+            quantiser="nearest",
             q=Operand("int8", "block", SAGE_THREAD),
             k=Operand("int8", "block", SAGE_THREAD),
             v=Operand("e4m3", "channel"),
@@ -359,6 +431,7 @@ SCHEMES: dict[str, Scheme] = {
             "sage2-int8-fp22",
             "SageAttention2 as sage2-int8 but P·V accumulated in the FP22 accumulator over the "
             "whole key block (what §4.4's two-level accumulation avoids)",
+            quantiser="nearest",
             q=Operand("int8", "block", SAGE_THREAD),
             k=Operand("int8", "block", SAGE_THREAD),
             v=Operand("e4m3", "channel"),
@@ -372,6 +445,7 @@ SCHEMES: dict[str, Scheme] = {
             "sage2-int4",
             "SageAttention2 §3.3: INT4 Q, K per thread with Q and K smoothing; e4m3 V and P, "
             "two-level FP22/FP32 accumulation",
+            quantiser="nearest",
             q=Operand("int4", "block", SAGE_THREAD),
             k=Operand("int4", "block", SAGE_THREAD),
             v=Operand("e4m3", "channel"),
@@ -386,6 +460,7 @@ SCHEMES: dict[str, Scheme] = {
             "sage3-nvfp4",
             "SageAttention3 (arXiv:2505.11594) §3: NVFP4 Q, K, V (e2m1, e4m3 scale per 16, fp32 "
             "tensor scale) with K smoothing; P in NVFP4 per 16 keys; fp32 accumulation",
+            quantiser="nearest",
             q=NVFP4,
             k=NVFP4,
             v=NVFP4,
@@ -395,6 +470,7 @@ SCHEMES: dict[str, Scheme] = {
         Scheme(
             "mxfp4",
             "OCP MX v1.0 MXFP4 Q, K, V (e2m1, e8m0 scale per 32), p cast to e4m3",
+            quantiser="nearest",
             q=MXFP4,
             k=MXFP4,
             v=MXFP4,

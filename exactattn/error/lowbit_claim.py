@@ -19,6 +19,12 @@ The fields (each ``KEY=VALUE`` of a claim, :data:`exactattn.targets.CLAIM_FIELDS
 * ``rotate`` — ``hadamard`` (FlashAttention-3's incoherent processing) or ``no``;
 * ``p`` — the cast of ``p`` before ``p·V`` (:data:`P_CASTS`) and ``p_scale``, its static
   scale ``S`` (``p ↦ fl(p·S)/S``; default 1);
+* ``quantiser`` — ``any`` (the default: any quantiser within each group's error; the bound
+  charges it) or ``nearest``: the kernel computes each group's scale by its scale format's
+  rule (``amax/max_F`` in fp32, MX's ``2^{⌊log₂ amax⌋ − e_max}``, NVFP4's two levels) and
+  rounds ``x/s`` to nearest, saturating, so exact attention is taken at the quantised inputs
+  themselves and only the kernel's arithmetic after them is bounded
+  (:mod:`exactattn.error.nearest_quantiser`); it needs a quantised ``q``, ``k`` or ``v``;
 * ``pv_acc`` — the ``p·V`` accumulator (:data:`ACCUMULATORS`: ``fp32``, ``fp16``, ``fp22``
   truncating, ``fp22-rn``) and ``pv_chunk``, the terms it sums before each addition into an
   fp32 buffer (two-level accumulation).
@@ -43,7 +49,8 @@ NAMED = {"nvfp4": NVFP4, "mxfp4": MXFP4}
 GRANULARITIES = ("tensor", "head", "token", "channel", "block<r>", "group<g>")
 P_CASTS = ("e4m3", "e5m2", "e2m1", "fp16", "nvfp4")
 ACCUMULATORS = ("fp32", "fp16", "fp22", "fp22-rn")
-LOWBIT_FIELDS = ("q", "k", "v", "smooth", "rotate", "p_scale", "pv_chunk")
+LOWBIT_FIELDS = ("q", "k", "v", "smooth", "rotate", "p_scale", "pv_chunk", "quantiser")
+QUANTISERS = ("any", "nearest")
 _CAST_NAMES = {"fp16": "float16", "float16": "float16"}
 
 
@@ -135,6 +142,10 @@ def parse_value(key: str, value: str) -> Any:
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"--claim p_scale must be a finite number > 0; got {value!r}")
         return scale
+    if key == "quantiser":
+        if value not in QUANTISERS:
+            raise ValueError(f"--claim quantiser={value!r}: use one of {QUANTISERS}")
+        return value
     if key == "pv_chunk":
         if not re.fullmatch(r"[1-9]\d*", value):
             raise ValueError(f"--claim pv_chunk must be an integer >= 1; got {value!r}")
@@ -165,6 +176,7 @@ def scheme_of(claim: Any) -> Scheme | None:
         p_scale=claim.p_scale or 1.0,
         pv_acc=accumulator_name(claim.pv_acc),
         pv_chunk=claim.pv_chunk,
+        quantiser=claim.quantiser or "any",
     )
 
 
@@ -198,6 +210,8 @@ def claim_text(scheme: Scheme) -> str:
         parts.append(f"pv_acc={scheme.pv_acc}")
     if scheme.pv_chunk is not None:
         parts.append(f"pv_chunk={scheme.pv_chunk}")
+    if scheme.exactly_quantised:
+        parts.append("quantiser=nearest")
     return ",".join(parts)
 
 

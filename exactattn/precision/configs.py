@@ -101,9 +101,13 @@ class Config:
         return {x: quantize_per_tensor(a, self.quantize) for x, a in inputs.items()}
 
     def exact(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The float64 inputs the bound is taken on: a scheme's exact transformations of
-        them (the same exact attention), else the inputs."""
-        return inputs if self.scheme is None else self.scheme.exact(inputs)[0]
+        """The float64 inputs the bound is taken on: a scheme's quantised inputs where it
+        states its quantiser (:meth:`~exactattn.error.lowbit.Scheme.reference_inputs`; the
+        bound is then of the distance to exact attention there), else its exact
+        transformations of them (the same exact attention), else the inputs."""
+        if self.scheme is None:
+            return inputs
+        return self.scheme.reference_inputs(inputs) or self.scheme.exact(inputs)[0]
 
 
 @functools.cache

@@ -118,11 +118,25 @@ class _Configured:
         measure = getattr(self.ctx, "measures", None)
         return measure() if measure is not None else {}
 
+    def quantised_reference(self, case: Case) -> Reference | None:
+        """Exact attention (float64 certified, arb where it cannot serve) at the quantised
+        inputs of a scheme that states its quantiser (None for any other configuration):
+        :meth:`bound` is then of the distance to it, and the sweep adds its distance to the
+        case's exact answer (:func:`_bound_columns`)."""
+        scheme = self.config.scheme
+        given = {x: getattr(case, x) for x in "qkv"}
+        at = None if scheme is None else scheme.reference_inputs(given)
+        if at is None:
+            return None
+        at = {**at, "bias": case.bias} if case.bias is not None else at
+        return fast(case, at, grads=False) or certified(case, at, grads=False)
+
     def bound(self, impl: str, case: Case, grads: bool, of: Any = bounds.bounds) -> dict:
         """The tiled reverse freezes ``m, ℓ`` and reads ``δ = G·Y``; naive attention is one
         block of ``n`` keys with ``δ`` summed over ``P``; every row in one reverse tile
         (``of``: :func:`exactattn.error.bounds.bounds`, or the expected error of
-        :func:`exactattn.error.expected_bounds.expected_bounds`)."""
+        :func:`exactattn.error.expected_bounds.expected_bounds`); a scheme that states its
+        quantiser: of the distance to :meth:`quantised_reference`."""
         tiled = impl == "tiled"
         n = case.sizes["n_k"]
         given = {x: getattr(case, x) for x in "qkv"}
@@ -457,6 +471,9 @@ EXPECTED_COLUMNS = ("expected_median", "expected_exceed", "expected_max", "expec
 # the same four figures over the entries of dQ, dK and dV together (runs with gradients)
 EXPECTED_GRAD_COLUMNS = tuple(x.replace("expected_", "expected_grad_") for x in EXPECTED_COLUMNS)
 GRADS = ("dq", "dk", "dv")
+# a scheme that states its quantiser: its error against exact attention at the quantised
+# inputs over the bound of it, and the largest distance of that attention to the case's
+QUANTISED_COLUMNS = ("arith_bound_ratio", "quant_shift_max")
 
 
 def _bound_columns(
@@ -469,7 +486,10 @@ def _bound_columns(
 ) -> dict[str, float]:
     """Measured error over the bound: ``bound_ratio`` (Y), ``grad_bound_ratio`` (the worst
     of dQ, dK, dV), the largest bound on Y and the share of entries whose bound is infinite
-    (the arithmetic cannot resolve them: only finiteness is checked there).
+    (the arithmetic cannot resolve them: only finiteness is checked there). A scheme that
+    states its quantiser is bounded by the distance to exact attention at its quantised
+    inputs ``x̃`` plus that attention's certified distance to the case's (``QUANTISED_COLUMNS``
+    give the first ratio alone and the largest distance).
 
     The bound is :func:`exactattn.error.bounds.bounds` on the exact float64 inputs with
     ``input_rounding`` (the run rounds them to its storage first). The error is the
@@ -477,10 +497,21 @@ def _bound_columns(
     an entry far below the others, e.g. a gradient through weights ``e^{-700}``, has a bound
     far below the largest radius, and its own radius is as far below it).
     """
-    out = dict.fromkeys(BOUND_COLUMNS + EXPECTED_COLUMNS + EXPECTED_GRAD_COLUMNS, math.nan)
+    out = dict.fromkeys(
+        BOUND_COLUMNS + EXPECTED_COLUMNS + EXPECTED_GRAD_COLUMNS + QUANTISED_COLUMNS, math.nan
+    )
     if mine is None:
         return out
     found = unit.bound(impl, case, grads)
+    at = unit.quantised_reference(case) if isinstance(unit, _Configured) else None
+    shift = 0.0
+    if at is not None:  # |Ŷ − Y| ≤ B(x̃) + |Y(x̃) − Y|: the quantisation's own effect, certified
+        near = (at.hi["y"] - reference.hi["y"]) + (at.lo["y"] - reference.lo["y"])
+        shift = np.abs(near) + at.rad["y"] + reference.rad["y"]
+        error = np.abs((mine["y"] - at.hi["y"]) - at.lo["y"]) + at.rad["y"]
+        out["arith_bound_ratio"] = bounds.ratio(error, found["y"])
+        out["quant_shift_max"] = float(np.max(shift, initial=0.0))
+        found = {**found, "y": found["y"] + shift}
 
     def ratio(name: str) -> float:
         error = np.abs((mine[name] - reference.hi[name]) - reference.lo[name])
@@ -496,6 +527,7 @@ def _bound_columns(
     )
     if isinstance(unit, (_Configured, _Foreign)):  # the expected error models no merge, no sink
         expected = unit.bound(impl, case, len(names) > 1, expected_bounds)
+        expected = {**expected, "y": expected["y"] + shift}  # the quantisation's, as is
 
         def error(name: str) -> np.ndarray:
             near = (mine[name] - reference.hi[name]) - reference.lo[name]

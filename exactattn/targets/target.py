@@ -88,7 +88,8 @@ class Claim:
     (``e4m3``, ``nvfp4``) with its static scale ``p_scale``, ``pv_acc`` (also ``fp22``) and
     ``pv_chunk``; the kernel is given the case's inputs and quantises them itself, and the
     quantisation is charged to the one :class:`~exactattn.error.bounds.Arith`
-    (:meth:`scheme`).
+    (:meth:`scheme`); with ``quantiser=nearest`` the quantiser is stated, and the reference
+    is taken at the quantised inputs instead (:meth:`Variant.reference_inputs`).
     """
 
     input: str | None = None
@@ -109,6 +110,7 @@ class Claim:
     rotate: str | None = None
     p_scale: float | None = None
     pv_chunk: int | None = None
+    quantiser: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Claim:
@@ -150,6 +152,11 @@ class Claim:
                 values[key] = canonical_name(value) if value in ("fp32", "fp16") else value
             else:
                 values[key] = canonical_name(value)
+        if values.get("quantiser") == "nearest" and not any(x in values for x in "qkv"):
+            raise ValueError(
+                "--claim quantiser=nearest states how q, k or v are quantised: give one of "
+                "q=, k=, v= (e4m3:block128, int8:token, nvfp4, …)"
+            )
         return cls(**values)
 
     def arith(self, block: int | None) -> Arith:

@@ -168,13 +168,25 @@ class Variant:
         rel, abs_ = options.quantisation(inputs, self.dtype)
         return replace(arith, quant_rel=rel, quant_abs=abs_)
 
+    def reference_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """The inputs the exact answer is taken at, for ``inputs`` as this variant receives
+        them: a low-bit claim that states its quantiser (``quantiser=nearest``) is asked for
+        exact attention at the quantised inputs (:meth:`~exactattn.error.lowbit.Scheme.
+        reference_inputs`); every other claim for exact attention at ``inputs``."""
+        scheme = self.claim.scheme()
+        at = None if scheme is None else scheme.reference_inputs(inputs)
+        return inputs if at is None else at
+
     def bound_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """The inputs the bound is taken on: a low-bit claim's exact transformations of
-        ``q, k, v`` (rotation, smoothing: the same exact attention,
+        """The inputs the bound is taken on (``inputs`` as received): a stated quantiser's
+        quantised inputs (:meth:`reference_inputs`), else a low-bit claim's exact
+        transformations of ``q, k, v`` (rotation, smoothing: the same exact attention,
         :meth:`~exactattn.error.lowbit.Scheme.exact`), else ``inputs``."""
         scheme = self.claim.scheme()
         if scheme is None:
             return inputs
+        if scheme.exactly_quantised:
+            return self.reference_inputs(inputs)
         exact = scheme.exact({x: inputs[x] for x in "qkv"})[0]
         return {**inputs, **{x: exact[x] for x in "qkv"}}
 

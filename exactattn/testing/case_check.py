@@ -64,7 +64,7 @@ def wants(variant: Variant, case: Case, sampled: bool = True) -> bool:
 def check_case(case: Case, variants: list[Variant], options: Options = Options()) -> list[Finding]:
     """Every variant's finding on ``case`` (see the module docstring)."""
     references: dict[bytes, Reference] = {}
-    baselines: dict[tuple[str, bool], dict[str, dict[str, float]]] = {}
+    baselines: dict[tuple[str, bool, bytes], dict[str, dict[str, float]]] = {}
     findings = []
     for variant in variants:
         if case.dtype is not None and case.dtype != variant.dtype:
@@ -78,30 +78,38 @@ def check_case(case: Case, variants: list[Variant], options: Options = Options()
         grads_skipped = variant.grads_unsupported() if options.grads else ""
         grads = options.grads and not grads_skipped
         held = variant.held(case)
-        key = b"".join(x.tobytes() for x in held.values())
+        at = variant.reference_inputs(held)  # held, or a stated quantiser's quantised inputs
+        key = b"".join(x.tobytes() for x in (*held.values(), *at.values()))
         if key not in references:
-            served = fast(case, held) if options.fast_reference else None
-            references[key] = served or certified(case, held)
+            served = fast(case, at) if options.fast_reference else None
+            references[key] = answering(served or certified(case, at), held)
         ref, allowed = references[key], None
         if ref.served == "float64":  # it serves only below 2^-20 of this variant's tolerance
             allowed = bounds(variant, ref)
             if not serves(ref, allowed.bound):
-                ref = references[key] = certified(case, held)
+                ref = references[key] = answering(certified(case, at), held)
         if ref.unbounded and not variant.target.options.enclosure:
             findings.append(Finding(variant.name, "skip", ref.unbounded, dtype=variant.dtype))
             continue
         finding, outputs = run_and_judge(variant, case, held, ref, grads, allowed)
-        finding.reference = ref.served
+        finding.reference, finding.quantised = ref.served, at is not held
         finding.grads_skipped = grads_skipped or finding.grads_skipped  # or a derived output's
         if finding.status == "ok" and options.determinism:
             finding.deterministic = _deterministic(variant, case, held, grads, outputs)
         if finding.status == "ok" and options.baselines:
-            memo = (variant.dtype, grads)
-            if memo not in baselines:
-                baselines[memo] = baseline_errors(case, variant.dtype, held, ref, grads)
+            memo = (variant.dtype, grads, key)
+            if memo not in baselines:  # on the inputs the reference answers (the same exact Y)
+                baselines[memo] = baseline_errors(case, variant.dtype, at, ref, grads)
             finding.baseline = baselines[memo]
         findings.append(finding)
     return findings
+
+
+def answering(ref: Reference, held: dict[str, np.ndarray]) -> Reference:
+    """``ref`` as the reference of a variant that received ``held`` (its tolerance is derived
+    from what the variant received, :func:`.tolerance.bounds`), where ``ref`` was taken at the
+    quantised inputs a stated quantiser asks for (:meth:`Variant.reference_inputs`)."""
+    return ref if ref.held is held else dataclasses.replace(ref, held=held)
 
 
 def run_and_judge(
@@ -198,8 +206,9 @@ def baseline_names(dtype: str) -> tuple[str, str] | None:
 def baseline_errors(
     case: Case, dtype: str, held: dict[str, np.ndarray], ref: Reference, grads: bool
 ) -> dict[str, dict[str, float]]:
-    """Normwise errors of the two baselines on the same held inputs (empty when the dtype
-    has none, e.g. bfloat16 without torch)."""
+    """Normwise errors of the two baselines on the same held inputs (those the reference
+    answers: a stated quantiser's quantised inputs; empty when the dtype has none, e.g.
+    bfloat16 without torch)."""
     names = baseline_names(dtype)
     if names is None:
         return {}

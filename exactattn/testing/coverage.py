@@ -36,6 +36,10 @@ LEGEND = (
     "b = claimed key-block size; ≥2/≥8 blocks: ceil(n_k/b); n_k%b≠0: partial tail block; "
     "float64 ref: served by the float64 reference (else arb)"
 )
+QUANTISED = (
+    "reference: exact attention at the inputs as the claim's stated quantiser "
+    "(quantiser=nearest) quantises them, in {} cases"
+)
 TABLE_LEGEND = (
     "run/skip/fail: cases; fwd, grad max: normwise error (grad: dQ, dK, dV); ulps: at max|Y|;"
     " /naive, /FA-2: median error ratios; vacuous: bound ≥ the output's largest value told from 0"
@@ -82,6 +86,7 @@ def tally(counts: dict[str, Counter], finding: Any, draw: Any) -> None:
     c["largest"] = max(c["largest"], draw.n_q, draw.n_k)
     c["vacuous"] += bool(finding.vacuous)
     c["float64"] += finding.reference == "float64"
+    c["quantised"] += finding.quantised
     for key in finding.covered:  # read off the built case (a KV cache's resolved layout)
         c[f"iface {key}"] += 1
 
@@ -93,6 +98,7 @@ def rows(counts: dict[str, Counter], variants: list[str]) -> list[dict[str, Any]
         c = counts.get(name, Counter())
         n = c["judged"]
         row: dict[str, Any] = {"variant": name, **{key: c[key] for _, key in COLUMNS}}
+        row["quantised"] = c["quantised"]
         for key in ("vacuous", "float64"):
             row[key] = c[key] / n if n else math.nan
         row["paths"] = {
@@ -128,6 +134,8 @@ def table(counts: dict[str, Counter], variants: list[str]) -> list[str]:
             lines.append(f"  {'':<26} paths: {paths}")
         if row["interfaces"]:
             lines.append(f"  {'':<26} interfaces: {_paths(row, 'interfaces')}")
+        if row["quantised"]:
+            lines.append(f"  {'':<26} {QUANTISED.format(row['quantised'])}")
     lines.append(f"  {LEGEND}")
     return lines
 
@@ -140,6 +148,8 @@ def markdown(counts: dict[str, Counter], variants: list[str]) -> list[str]:
         paths = _paths(row)
         if row["interfaces"]:
             paths += f"; interfaces: {_paths(row, 'interfaces')}"
+        if row["quantised"]:
+            paths += f"; {QUANTISED.format(row['quantised'])}"
         cells = " | ".join(_cell(row[key]) for _, key in COLUMNS)
         lines.append(f"| {row['variant']} | {cells} | {paths} |")
     return [*lines, "", LEGEND + "."]

@@ -63,6 +63,7 @@ class Finding:
     block_size: int | None = None  # the key-block size the bound assumed
     own_block: bool = False  # the target tiles with the case's block size (exactattn's own)
     reference: str = ""  # which certified reference served: "arb" or "float64"
+    quantised: bool = False  # judged at the quantised inputs its claim's stated quantiser defines
     expected: float = math.nan  # Y's largest |error| / expected error (.suspicion)
     suspicious: str = ""  # why an ok finding is SUSPICIOUS (never a failure)
     covered: tuple[str, ...] = ()  # what the case covered of the interfaces (.coverage)

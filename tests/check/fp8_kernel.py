@@ -1,6 +1,6 @@
 """A user's FP8 attention kernel, written as a kernel author would (torch, SDPA's signature),
 and its broken twin: the check must pass the one under its one-line claim
-(:data:`CLAIM`) and fail the other.
+(:data:`CLAIM`, which states its quantiser) and fail the other.
 
 What it does (FlashAttention-3's FP8 forward, §3.3, in plain torch): Q, K and V quantised
 to e4m3 with one fp32 scale per block of :data:`BLOCK` rows (``amax/448``, clamped to ±448
@@ -17,7 +17,9 @@ import torch
 
 BLOCK = 64
 E4M3_MAX = 448.0
-CLAIM = "q=e4m3:block64,k=e4m3:block64,v=e4m3:block64,p=e4m3,acc=fp32,block=64"
+# its quantiser stated (amax/448 per block, to nearest): judged at its quantised inputs
+CLAIM = "q=e4m3:block64,k=e4m3:block64,v=e4m3:block64,p=e4m3,acc=fp32,block=64,quantiser=nearest"
+CLAIM_ANY = CLAIM.removesuffix(",quantiser=nearest")  # any quantiser within e4m3's error
 SUPPORTS = "dropout=no,gqa=no,empty_rows=no,grads=no"
 
 

@@ -2,7 +2,8 @@
 pass on theirs, a user's FP8 kernel (:mod:`.fp8_kernel`) on a one-line claim, and one broken
 twin per feature of the claim grammar fails where its correct twin passes:
 
-* a block scale taken from the wrong block (the user's FP8 kernel);
+* a block scale taken from the wrong block (the user's FP8 kernel; FAIL where its claim states
+  its quantiser, SUSPICIOUS where not);
 * ``p`` cast without its scale ``S`` (``pcast-fwd-s256``'s claim, run with ``S = 1``);
 * an FP22 ``p·V`` accumulator summing more terms than its claimed chunk;
 * Q smoothing whose mean is not added back (``sage2-int8``).
@@ -48,14 +49,15 @@ def _case(inputs, block, **keywords) -> Case:
 
 
 # --- the user's FP8 kernel -----------------------------------------------------------------
-def test_a_users_fp8_kernel_passes_its_one_line_claim():
+@pytest.mark.parametrize("claim", ["CLAIM", "CLAIM_ANY"])
+def test_a_users_fp8_kernel_passes_its_one_line_claim(claim):
     requires("torch")
     from . import fp8_kernel
 
     result = assert_attention_close(
         fp8_kernel.fp8_attention,
         convention="sdpa",
-        claim=fp8_kernel.CLAIM,
+        claim=getattr(fp8_kernel, claim),
         supports=fp8_kernel.SUPPORTS,
         examples=25,
         dtypes=("float32",),
@@ -67,27 +69,31 @@ def test_a_users_fp8_kernel_passes_its_one_line_claim():
     assert sum(c["ok"] for c in result.report.counts.values()) >= 20
 
 
-def _fp8_target(bug):
+def _fp8_target(bug, claim_text):
     from . import fp8_kernel
 
     fn = functools.partial(fp8_kernel.fp8_attention, bug=bug)
     caps = targets.Capabilities.parse(fp8_kernel.SUPPORTS, targets.user_capabilities("sdpa"))
-    claim = targets.Claim.parse(fp8_kernel.CLAIM)
+    claim = targets.Claim.parse(claim_text)
     return targets.from_callable(fn, convention="sdpa", claim=claim, supports=caps)
 
 
 def test_a_block_scale_from_the_wrong_block_fails():
     """Two blocks of 64 keys, the second's values 8 times larger: divided by the first
-    block's scale and clamped to ±448, they saturate. The rigorous bound, a worst case that
-    charges every entry e4m3's 1/16 (and the largest group's s·μ), is near vacuous here: the
-    twin is caught as SUSPICIOUS (1.37 where 3σ of the expected error is 0.21)."""
+    block's scale and clamped to ±448, they saturate. With the quantiser stated the check
+    takes exact attention at the quantised inputs the claim defines, and the twin's are
+    not those: FAIL. Unstated, the rigorous bound charges every entry e4m3's 1/16 (and the
+    largest group's s·μ) and is near vacuous here: the twin is only SUSPICIOUS (1.37 where
+    3σ of the expected error is 0.21; the rigorous bound 7.1, the largest |Y| 8.4)."""
     requires("torch")
+    from . import fp8_kernel
+
     inputs = {x: a[None, None].copy() for x, a in make_inputs("normal", 128, 8, 0).items()}
     inputs["v"][..., 64:, :] *= 8
     case = _case(inputs, 64)
-    assert _status(_fp8_target(None), case) == "ok"
-    # the rigorous bound (7.1, the largest |Y| 8.4) lets it through; the expected error not
-    assert _status(_fp8_target("wrong-block-scale"), case) == "suspicious"
+    for claim, caught in ((fp8_kernel.CLAIM, "fail"), (fp8_kernel.CLAIM_ANY, "suspicious")):
+        assert _status(_fp8_target(None, claim), case) == "ok"
+        assert _status(_fp8_target("wrong-block-scale", claim), case) == caught
 
 
 # --- the built-in schemes' features ----------------------------------------------------------

@@ -49,6 +49,8 @@ def test_a_schemes_claim_is_its_arithmetic(name):
         ("p_scale=-1", r"p_scale must be a finite number > 0"),
         ("pv_chunk=0", r"pv_chunk must be an integer >= 1"),
         ("pv_acc=fp8", r"unknown accumulator.*'fp32', 'fp16', 'fp22', 'fp22-rn'"),
+        ("q=e4m3,quantiser=exact", r"quantiser='exact'.*'any', 'nearest'"),
+        ("p=e4m3,quantiser=nearest", r"quantiser=nearest states how q, k or v are quantised"),
     ],
 )
 def test_malformed_fields_list_the_valid_values(text, says):
