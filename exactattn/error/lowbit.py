@@ -1,5 +1,11 @@
 """Low-bit attention schemes as precision policies over the one tiled algorithm.
 
+A scheme's ``quantiser`` is ``any`` (any quantisation within each group's error: charged
+to the bound as an error of the inputs) or ``nearest``: the rule is stated (scales by the
+scale format's rule, ``x/s`` to nearest), so the quantised inputs are known
+(:meth:`Scheme.reference_inputs`, :mod:`exactattn.error.nearest_quantiser`) and exact
+attention is taken there; the built-in schemes that quantise state theirs.
+
 A :class:`Scheme` says how a kernel holds ``Q, K, V`` (quantisation of each, by
 :mod:`exactattn.backends.quantize`), which exact transformations it applies first, and the context
 (:class:`~exactattn.backends.lowbit_backend.LowbitContext`) the tiled algorithm of
@@ -186,7 +192,9 @@ class Scheme:
         shift by up to ``(n_k + 1)·u·max|k|`` that the bound, taken on the float64-smoothed
         keys, sees as error) and the subtraction (``u``); Q's subtraction and mean added back
         (``3u·max|q|``); the rotation's sums (``(h + 2)·u·‖x_i‖₁/√h``,
-        :func:`_rotation_error` at ``u``)."""
+        :func:`_rotation_error` at ``u``). A scheme that states its quantiser
+        (:attr:`exactly_quantised`) is charged instead what separates a kernel's held inputs
+        from :meth:`reference_inputs` (:meth:`_nearest`): the bound is then taken there."""
         held_by = {x: getattr(self, x).number is not None for x in "qkv"}  # quantised or cast
         if not any(held_by.values()) and not (self.rotate or self.smooth_k or self.smooth_q):
             return base  # the inputs as given: nothing to charge
@@ -266,7 +274,7 @@ class Scheme:
                 original = original @ rotation(original.shape[-1])
             top = float(np.abs(original).max(initial=0.0)) + near  # every entry before smoothing
             if self.smooth_k and name == "k":
-                near += ((x.shape[-2] + 3) * (u + FLOAT64_U) * 1.01 + 2 * u) * 2 * top
+                near += ((x.shape[-2] + 3) * (u + FLOAT64_U) * 1.01 + 2 * u) * top
             mean, shift = None, 0.0
             if self.smooth_q and name == "q":
                 mean = _block_mean(x, self.smooth_q)

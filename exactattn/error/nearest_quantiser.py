@@ -18,10 +18,12 @@ charges only what separates the kernel's ``x̂`` from ``x̃``:
   is off by the distance to the farther candidate too: ``|x̂ − x̃| ≤ (s·D + θ|x̃|)(1 + θ)``
   (``D = 0`` where decided), plus the descale's own rounding ``u|x̃|``.
 
-A scale whose own rounding is decided by the window (an e8m0 exponent or an e4m3 block
-scale at a boundary), and a group whose ``amax`` is not well above ``near``, is charged as
-a whole: ``|x̂ − x̃| ≤ |x̃| + 2(amax + near)`` (a saturating kernel's values stay within
-``s'·max_F``). The error model returned is :class:`Held` (``|x̂ − x̃| ≤ rel·|x̃| + each``).
+A scale the window leaves undecided (an e8m0 exponent or an e4m3 block scale at a
+rounding boundary of its own) may be either neighbour: each entry is charged the farther of
+what both would give it. Where more than two are possible, and in a group whose ``amax`` is
+not well above ``near``, the group is charged as a whole: ``|x̂ − x̃| ≤ |x̃| + 2(amax +
+near)`` (a saturating kernel's values stay within ``s'·max_F``). The error model returned
+is :class:`Held` (``|x̂ − x̃| ≤ rel·|x̃| + each``).
 
 Nothing here calls :mod:`exactattn.backends.quantize` (the emulated kernels' quantiser,
 which this reference judges): the formats' parameters, the groups and the rounding are
@@ -117,7 +119,8 @@ def hold(
     if number is None:
         return Held(x, 0.0, near.copy())
     if number == "float16":
-        return _elements(x, np.ones(x.shape), 0.0, near, u, "float16", np.zeros(x.shape, bool))
+        one = np.ones(x.shape)
+        return _elements(x, one, (one, one), 0.0, near, u, "float16", np.zeros(x.shape, bool))
     labels = group_labels(x.shape, granularity, block)
     amax, slack = _per_group(labels, np.abs(x)), _per_group(labels, near)
     top = INTEGERS.get(number) or MINIFLOATS[number][2]
@@ -125,24 +128,25 @@ def hold(
     with np.errstate(divide="ignore", invalid="ignore"):
         spread = np.where(amax > 0, slack / amax, 0.0)
         if scale_format == "fp32":  # s = amax/max_F, held in fp32
-            scale, theta = np.where(amax > 0, amax / top, 1.0), (1 + spread) * (1 + u) - 1
-        elif scale_format == "e8m0":  # X = 2^{⌊log₂ amax⌋ − E_MAX}: decided unless at a power
-            exponent = _floor_log2(amax)
-            loose |= exponent != _floor_log2(amax + slack)
-            loose |= exponent != _floor_log2(np.maximum(amax - slack, 0.0))
-            scale, theta = np.where(amax > 0, np.ldexp(1.0, exponent - E_MAX[number]), 1.0), 0.0
+            scale = np.where(amax > 0, amax / top, 1.0)
+            candidates, theta = (scale, scale), (1 + spread) * (1 + u) - 1
+        elif scale_format == "e8m0":  # X = 2^{⌊log₂ amax⌋ − E_MAX}
+            scale, candidates, undecided = _power_of_two(amax, slack, E_MAX[number])
+            loose |= undecided
+            theta = 0.0
         elif scale_format == "e4m3":
-            scale, theta, undecided = _two_level(x, amax, slack, top, u)
+            scale, candidates, theta, undecided = _two_level(x, amax, slack, top, u)
             loose |= undecided
         else:
             raise ValueError(f"scale format {scale_format!r}: use fp32, e8m0 or e4m3")
     theta = np.where(loose, 0.0, theta)
-    return _elements(x, scale, theta, near, u, number, loose, amax + slack)
+    return _elements(x, scale, candidates, theta, near, u, number, loose, amax + slack)
 
 
 def _elements(
     x: np.ndarray,
     scale: np.ndarray,
+    candidates: tuple[np.ndarray, np.ndarray],
     theta: np.ndarray | float,
     near: np.ndarray,
     u: float,
@@ -150,20 +154,25 @@ def _elements(
     loose: np.ndarray,
     reach: np.ndarray | None = None,
 ) -> Held:
-    """``x̃ = s·RN_F(x/s)`` and each entry's window (module docstring); ``loose`` groups
-    charged as a whole (``reach``: their ``amax + near``); a zero scale (an e4m3 block scale
-    that underflows) zeroes the group, in the kernel too."""
+    """``x̃ = s·RN_F(x/s)`` and each entry's window (module docstring) for a kernel whose
+    scale is either of ``candidates`` (the ends of its scale's window: both ``s`` where the
+    rule decides it, two neighbours where the kernel's rounding may pick either) times
+    ``1 + θ``; ``loose`` groups charged as a whole (``reach``: their ``amax + near``); a zero
+    scale (an e4m3 block scale that underflows) zeroes the group, in the kernel too."""
     theta = np.broadcast_to(np.asarray(theta, dtype=np.float64), x.shape)
     zero = scale == 0
     s = np.where(zero, 1.0, scale)
-    t = x / s
-    n = round_nearest(t, number)
-    w = (np.abs(t) * (theta + u) + near / s) * (1 + u) / (1 - theta) * (1 + 2**-20)
-    far = np.maximum(
-        np.abs(round_nearest(t + w, number) - n), np.abs(round_nearest(t - w, number) - n)
-    )
-    values = np.where(zero, 0.0, s * n)
-    each = np.where(zero, 0.0, (s * far + theta * np.abs(values)) * (1 + theta))
+    values = np.where(zero, 0.0, s * round_nearest(x / s, number))
+    each = np.zeros(x.shape)
+    for c in candidates:
+        c = np.broadcast_to(c, x.shape)
+        cs = np.where(c == 0, 1.0, c)
+        t = x / cs
+        w = (np.abs(t) * (theta + u) + near / cs) * (1 + u) / (1 - theta) * (1 + 2**-20)
+        for end in (round_nearest(t - w, number), round_nearest(t + w, number)):
+            kernel = np.where(c == 0, 0.0, cs * end)
+            each = np.maximum(each, np.abs(kernel - values) + theta * np.abs(kernel))
+    each = each * (1 + theta)
     if reach is not None:
         each = np.where(loose, np.abs(values) + 2 * reach, each)
     return Held(values, u + 2.0**-52, each)  # rel: the descale's rounding, and s·ñ's
@@ -175,21 +184,39 @@ def _floor_log2(a: np.ndarray) -> np.ndarray:
     return np.where(a > 0, e - 1, 0)
 
 
+def _power_of_two(
+    amax: np.ndarray, slack: np.ndarray, e_max: int
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """MX's ``X = 2^{⌊log₂ amax⌋ − e_max}`` (1 where ``amax`` is 0), the kernel's candidates
+    (its amax within ``slack``: the exponents at both ends) and where they are not
+    neighbours (``undecided``: charged whole)."""
+    low = _floor_log2(np.maximum(amax - slack, 0.0))
+    high = _floor_log2(amax + slack)
+
+    def scale_of(e: np.ndarray) -> np.ndarray:
+        return np.where(amax > 0, np.ldexp(1.0, e - e_max), 1.0)
+
+    return scale_of(_floor_log2(amax)), (scale_of(low), scale_of(high)), high - low > 1
+
+
 def _two_level(
     x: np.ndarray, amax: np.ndarray, slack: np.ndarray, top: float, u: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
     """NVFP4's scale ``s_b·s_t``: ``s_t = fl32(amax_tensor/(max_F·448))``, ``s_b =
-    RN_e4m3(amax_b/(max_F·s_t))``; the kernel's ``s_t' = s_t(1 + θ_t)`` and its ``s_b`` is
-    decided where ``RN_e4m3`` rounds both ends of its window alike (``undecided`` else)."""
+    RN_e4m3(amax_b/(max_F·s_t))``; the kernel's ``s_t' = s_t(1 + θ_t)`` and its ``s_b``
+    one of ``RN_e4m3`` at both ends of its window (``undecided`` where they are not
+    neighbours: charged whole)."""
     a_t = float(np.abs(x).max(initial=0.0))
     if a_t == 0:
-        return np.ones(x.shape), np.zeros(x.shape), np.zeros(x.shape, bool)
+        one = np.ones(x.shape)
+        return one, (one, one), np.zeros(x.shape), np.zeros(x.shape, bool)
     s_t = float(np.float32(a_t / (top * TWO_LEVEL_TOP)))
     theta_t = (1 + float(slack.max(initial=0.0)) / a_t) * (1 + u) ** 2 - 1 + 2.0**-24
     r = amax / (top * s_t)
     eps = (1 + slack / np.where(amax > 0, amax, 1.0)) * (1 + u) / (1 - theta_t) - 1
-    s_b = round_nearest(r, "e4m3")
-    undecided = (round_nearest(r * (1 + eps), "e4m3") != s_b) | (
-        round_nearest(r * (1 - eps), "e4m3") != s_b
-    )
-    return s_b * s_t, np.full(x.shape, (1 + theta_t) * (1 + u) - 1), undecided
+    low, high = round_nearest(r * (1 - eps), "e4m3"), round_nearest(r * (1 + eps), "e4m3")
+    p, e_min, _ = MINIFLOATS["e4m3"]
+    step = np.ldexp(1.0, np.maximum(_floor_log2(low), e_min) - (p - 1))  # to low's neighbour
+    undecided = high > low + step
+    scale = round_nearest(r, "e4m3") * s_t
+    return scale, (low * s_t, high * s_t), np.full(x.shape, (1 + theta_t) * (1 + u) - 1), undecided

@@ -166,3 +166,23 @@ def test_the_stated_bound_informs_at_logits_of_hundreds(name):
         input_rounding=True,
     )  # fmt: skip
     assert bounds.ratio(error, found["y"]) < 1e-4
+
+
+def test_a_block_scale_at_its_own_rounding_boundary_may_be_either_neighbour():
+    """NVFP4: the tensor scale ``s_t = 2^-10`` exactly, one group's ``amax/(6·s_t)`` at the
+    e4m3 midpoint 1.0625 (ties to even: 1, an fp32 kernel a hair above: 1.125). A kernel
+    that picks 1.125 is within the model, which charges that group per entry (the farther
+    of both neighbours' values), not whole."""
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, size=(4, 32)) * 6 * 2.0**-10
+    x[0, 0] = 6 * 448 * 2.0**-10  # the tensor's amax: s_t = 2^-10
+    x[1, :16] = rng.uniform(-1, 1, size=16) * 6 * 2.0**-10 * 1.0625
+    x[1, 3] = 6 * 2.0**-10 * 1.0625  # this group's amax: r = 1.0625
+    model = nq.hold("e2m1", "group", 16, "e4m3", x, 0.0, FP32_U)
+    s_b = 1.125 * 2.0**-10
+    other = model.values.copy()
+    other[1, :16] = s_b * nq.round_nearest(x[1, :16] / s_b, "e2m1")
+    assert not np.array_equal(other[1, :16], model.values[1, :16])
+    assert _within(other, model)
+    whole = np.abs(model.values[1, :16]) + 2 * np.abs(x[1, :16]).max()
+    assert np.all(model.each[1, :16] < whole)
