@@ -11,11 +11,13 @@ charges only what separates the kernel's ``x̂`` from ``x̃``:
 * the kernel's pre-quantisation values ``x'`` differ from the exact ``x`` by at most
   ``near`` (its rotation, smoothing or input rounding, in its own arithmetic);
 * its scale ``s' = s(1 + θ)`` (``amax`` of ``x'``, the division by ``max_F`` and, for two
-  levels, the tensor scale, rounded in its arithmetic of unit roundoff ``u``);
-* so its ``t' = fl(x'/s')`` lies within ``w = (|t|(θ + u) + near/s)(1 + u)/(1 − θ)`` of
-  ``t = x/s``, and ``RN_F`` is monotone: ``n' ∈ [RN_F(t − w), RN_F(t + w)]``. Where both
-  ends round alike (almost every entry), ``n' = ñ`` and ``x̂ = s'ñ = x̃(1 + θ)``; else ``x̂``
-  is off by the distance to the farther candidate too: ``|x̂ − x̃| ≤ (s·D + θ|x̃|)(1 + θ)``
+  levels, the tensor scale, rounded in its arithmetic of unit roundoff ``u``: ``θ ≤ (1 +
+  near/amax)(1 + u)² − 1``, room for a prescaled ``x'`` as SageAttention's ``x·c·log₂e``);
+* so its ``t'`` (``x'/s'`` with up to four roundings: a prescaling, a reciprocal) lies
+  within ``w = (|t|(θ + 4u) + near/s)(1 + u)/(1 − θ)`` of ``t = x/s``, and ``RN_F`` is
+  monotone: ``n' ∈ [RN_F(t − w), RN_F(t + w)]``. Where both ends round alike (almost every
+  entry), ``n' = ñ`` and ``x̂ = s'ñ = x̃(1 + θ)``; else ``x̂`` is off by the distance to the
+  farther candidate too: ``|x̂ − x̃| ≤ (s·D + θ|x̃|)(1 + θ)``
   (``D = 0`` where decided), plus the descale's own rounding ``u|x̃|``.
 
 A scale the window leaves undecided (an e8m0 exponent or an e4m3 block scale at a
@@ -129,7 +131,7 @@ def hold(
         spread = np.where(amax > 0, slack / amax, 0.0)
         if scale_format == "fp32":  # s = amax/max_F, held in fp32
             scale = np.where(amax > 0, amax / top, 1.0)
-            candidates, theta = (scale, scale), (1 + spread) * (1 + u) - 1
+            candidates, theta = (scale, scale), (1 + spread) * (1 + u) ** 2 - 1
         elif scale_format == "e8m0":  # X = 2^{⌊log₂ amax⌋ − E_MAX}
             scale, candidates, undecided = _power_of_two(amax, slack, E_MAX[number])
             loose |= undecided
@@ -168,7 +170,7 @@ def _elements(
         c = np.broadcast_to(c, x.shape)
         cs = np.where(c == 0, 1.0, c)
         t = x / cs
-        w = (np.abs(t) * (theta + u) + near / cs) * (1 + u) / (1 - theta) * (1 + 2**-20)
+        w = (np.abs(t) * (theta + 4 * u) + near / cs) * (1 + u) / (1 - theta) * (1 + 2**-20)
         for end in (round_nearest(t - w, number), round_nearest(t + w, number)):
             kernel = np.where(c == 0, 0.0, cs * end)
             each = np.maximum(each, np.abs(kernel - values) + theta * np.abs(kernel))
@@ -219,4 +221,5 @@ def _two_level(
     step = np.ldexp(1.0, np.maximum(_floor_log2(low), e_min) - (p - 1))  # to low's neighbour
     undecided = high > low + step
     scale = round_nearest(r, "e4m3") * s_t
-    return scale, (low * s_t, high * s_t), np.full(x.shape, (1 + theta_t) * (1 + u) - 1), undecided
+    theta = np.full(x.shape, (1 + theta_t) * (1 + u) ** 2 - 1)
+    return scale, (low * s_t, high * s_t), theta, undecided

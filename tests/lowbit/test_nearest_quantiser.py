@@ -55,15 +55,18 @@ def test_the_emulated_quantisation_is_within_the_stated_model(name, dist):
         assert decided.mean() > 0.9, (x, decided.mean())
 
 
-def _fp32_kernel_int8(x: np.ndarray, rows: int) -> np.ndarray:
-    """INT8 per block of ``rows`` rows as an fp32 kernel computes it: ``s = fl32(amax/127)``,
-    ``n = RN(fl32(x/s))``, ``x̂ = s·n``."""
-    x32 = x.astype(np.float32)
+def _fp32_kernel_int8(x: np.ndarray, rows: int, prescale: float = 1.0) -> np.ndarray:
+    """INT8 per block of ``rows`` rows as an fp32 kernel computes it, SageAttention's way
+    (``quant_per_block_int8_kernel``): ``x' = fl32(x·a)``, ``s = fl32(amax/127)``, ``t =
+    fl32(x'/s)``, ``n = trunc(t ± ½)`` (ties away from zero), ``x̂ = s·n/a``."""
+    x32 = x.astype(np.float32) * np.float32(prescale)
     out = np.empty_like(x)
     for start in range(0, x.shape[-2], rows):
         block = x32[..., start : start + rows, :]
         s = np.float32(np.abs(block).max()) / np.float32(127)
-        out[..., start : start + rows, :] = np.float64(s) * np.round(block / s).astype(np.float64)
+        t = block / s
+        n = np.trunc(t + np.float32(0.5) * np.sign(t)).astype(np.float64)
+        out[..., start : start + rows, :] = np.float64(s) * n / prescale
     return out
 
 
@@ -76,11 +79,13 @@ def _at_ties(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     return (m * s).reshape(n, d)
 
 
-def test_an_fp32_kernel_is_within_the_window_which_it_needs():
-    """At ties an fp32 kernel may round either way: within the model with its unit roundoff,
-    outside it when the window is closed (``u = 0``: only float64's exact rounding)."""
+@pytest.mark.parametrize("prescale", [1.0, 0.125 * 1.44269504])
+def test_an_fp32_kernel_is_within_the_window_which_it_needs(prescale):
+    """At ties an fp32 kernel may round either way (and this one rounds ties away from zero,
+    prescaled by SageAttention's ``c·log₂e`` or not): within the model with its unit
+    roundoff, outside it when the window is closed (``u = 0``: float64's exact rounding)."""
     x = _at_ties(np.random.default_rng(0), 256, 32)
-    kernel = _fp32_kernel_int8(x, 16)
+    kernel = _fp32_kernel_int8(x, 16, prescale)
     assert _within(kernel, nq.hold("int8", "block", 16, "fp32", x, 0.0, FP32_U))
     assert not _within(kernel, nq.hold("int8", "block", 16, "fp32", x, 0.0, 0.0))
 
