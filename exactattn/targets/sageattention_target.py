@@ -47,9 +47,12 @@ always upwards (never tighter than the kernel):
   is the same quantisation on float32 inputs; this is its kernel-side error model, the
   smallest the existing ``Arith`` fields say. Its ``abs`` is the largest block's grid,
   charged to every entry with all errors aligned: it cannot tell per-block from per-tensor
-  scales, and on N(0, 1) inputs it is about 80 times the measured error. A faithful
-  low-bit claim (per-block scales charged per block and per operand, the smoothing as a
-  shift) comes with the "precision IV" issue.
+  scales, and on N(0, 1) inputs it is about 80 times the measured error. The low-bit
+  claim grammar (:mod:`exactattn.error.lowbit_claim`, ``quantiser=nearest`` included) is
+  not used here: it assumes the smoothing and rotation in the compute format (fp32),
+  while ``sageattn`` 1.0.6 subtracts K's mean in the input dtype (``k - km`` in fp16 or
+  bf16), which moves its pre-quantisation keys by that dtype's unit roundoff (``2^-11``
+  relative in fp16, ``2^-8`` in bf16), a field the grammar does not have.
 
 What the check finds that the claim does not excuse: ``_attn_fwd_inner`` (non-causal) loads
 the last key tile with ``mask=offs_n < kv_len − start_n`` and no ``other``, and never masks

@@ -202,3 +202,34 @@ def test_reverse_key_order_reverses_the_mask_too():
     claim = lowbit_target("pcast-rev").claim
     assert _status(scheme_target("rev", SCHEMES["pcast-rev"], claim), case) == "ok"
     assert _status(scheme_target("rev-bug", _MaskNotReversed(**fields), claim), case) == "fail"
+
+
+class _Truncating(Scheme):
+    """SageAttention's INT8 per block with the bug: ``x/s`` truncated toward zero (a bare
+    ``.to(int8)``, the ``+ ½·sign`` of ``quant_per_block_int8_kernel`` left out) where the
+    claim says to nearest."""
+
+    def hold(self, inputs):
+        from exactattn.backends.quantize import group_amax
+
+        held = super().hold(inputs)
+        out = dict(held["inputs"])
+        for name in "qk":
+            operand = getattr(self, name)
+            x = held["exact"][name]
+            s = group_amax(x, operand.granularity, operand.block) / 127
+            out[name] = s * np.trunc(x / s)
+        return {**held, "inputs": out}
+
+
+def test_a_quantiser_that_truncates_where_the_claim_says_nearest_fails():
+    """The stated quantiser's own feature (``quantiser=nearest``): SageAttention 1's claim,
+    on logits of a few units (q scaled by 4), where the truncation's score errors outgrow
+    the fp16 ``p·V`` arithmetic's bound (on N(0, 1) inputs it is only SUSPICIOUS)."""
+    inputs = make_inputs("normal", 256, 64, 4)
+    inputs["q"] = inputs["q"] * 4
+    case = _case(inputs, 64)
+    fields = {f: getattr(SCHEMES["sage1"], f) for f in Scheme.__dataclass_fields__}
+    claim = lowbit_target("sage1").claim
+    assert _status(scheme_target("sage1", SCHEMES["sage1"], claim), case) == "ok"
+    assert _status(scheme_target("truncating", _Truncating(**fields), claim), case) == "fail"
