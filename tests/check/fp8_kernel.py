@@ -18,7 +18,10 @@ import torch
 BLOCK = 64
 E4M3_MAX = 448.0
 # its quantiser stated (amax/448 per block, to nearest): judged at its quantised inputs
-CLAIM = "q=e4m3:block64,k=e4m3:block64,v=e4m3:block64,p=e4m3,acc=fp32,block=64,quantiser=nearest"
+CLAIM = (
+    "q=e4m3:block64,k=e4m3:block64,v=e4m3:block64,p=e4m3,scores=fp32,stats=fp32,acc=fp32,"
+    "block=64,quantiser=nearest"
+)
 CLAIM_ANY = CLAIM.removesuffix(",quantiser=nearest")  # any quantiser within e4m3's error
 SUPPORTS = "dropout=no,gqa=no,empty_rows=no,grads=no"
 

@@ -59,14 +59,13 @@ def test_a_users_fp8_kernel_passes_its_one_line_claim(claim):
         convention="sdpa",
         claim=getattr(fp8_kernel, claim),
         supports=fp8_kernel.SUPPORTS,
-        examples=25,
-        dtypes=("float32",),
+        examples=40,  # in every dtype: its fp32 arithmetic, float64 inputs cast to it
         max_n=200,
         max_d=None,
         grads=False,
         dropout_probe=False,
     )
-    assert sum(c["ok"] for c in result.report.counts.values()) >= 20
+    assert sum(c["ok"] for c in result.report.counts.values()) >= 30
 
 
 def _fp8_target(bug, claim_text):

@@ -48,7 +48,7 @@ def test_a_gqa_case_counts_under_its_path_and_under_the_gqa_row():
         )  # fmt: skip
         finding = SimpleNamespace(
             status="ok", target="t", block_size=4, worst=worst, expected=1.0, vacuous=False,
-            reference="arb", covered=(),
+            reference="arb", quantised=False, covered=(),
         )  # fmt: skip
         coverage.tally(counts, finding, draw)
     (row,) = coverage.rows(counts, ["t"])
