@@ -247,8 +247,6 @@ class Scheme:
         if not self.exactly_quantised:
             return None
         values, _, _ = self._nearest(inputs, 2.0**-24)
-        if self.reverse:  # the reference reads the keys in the case's order
-            values = {**values, **{x: values[x][..., ::-1, :].copy() for x in "kv"}}
         return {**inputs, **values}
 
     def _nearest(
@@ -261,7 +259,8 @@ class Scheme:
         subtraction (``(n_k + 3)·u·r``, float64's too), Q's block mean and its subtraction
         (``3u·r``), which the kernel adds back, so Q's values are off by it too, and
         ``x̃ = fl(q̃ + q̄)`` by float64's ``u`` (``r``: the largest entry before smoothing,
-        rotated where the scheme rotates)."""
+        rotated where the scheme rotates). Keys and values come back in the case's order
+        (quantised in the kernel's, reversed or not)."""
         from . import nearest_quantiser
 
         exact, _, rotation_64 = self.exact(inputs)
@@ -289,6 +288,9 @@ class Scheme:
                 values[name] = got.values + mean
                 rels[name] = got.rel + FLOAT64_U
                 each[name] = got.each + shift * (1 + got.rel)
+        if self.reverse:  # quantised in the kernel's key order, read in the case's
+            for got in (values, each):
+                got.update({x: got[x][..., ::-1, :].copy() for x in "kv"})
         return values, rels, each
 
     @property

@@ -191,3 +191,19 @@ def test_a_block_scale_at_its_own_rounding_boundary_may_be_either_neighbour():
     assert _within(other, model)
     whole = np.abs(model.values[1, :16]) + 2 * np.abs(x[1, :16]).max()
     assert np.all(model.each[1, :16] < whole)
+
+
+def test_reverse_key_order_quantises_in_the_kernels_order_and_reads_in_the_cases():
+    """A kernel that reverses its keys, then quantises them per block of 48 rows (96 keys:
+    its blocks are the case's blocks reversed only where 48 divides n_k — here 80 keys, so
+    its groups differ): x̃ and its model come back in the case's key order."""
+    scheme = replace(SCHEMES["fa3-fp8-block"], reverse=True)
+    scheme = replace(scheme, k=replace(scheme.k, block=48), v=replace(scheme.v, block=48))
+    inputs = make_inputs("normal", 80, 32, 5)
+    held = scheme.hold(inputs)["inputs"]  # the kernel's order
+    values, rels, each = scheme._nearest(inputs, FP32_U)
+    for x in "kv":
+        model = nq.Held(values[x], rels[x], each[x])
+        assert _within(held[x][..., ::-1, :], model), x
+        forward = nq.hold("e4m3", "block", 48, "fp32", inputs[x], 0.0, FP32_U).values
+        assert not np.array_equal(values[x], forward)  # not the case-order quantisation
