@@ -24,7 +24,9 @@ The fields (each ``KEY=VALUE`` of a claim, :data:`exactattn.targets.CLAIM_FIELDS
   rule (``amax/max_F`` in fp32, MX's ``2^{⌊log₂ amax⌋ − e_max}``, NVFP4's two levels) and
   rounds ``x/s`` to nearest, saturating, so exact attention is taken at the quantised inputs
   themselves and only the kernel's arithmetic after them is bounded
-  (:mod:`exactattn.error.nearest_quantiser`); it needs a quantised ``q``, ``k`` or ``v``;
+  (:mod:`exactattn.error.nearest_quantiser`); it needs a quantised ``q``, ``k`` or ``v``,
+  and with ``rotate=hadamard`` it takes the kernel to rotate by
+  :func:`exactattn.error.lowbit.rotation` itself (its signs are part of what is quantised);
 * ``pv_acc`` — the ``p·V`` accumulator (:data:`ACCUMULATORS`: ``fp32``, ``fp16``, ``fp22``
   truncating, ``fp22-rn``) and ``pv_chunk``, the terms it sums before each addition into an
   fp32 buffer (two-level accumulation).
