@@ -9,11 +9,13 @@ reference is exact attention at ``x̃`` (what the kernel is asked to compute), a
 charges only what separates the kernel's ``x̂`` from ``x̃``:
 
 * the kernel's pre-quantisation values ``x'`` differ from the exact ``x`` by at most
-  ``near`` (its rotation, smoothing or input rounding, in its own arithmetic);
+  ``near`` (its rotation or smoothing, in its own arithmetic);
 * its scale ``s' = s(1 + θ)`` (``amax`` of ``x'``, the division by ``max_F`` and, for two
   levels, the tensor scale, rounded in its arithmetic of unit roundoff ``u``: ``θ ≤ (1 +
-  near/amax)(1 + u)² − 1``, room for a prescaled ``x'`` as SageAttention's ``x·c·log₂e``);
-* so its ``t'`` (``x'/s'`` with up to four roundings: a prescaling, a reciprocal) lies
+  near/amax)(1 + u)³ − 1``, room for a cast and a prescaling of ``x'`` before its amax, as
+  SageAttention's ``x·c·log₂e``);
+* so its ``t'`` (``x'/s'`` with up to four roundings: a cast of its input to its
+  arithmetic, a prescaling, a reciprocal, the division) lies
   within ``w = (|t|(θ + 4u) + near/s)(1 + u)/(1 − θ)`` of ``t = x/s``, and ``RN_F`` is
   monotone: ``n' ∈ [RN_F(t − w), RN_F(t + w)]``. Where both ends round alike (almost every
   entry), ``n' = ñ`` and ``x̂ = s'ñ = x̃(1 + θ)``; else ``x̂`` is off by the distance to the
@@ -42,11 +44,8 @@ import numpy as np
 MINIFLOATS = {"e4m3": (4, -6, 448.0), "e5m2": (3, -14, 57344.0), "e2m1": (2, 0, 6.0)}
 FLOAT16 = (11, -14, 65504.0)
 INTEGERS = {"int8": 127.0, "int4": 7.0}  # symmetric: ±(2^{k−1} − 1)
-E_MAX = {
-    "e4m3": 8,
-    "e5m2": 15,
-    "e2m1": 2,
-}  # the largest exponent (MX's X = 2^{⌊log₂ amax⌋ − E_MAX})
+# the largest exponent of each minifloat (MX's X = 2^{⌊log₂ amax⌋ − E_MAX})
+E_MAX = {"e4m3": 8, "e5m2": 15, "e2m1": 2}
 TWO_LEVEL_TOP = 448.0  # NVFP4's tensor scale maps amax to max_F·448 (e4m3's largest)
 WHOLE_GROUP = 2.0**-4  # near/amax above which a group is charged as a whole
 
@@ -131,7 +130,7 @@ def hold(
         spread = np.where(amax > 0, slack / amax, 0.0)
         if scale_format == "fp32":  # s = amax/max_F, held in fp32
             scale = np.where(amax > 0, amax / top, 1.0)
-            candidates, theta = (scale, scale), (1 + spread) * (1 + u) ** 2 - 1
+            candidates, theta = (scale, scale), (1 + spread) * (1 + u) ** 3 - 1
         elif scale_format == "e8m0":  # X = 2^{⌊log₂ amax⌋ − E_MAX}
             scale, candidates, undecided = _power_of_two(amax, slack, E_MAX[number])
             loose |= undecided
@@ -221,5 +220,5 @@ def _two_level(
     step = np.ldexp(1.0, np.maximum(_floor_log2(low), e_min) - (p - 1))  # to low's neighbour
     undecided = high > low + step
     scale = round_nearest(r, "e4m3") * s_t
-    theta = np.full(x.shape, (1 + theta_t) * (1 + u) ** 2 - 1)
+    theta = np.full(x.shape, (1 + theta_t) * (1 + u) ** 3 - 1)
     return scale, (low * s_t, high * s_t), theta, undecided
