@@ -60,20 +60,25 @@ def strip_probabilities(
         return np.where(np.isfinite(lse), np.exp(np.minimum(s - lse, 0.0)), 0.0)
 
 
+def _expanded(case: Case, ref: Reference) -> tuple[Any, ...]:
+    """``q, k, v, G`` as the reference holds them (K, V repeated over a GQA group's heads),
+    the scale ``c`` and the dropout factors ``ρ`` (None without dropout)."""
+    held, g = ref.held, case.group
+    q, k, v, up = (held[x] for x in "qkvg")
+    if g > 1:
+        k, v = (np.repeat(x, g, axis=-3) for x in (k, v))
+    return q, k, v, up, case.c(), case.rho() if case.dropout_p else None
+
+
 def head_magnitudes(case: Case, ref: Reference) -> dict[str, np.ndarray]:
     """Upper bounds on ``|dQ|``, ``|dK_h|`` and ``|dV_h|`` per expanded head, ``(*batch, n, ·)``:
     ``|c|·Σ_j γ⁺_ij |k_j|``, ``|c|·Σ_i γ⁺_ij |q_i|`` and ``Σ_i p_ij |G_i|`` with ``p`` from the
     reference's lse and ``γ⁺ = p(|G·V| + |G·Y|)``, a strip of :data:`STRIP_ELEMENTS` score
     entries at a time (memory linear in ``n``: the allowed set read per strip)."""
-    held, g = ref.held, case.group
-    q, k, v, up = (held[x] for x in "qkvg")
-    if g > 1:
-        k, v = (np.repeat(x, g, axis=-3) for x in (k, v))
-    c = case.c()
+    q, k, v, up, c, rho = _expanded(case, ref)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     n_q, n_k = q.shape[-2], k.shape[-2]
     rows = max(1, STRIP_ELEMENTS // max(1, n_k * math.prod(batch)))
-    rho = case.rho() if case.dropout_p else None
     k_t, v_t, ak = np.swapaxes(k, -1, -2), np.swapaxes(v, -1, -2), np.abs(k)
     dq = np.zeros((*batch, n_q, k.shape[-1]))
     dk = np.zeros((*batch, n_k, q.shape[-1]))
@@ -181,14 +186,10 @@ def split_variance(
     sums of :mod:`exactattn.error.expected_bounds`), the parts' exact values from the
     definition (``p`` from the reference's lse, ``δ = G·Y`` from its Y), shaped like q, k, v
     (a GQA group's heads summed)."""
-    held, g = ref.held, case.group
-    q, k, v, up = (held[x] for x in "qkvg")
-    if g > 1:
-        k, v = (np.repeat(x, g, axis=-3) for x in (k, v))
-    c = case.c()
+    g = case.group
+    q, k, v, up, c, rho = _expanded(case, ref)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     n_q, n_k = q.shape[-2], k.shape[-2]
-    rho = case.rho() if case.dropout_p else None
     k_t, v_t = np.swapaxes(k, -1, -2), np.swapaxes(v, -1, -2)
     keys = block if block else n_k
     sums = {
